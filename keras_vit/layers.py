@@ -1,0 +1,317 @@
+"""The Vision Transformer's layers, one per line of the paper's equations (Dosovitskiy et al., 2021, Eq. 1-4).
+
+    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos      PatchEmbed, ClassToken, AddPositionEmbs
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                     TransformerBlock (MultiHeadSelfAttention)
+    z_l = MLP(LN(z'_l)) + z'_l                            TransformerBlock (MlpBlock)
+    y = LN(z_L^0)                                         encoder_norm in models.py
+
+Every layer serialises with ``get_config`` so models save and load as ``.keras`` files.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import layers, ops
+
+LAYER_NORM_EPSILON = 1e-6  # the published models' value, not Keras' 1e-3
+GELU_VARIANTS = ("tanh", "exact")
+
+
+def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    """Return ``(h, w)`` from an int or a pair, rejecting anything else with a named error."""
+    if isinstance(value, int):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), got {value!r}.")
+
+
+def layer_norm(name: str, dtype=None) -> layers.LayerNormalization:
+    """LayerNorm with the published models' epsilon."""
+    return layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name, dtype=dtype)
+
+
+def gelu(x, approximate: bool):
+    return keras.activations.gelu(x, approximate=approximate)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PatchEmbed(layers.Layer):
+    """Cuts an image (or feature map) into PxP patches and projects each linearly: ``x_p E``.
+
+    A convolution with kernel = stride = P, flattened to a sequence of ``h/P * w/P`` tokens.
+    Input ``(B, H, W, C)``, output ``(B, H/P * W/P, hidden_size)``.
+    """
+
+    def __init__(self, patch_size: int | tuple[int, int], hidden_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = _pair(patch_size, "patch_size")
+        self.hidden_size = int(hidden_size)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if channels is None:
+            raise ValueError("PatchEmbed needs a known number of input channels.")
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(*self.patch_size, channels, self.hidden_size),
+            initializer=keras.initializers.LecunNormal(),
+        )
+        self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
+        self.input_spec = layers.InputSpec(ndim=4, axes={-1: channels})
+
+    def call(self, images):
+        height, width = images.shape[1], images.shape[2]
+        ph, pw = self.patch_size
+        if height is not None and width is not None and (height % ph or width % pw):
+            raise ValueError(
+                f"Image size {height}x{width} is not divisible by the patch size {ph}x{pw}."
+            )
+        x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid") + self.bias
+        return ops.reshape(x, (ops.shape(x)[0], -1, self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        n = None if h is None or w is None else (h // self.patch_size[0]) * (w // self.patch_size[1])
+        return (b, n, self.hidden_size)
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size, "hidden_size": self.hidden_size}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ClassToken(layers.Layer):
+    """Prepends the learnable class token ``x_class`` (zero-initialised, as published)."""
+
+    def build(self, input_shape):
+        self.cls = self.add_weight(name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros")
+
+    def call(self, tokens):
+        cls = ops.broadcast_to(ops.cast(self.cls, tokens.dtype), (ops.shape(tokens)[0], 1, tokens.shape[-1]))
+        return ops.concatenate([cls, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n + 1, d)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AddPositionEmbs(layers.Layer):
+    """Adds learnable 1-D position embeddings ``E_pos`` (normal(0.02) initialised).
+
+    ``grid_size`` is the patch grid the embeddings belong to and ``num_prefix_tokens`` the tokens
+    before it (1 for the class token), so the grid part can be resized for another image size.
+    """
+
+    def __init__(self, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = _pair(grid_size, "grid_size")
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        self.pos_embedding = self.add_weight(
+            name="pos_embedding",
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+
+    def call(self, tokens):
+        n = tokens.shape[1]
+        if n is not None and n != self.num_tokens:
+            gh, gw = self.grid_size
+            raise ValueError(
+                f"Got {n} tokens but the position embeddings were built for {self.num_tokens} "
+                f"({self.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
+                "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
+            )
+        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "grid_size": self.grid_size, "num_prefix_tokens": self.num_prefix_tokens}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TokenPooling(layers.Layer):
+    """Pools encoded tokens ``(B, N, D) -> (B, D)``: the class token (``"token"``) or the mean of the
+    patch tokens after ``num_prefix_tokens`` (``"avg"``)."""
+
+    MODES = ("token", "avg")
+
+    def __init__(self, mode: str = "token", num_prefix_tokens: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        if mode not in self.MODES:
+            raise ValueError(f"Unknown pooling {mode!r}; expected one of {self.MODES}.")
+        if mode == "token" and num_prefix_tokens < 1:
+            raise ValueError("Token pooling needs a class token (num_prefix_tokens >= 1).")
+        self.mode = mode
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def call(self, tokens):
+        if self.mode == "token":
+            return tokens[:, 0]
+        return ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "mode": self.mode, "num_prefix_tokens": self.num_prefix_tokens}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MultiHeadSelfAttention(layers.Layer):
+    """MSA: ``softmax(q k^T / sqrt(d_h)) v`` over ``num_heads`` heads, then an output projection.
+
+    q, k and v come from one fused ``qkv`` projection whose kernel is ``[W_q | W_k | W_v]``.
+    ``call(..., return_attention_scores=True)`` also returns the attention probabilities
+    ``(B, heads, N, N)``; otherwise, and without attention dropout, the fused
+    ``keras.ops.dot_product_attention`` kernel runs.
+    """
+
+    def __init__(self, num_heads: int, attention_dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.attention_dropout = float(attention_dropout)
+        self.dropout = layers.Dropout(self.attention_dropout, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
+        self.head_dim = width // self.num_heads
+        self.qkv = layers.Dense(3 * width, kernel_initializer="glorot_uniform", name="qkv", dtype=self.dtype_policy)
+        self.out = layers.Dense(width, kernel_initializer="glorot_uniform", name="out", dtype=self.dtype_policy)
+        self.qkv.build(input_shape)
+        self.out.build(input_shape)
+
+    def call(self, x, training=None, return_attention_scores: bool = False):
+        batch, length, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+        qkv = ops.reshape(self.qkv(x), (batch, length, 3, self.num_heads, self.head_dim))
+        q, k, v = ops.unstack(qkv, 3, axis=2)  # each (B, N, heads, d_h)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        needs_probs = return_attention_scores or (training and self.attention_dropout > 0)
+        if needs_probs:
+            logits = ops.einsum("bqhd,bkhd->bhqk", q, k) * ops.cast(scale, q.dtype)
+            probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
+            context = ops.einsum("bhqk,bkhd->bqhd", self.dropout(probs, training=training), v)
+        else:
+            context = ops.dot_product_attention(q, k, v, scale=scale)
+        y = self.out(ops.reshape(context, (batch, length, width)))
+        return (y, probs) if return_attention_scores else y
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "attention_dropout": self.attention_dropout}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MlpBlock(layers.Layer):
+    """MLP: ``Dense(mlp_dim) -> GELU -> dropout -> Dense(width) -> dropout``."""
+
+    def __init__(self, mlp_dim: int, dropout: float = 0.0, gelu: str = "tanh", **kwargs):
+        super().__init__(**kwargs)
+        if gelu not in GELU_VARIANTS:
+            raise ValueError(f"Unknown gelu {gelu!r}; expected one of {GELU_VARIANTS}.")
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout)
+        self.gelu = gelu
+        self.dropout = layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
+        self.fc1 = layers.Dense(self.mlp_dim, name="Dense_0", dtype=self.dtype_policy, **init)
+        self.fc2 = layers.Dense(input_shape[-1], name="Dense_1", dtype=self.dtype_policy, **init)
+        self.fc1.build(input_shape)
+        self.fc2.build((*input_shape[:-1], self.mlp_dim))
+
+    def call(self, x, training=None):
+        h = gelu(self.fc1(x), approximate=self.gelu == "tanh")
+        h = self.dropout(h, training=training)
+        return self.dropout(self.fc2(h), training=training)
+
+    def get_config(self):
+        return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout_rate, "gelu": self.gelu}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class DropPath(layers.Layer):
+    """Stochastic depth: drops a whole residual branch per sample with probability ``rate`` while training."""
+
+    def __init__(self, rate: float = 0.0, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = float(rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, x, training=None):
+        if not training or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
+        mask = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype) < keep
+        return x * ops.cast(mask, x.dtype) / ops.cast(keep, x.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TransformerBlock(layers.Layer):
+    """One pre-LN encoder block (Eq. 2-3): ``z' = z + MSA(LN(z))``, ``z'' = z' + MLP(LN(z'))``.
+
+    Sub-layer names follow the Flax checkpoints (``LayerNorm_0``, ``MultiHeadDotProductAttention_1``,
+    ``LayerNorm_2``, ``MlpBlock_3``).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_dim: int,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        gelu: str = "tanh",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout)
+        self.attention_dropout = float(attention_dropout)
+        self.drop_path_rate = float(drop_path)
+        self.gelu = gelu
+        policy = self.dtype_policy
+        self.norm1 = layer_norm("LayerNorm_0", dtype=policy)
+        self.attn = MultiHeadSelfAttention(num_heads, attention_dropout, name="MultiHeadDotProductAttention_1", dtype=policy)
+        self.norm2 = layer_norm("LayerNorm_2", dtype=policy)
+        self.mlp = MlpBlock(mlp_dim, dropout, gelu, name="MlpBlock_3", dtype=policy)
+        self.dropout = layers.Dropout(self.dropout_rate, dtype=policy)
+        self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
+
+    def build(self, input_shape):
+        for sublayer in (self.norm1, self.attn, self.norm2, self.mlp):
+            sublayer.build(input_shape)
+
+    def call(self, x, training=None, return_attention_scores: bool = False):
+        y = self.attn(self.norm1(x), training=training, return_attention_scores=return_attention_scores)
+        if return_attention_scores:
+            y, probs = y
+        x = x + self.drop_path(self.dropout(y, training=training), training=training)
+        x = x + self.drop_path(self.mlp(self.norm2(x), training=training), training=training)
+        return (x, probs) if return_attention_scores else x
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "dropout": self.dropout_rate,
+            "attention_dropout": self.attention_dropout,
+            "drop_path": self.drop_path_rate,
+            "gelu": self.gelu,
+        }
