@@ -78,7 +78,7 @@ class PatchEmbed(layers.Layer):
         return (b, n, self.hidden_size)
 
     def get_config(self):
-        return {**super().get_config(), "patch_size": self.patch_size, "hidden_size": self.hidden_size}
+        return {**super().get_config(), "patch_size": list(self.patch_size), "hidden_size": self.hidden_size}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -133,7 +133,7 @@ class AddPositionEmbs(layers.Layer):
         return tokens + ops.cast(self.pos_embedding, tokens.dtype)
 
     def get_config(self):
-        return {**super().get_config(), "grid_size": self.grid_size, "num_prefix_tokens": self.num_prefix_tokens}
+        return {**super().get_config(), "grid_size": list(self.grid_size), "num_prefix_tokens": self.num_prefix_tokens}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
