@@ -10,6 +10,7 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.hybrid import ViT_R26_S32, ViT_R50_B16, ViT_R50_L32
 from keras_vit.models import (
     SIZES,
     ViT,
@@ -27,5 +28,15 @@ from keras_vit.models import (
     parse_variant,
     preprocess_input,
 )
+from keras_vit.posembed import resample_position_embeddings, resize_position_embeddings
+from keras_vit.position import (
+    POSITION_EMBEDDINGS,
+    AddPositionEmbs2D,
+    RelativePositionBias,
+    RelativeTransformerBlock,
+    SinCosPositionEmbs,
+)
+from keras_vit.resnet import BottleneckUnit, ResNetStem, StdConv2D
+from keras_vit.weights import load_weights, model_from_checkpoint, npz_key_map
 
 __version__ = "0.1.0"

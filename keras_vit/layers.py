@@ -170,8 +170,11 @@ class MultiHeadSelfAttention(layers.Layer):
 
     q, k and v come from one fused ``qkv`` projection whose kernel is ``[W_q | W_k | W_v]``.
     ``call(..., return_attention_scores=True)`` also returns the attention probabilities
-    ``(B, heads, N, N)``; otherwise, and without attention dropout, the fused
-    ``keras.ops.dot_product_attention`` kernel runs.
+    ``(B, heads, N, N)``; otherwise, and without attention dropout, ``keras.ops.dot_product_attention``
+    runs: a fused kernel where the backend has one; on TensorFlow the same einsum-softmax-einsum as the
+    explicit path (equally fast on CPU, see the README's Performance section; tests/test_fast_paths.py
+    checks they agree within 1e-5). ``attention_bias`` (broadcastable to
+    ``(B, heads, N, N)``) is added to the logits before the softmax (relative position biases).
     """
 
     def __init__(self, num_heads: int, attention_dropout: float = 0.0, **kwargs):
@@ -190,7 +193,7 @@ class MultiHeadSelfAttention(layers.Layer):
         self.qkv.build(input_shape)
         self.out.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores: bool = False):
+    def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None):
         batch, length, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(self.qkv(x), (batch, length, 3, self.num_heads, self.head_dim))
         q, k, v = ops.unstack(qkv, 3, axis=2)  # each (B, N, heads, d_h)
@@ -198,10 +201,13 @@ class MultiHeadSelfAttention(layers.Layer):
         needs_probs = return_attention_scores or (training and self.attention_dropout > 0)
         if needs_probs:
             logits = ops.einsum("bqhd,bkhd->bhqk", q, k) * ops.cast(scale, q.dtype)
+            if attention_bias is not None:
+                logits = logits + ops.cast(attention_bias, logits.dtype)
             probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
             context = ops.einsum("bhqk,bkhd->bqhd", self.dropout(probs, training=training), v)
         else:
-            context = ops.dot_product_attention(q, k, v, scale=scale)
+            bias = None if attention_bias is None else ops.cast(attention_bias, q.dtype)
+            context = ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
         y = self.out(ops.reshape(context, (batch, length, width)))
         return (y, probs) if return_attention_scores else y
 
@@ -297,8 +303,9 @@ class TransformerBlock(layers.Layer):
         for sublayer in (self.norm1, self.attn, self.norm2, self.mlp):
             sublayer.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores: bool = False):
-        y = self.attn(self.norm1(x), training=training, return_attention_scores=return_attention_scores)
+    def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None):
+        y = self.attn(self.norm1(x), training=training, return_attention_scores=return_attention_scores,
+                      attention_bias=attention_bias)
         if return_attention_scores:
             y, probs = y
         x = x + self.drop_path(self.dropout(y, training=training), training=training)

@@ -7,12 +7,12 @@ patch size after the slash. Any field can be overridden, e.g. ``ViT("B/16", dept
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping, Sequence
 
 import keras
 from keras import layers, ops
 
 from keras_vit.layers import (
-    AddPositionEmbs,
     ClassToken,
     PatchEmbed,
     TokenPooling,
@@ -20,6 +20,8 @@ from keras_vit.layers import (
     _pair,
     layer_norm,
 )
+from keras_vit.position import check_position_embedding, position_embedding_layer, transformer_block
+from keras_vit.resnet import resnet_stem
 
 # Table 1 of the paper (and "How to train your ViT" for Ti and S).
 SIZES: dict[str, dict[str, int]] = {
@@ -31,6 +33,7 @@ SIZES: dict[str, dict[str, int]] = {
 }
 NAMED_VARIANTS = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14")
 CLASSIFIERS = ("token", "gap")
+DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = 224, 1000  # without weights (with them: the checkpoint's)
 POOLINGS = (None, "token", "avg")
 
 
@@ -65,10 +68,10 @@ def _choice(value, allowed, name: str):
 def ViT(
     variant: str | None = "B/16",
     *,
-    image_size: int | tuple[int, int] = 224,
+    image_size: int | tuple[int, int] | None = None,
     include_top: bool = True,
     weights: str | None = None,
-    num_classes: int = 1000,
+    num_classes: int | None = None,
     classifier: str = "token",
     representation_size: int | None = None,
     pooling: str | None = None,
@@ -77,7 +80,9 @@ def ViT(
     attention_dropout: float = 0.0,
     drop_path: float = 0.0,
     gelu: str = "tanh",
+    position_embedding: str = "learned_1d",
     channels: int = 3,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
     input_tensor=None,
     name: str | None = None,
     **overrides: int,
@@ -88,9 +93,14 @@ def ViT(
         variant: ``"<size>/<patch>"`` (``"B/16"``); ``overrides`` (``patch_size``, ``hidden_size``,
             ``depth``, ``num_heads``, ``mlp_dim``) replace fields of it. ``None`` needs all five.
         image_size: input height and width (int or ``(h, w)``), a multiple of the patch size.
+            ``None``: the checkpoint's resolution with ``weights``, else 224.
         include_top: end in the classification head; else return features (see ``pooling``).
-        weights: ``None`` (random init), a zoo catalogue name or a path to a checkpoint.
-        num_classes: classes of the head.
+        weights: ``None`` (random init), a zoo catalogue name (``python -m zoo list``; downloaded into
+            the Keras cache) or a path to a Google ``.npz`` checkpoint (see :mod:`keras_vit.weights`).
+            Position embeddings are resized to ``image_size``.
+        num_classes: classes of the head. ``None``: the checkpoint's classifier with ``weights`` (its
+            classes and its ``pre_logits`` layer), else 1000. Another number leaves the head (and an
+            unused ``pre_logits``) at its initialisation, for fine-tuning.
         classifier: ``"token"`` (class token, the paper's default) or ``"gap"`` (global average
             pooling of the patch tokens, no class token).
         representation_size: width of the tanh ``pre_logits`` layer before the head; ``None`` skips it.
@@ -100,7 +110,13 @@ def ViT(
         dropout, attention_dropout, drop_path: regularisation rates (drop_path rises linearly with depth).
         gelu: ``"tanh"`` (the approximation the published Flax models were trained with; default)
             or ``"exact"`` (what timm, keras-hub and vit-keras use).
+        position_embedding: ``"learned_1d"`` (the published models), ``"learned_2d"``, ``"sincos_2d"``,
+            ``"relative"`` or ``"none"`` (the paper's Appendix D.4 ablation; see :mod:`keras_vit.position`).
         channels: input channels; pretrained weights need 3.
+        resnet: make a hybrid: units per stage of a BiT ResNet (``(3, 4, 9)``) or a mapping of
+            :class:`keras_vit.resnet.ResNetStem` arguments, run on the image before the embedding.
+            ``patch_size`` then applies to its feature map (1 for the published hybrids) and
+            ``image_size`` must be a multiple of the ResNet's stride times the patch size.
 
     Inputs are images scaled to [-1, 1] (see :func:`keras_vit.preprocess_input`).
     """
@@ -115,16 +131,29 @@ def ViT(
     config = ViTConfig(**fields)
     _choice(classifier, CLASSIFIERS, "classifier")
     _choice(pooling, POOLINGS, "pooling")
+    check_position_embedding(position_embedding)
+    if weights is not None:
+        from keras_vit.weights import checkpoint_defaults, read_checkpoint
+
+        if channels != 3:
+            raise ValueError(f"Pretrained weights need 3 input channels, got channels={channels}.")
+        weights = read_checkpoint(weights)
+        image_size, num_classes, representation_size = checkpoint_defaults(
+            weights, image_size, num_classes, representation_size
+        )
+    image_size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
+    num_classes = DEFAULT_NUM_CLASSES if num_classes is None else num_classes
     if pooling == "token" and classifier != "token":
         raise ValueError("pooling='token' needs classifier='token' (a 'gap' model has no class token).")
     height, width = _pair(image_size, "image_size")
-    if height % config.patch_size or width % config.patch_size:
+    stem = None if resnet is None else resnet_stem(resnet)
+    stride = config.patch_size * (1 if stem is None else stem.stride)
+    if height % stride or width % stride:
+        what = "the patch size" if stem is None else f"the ResNet stride {stem.stride} x patch size {config.patch_size} ="
         raise ValueError(
-            f"image_size {height}x{width} is not divisible by the patch size {config.patch_size}; "
-            f"use a multiple of {config.patch_size}, e.g. {max(1, height // config.patch_size) * config.patch_size}."
+            f"image_size {height}x{width} is not divisible by {what} {stride}; "
+            f"use a multiple of {stride}, e.g. {max(1, height // stride) * stride}."
         )
-    if weights is not None and channels != 3:
-        raise ValueError(f"Pretrained weights need 3 input channels, got channels={channels}.")
 
     if input_tensor is None:
         inputs = keras.Input((height, width, channels), name="images")
@@ -134,8 +163,9 @@ def ViT(
             raise ValueError(
                 f"input_tensor has shape {tuple(input_tensor.shape)}, expected (batch, {height}, {width}, {channels})."
             )
-    grid = (height // config.patch_size, width // config.patch_size)
-    x = PatchEmbed(config.patch_size, config.hidden_size, name="embedding")(inputs)
+    grid = (height // stride, width // stride)
+    features = inputs if stem is None else stem(inputs)
+    x = PatchEmbed(config.patch_size, config.hidden_size, name="embedding")(features)
     x = encode(
         x,
         grid,
@@ -145,6 +175,7 @@ def ViT(
         attention_dropout=attention_dropout,
         drop_path=drop_path,
         gelu=gelu,
+        position_embedding=position_embedding,
     )
     outputs = head(
         x,
@@ -155,7 +186,7 @@ def ViT(
         representation_size=representation_size,
         classifier_activation=classifier_activation,
     )
-    model = keras.Model(inputs, outputs, name=name or _model_name(variant, config))
+    model = keras.Model(inputs, outputs, name=name or _model_name(variant, config, stem))
     if weights is not None:
         from keras_vit.weights import load_weights
 
@@ -164,15 +195,19 @@ def ViT(
 
 
 def encode(x, grid, config: ViTConfig, *, class_token: bool, dropout: float, attention_dropout: float,
-           drop_path: float, gelu: str):
+           drop_path: float, gelu: str, position_embedding: str = "learned_1d"):
     """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, L blocks, final LN."""
     if class_token:
         x = ClassToken(name="class_token")(x)
-    x = AddPositionEmbs(grid, num_prefix_tokens=int(class_token), name="posembed_input")(x)
+    position = position_embedding_layer(position_embedding, grid, num_prefix_tokens=int(class_token))
+    x = x if position is None else position(x)
     x = layers.Dropout(dropout, name="posembed_dropout")(x)
     for i in range(config.depth):
         rate = drop_path * i / max(1, config.depth - 1)
-        x = TransformerBlock(
+        x = transformer_block(
+            position_embedding,
+            grid,
+            int(class_token),
             config.num_heads,
             config.mlp_dim,
             dropout=dropout,
@@ -207,9 +242,12 @@ def _pool(x, pooling: str, classifier: str):
     return TokenPooling(pooling, num_prefix_tokens=prefix, name=f"{pooling}_pool")(x)
 
 
-def _model_name(variant: str | None, config: ViTConfig) -> str:
+def _model_name(variant: str | None, config: ViTConfig, stem=None) -> str:
     size = variant.partition("/")[0] if variant else f"d{config.hidden_size}"
-    return f"vit_{size.lower()}{config.patch_size}"
+    if stem is None:
+        return f"vit_{size.lower()}{config.patch_size}"
+    # hybrids as the paper names them: R<conv layers>+<size>/<total stride>, e.g. vit_r50_b16
+    return f"vit_r{2 + 3 * sum(stem.num_layers)}_{size.lower()}{config.patch_size * stem.stride}"
 
 
 class _AttentionProbs(layers.Layer):
@@ -242,11 +280,11 @@ def preprocess_input(images):
 
 def _named_constructor(variant: str):
     def constructor(
-        image_size: int | tuple[int, int] = 224,
+        image_size: int | tuple[int, int] | None = None,
         *,
         include_top: bool = True,
         weights: str | None = None,
-        num_classes: int = 1000,
+        num_classes: int | None = None,
         **kwargs,
     ) -> keras.Model:
         return ViT(variant, image_size=image_size, include_top=include_top, weights=weights,

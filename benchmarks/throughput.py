@@ -1,0 +1,481 @@
+"""ViT throughput side by side: keras_vit, keras-hub and timm on this machine (CPU), in images/s.
+
+Two modes:
+
+* ``python benchmarks/throughput.py`` (the comparison): for each ``--variants`` entry (default
+  ``B/16``; ``Ti/16 L/16`` as time allows) and each framework it measures inference at batch 1 and
+  ``--batch`` (32) and a training step (forward + backward + SGD-momentum update, ``--train-batch``
+  32; lower it to fit in minutes, and in memory: all workers live at once and B/16 training takes
+  about 3 GB per framework at batch 8, an estimated 10 GB at 32) and prints images/s, the paired
+  ratio keras_vit / peer, the FLOP/s reached as a fraction of the peak of a 4096x4096 float32
+  matmul measured in the same run (the best of one per round), and the peak memory of each.
+* ``python benchmarks/throughput.py --predict`` (the simple one): images/s of ``ViT_B16`` at 224,
+  batch 8, through ``model.predict``: plain (Keras' CPU default), ``jit_compile=True`` (XLA) and
+  ``mixed_bfloat16``, plus an eager ``model(x)`` call.
+
+Method. Every framework runs in its own long-lived worker process (``--worker``; TensorFlow then
+timm in one process segfaults, and separate processes give separate memory figures). The driver
+sends the workers one measurement at a time, in turn, rotating the order every round, so all see
+the same machine load; each number is the median over ``--rounds`` rounds and each ratio the median
+of the per-round ratios. The first call of every phase (tracing, compilation) is not timed.
+Memory is the peak resident set size during a phase's first round (``VmHWM`` after a reset through
+``/proc/self/clear_refs``; Linux) minus the RSS once the framework was imported: weights, activations,
+gradients and optimizer state, compiled code. Phases run in the order batch 1, batch N, training,
+so a later phase's peak includes what the earlier ones kept. FLOPs are counted analytically:
+``2*m*n*k`` for every matmul of the patch embedding, qkv, attention (q k^T and probs v), output
+projection, MLP and head; a training step counts 3x the forward pass.
+
+Workers: ``keras_vit`` (``keras_vit.ViT(variant, gelu="exact")``, what timm and keras-hub compute),
+``keras_hub`` (``keras_hub.models.ViTImageClassifier`` on a ``ViTBackbone`` of the same shape: a
+Dense head on the class token) and ``timm`` (``vit_{tiny,small,base,large}_patch16_224`` on torch
+CPU, eager). A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_compile=True)``),
+``+onednn`` (``TF_ENABLE_ONEDNN_OPTS=1``), ``+bf16`` (``mixed_bfloat16``), e.g.
+``--frameworks keras_vit keras_vit+onednn keras_hub timm``. Workers get ``OMP_WAIT_POLICY=PASSIVE``
+(unless set): on a shared, oversubscribed machine torch's spinning OpenMP threads otherwise lose
+3-5x; ``--threads N`` pins every framework to N threads. Keras models run
+``predict_on_batch`` / ``train_on_batch`` after ``compile(SGD(0.01, momentum=0.9),
+SparseCategoricalCrossentropy(from_logits=True))``; timm runs ``model(x)`` under
+``torch.inference_mode()`` and a plain ``loss.backward(); opt.step()``.
+
+Peers are not dependencies of keras-vit. timm and torch come with the ``reference`` extra. Install
+keras-hub *without* its dependencies, as its requirements pull the full ``tensorflow`` wheel over
+``tensorflow-cpu``::
+
+    pip install --no-deps keras-hub kagglehub kagglesdk regex sentencepiece tokenizers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
+TF_OPTIONS = ("xla", "onednn", "bf16")
+TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
+NUM_CLASSES = 1000
+
+
+# ----------------------------------------------------------------------------------------------
+# Analytic FLOPs and the machine's peak
+
+
+def forward_flops(variant: str, image_size: int, num_classes: int = NUM_CLASSES) -> float:
+    """Matmul FLOPs (``2*m*n*k``) of one image through a class-token ViT, attention included."""
+    from keras_vit.models import parse_variant
+
+    c = parse_variant(variant)
+    patches = (image_size // c.patch_size) ** 2
+    n, d = patches + 1, c.hidden_size
+    embed = 2 * patches * (c.patch_size**2 * 3) * d
+    block = 2 * n * d * (3 * d + d + 2 * c.mlp_dim) + 2 * 2 * n * n * d
+    return float(embed + c.depth * block + 2 * d * num_classes)
+
+
+def matmul_gflops(size: int = 4096) -> float:
+    """GFLOP/s of one ``size x size`` float32 numpy matmul (the BLAS numpy ships, all cores)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    a @ a  # first touch
+    start = time.perf_counter()
+    a @ a
+    return 2 * size**3 / (time.perf_counter() - start) / 1e9
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory (Linux /proc)
+
+
+def _status_kb(field: str) -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def rss_mb() -> float:
+    return _status_kb("VmRSS") / 1024
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS counter (``VmHWM``) to the current RSS."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def peak_rss_mb() -> float:
+    return _status_kb("VmHWM") / 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers: build one model, then time what the driver asks for
+
+
+def _split_spec(spec: str) -> tuple[str, set[str]]:
+    name, *options = spec.split("+")
+    if name not in FRAMEWORKS:
+        raise ValueError(f"Unknown framework {name!r}; expected one of {FRAMEWORKS} (TF ones take +option).")
+    unknown = set(options) - set(TF_OPTIONS)
+    if unknown or (options and name == "timm"):
+        raise ValueError(f"Bad options {sorted(options)} for {name!r}; TF workers take {TF_OPTIONS}.")
+    return name, set(options)
+
+
+def worker_env(spec: str, threads: int | None) -> dict[str, str]:
+    """The worker's environment: quiet TF logs, oneDNN on request, passive OpenMP waits, threads."""
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "onednn" in _split_spec(spec)[1]:
+        env["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), TF_NUM_INTRAOP_THREADS=str(threads))
+    return env
+
+
+class KerasRunner:
+    """keras_vit or keras-hub: ``predict_on_batch`` and ``train_on_batch`` of a compiled model."""
+
+    def __init__(self, name: str, options: set[str], variant: str, image_size: int):
+        import keras
+
+        self.keras = keras
+        if "bf16" in options:
+            keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        self.model = self._build(name, variant, image_size)
+        self.model.compile(
+            optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=True if "xla" in options else "auto",
+        )
+        self.params = self.model.count_params()
+        self.image_size = image_size
+
+    @staticmethod
+    def _build(name: str, variant: str, image_size: int):
+        if name == "keras_vit":
+            import keras_vit
+
+            return keras_vit.ViT(variant, image_size=image_size, num_classes=NUM_CLASSES, gelu="exact")
+        import keras_hub
+
+        from keras_vit.models import parse_variant
+
+        c = parse_variant(variant)
+        backbone = keras_hub.models.ViTBackbone(
+            image_shape=(image_size, image_size, 3), patch_size=c.patch_size, num_layers=c.depth,
+            num_heads=c.num_heads, hidden_dim=c.hidden_size, mlp_dim=c.mlp_dim,
+        )
+        return keras_hub.models.ViTImageClassifier(backbone, num_classes=NUM_CLASSES, preprocessor=None)
+
+    def inputs(self, batch: int):
+        import numpy as np
+
+        rng = np.random.default_rng(batch)
+        x = rng.uniform(-1, 1, (batch, self.image_size, self.image_size, 3)).astype("float32")
+        y = rng.integers(0, NUM_CLASSES, batch)
+        return self.keras.ops.convert_to_tensor(x), self.keras.ops.convert_to_tensor(y)
+
+    def infer(self, x, _):
+        self.model.predict_on_batch(x)
+
+    def train(self, x, y):
+        self.model.train_on_batch(x, y)
+
+
+class TimmRunner:
+    """timm on torch CPU, eager: ``model(x)`` for inference, one SGD step for training."""
+
+    def __init__(self, name: str, options: set[str], variant: str, image_size: int):
+        import timm
+        import torch
+
+        size, _, patch = variant.partition("/")
+        self.torch = torch
+        self.model = timm.create_model(
+            f"vit_{TIMM_SIZES[size]}_patch{patch}_224", pretrained=False, num_classes=NUM_CLASSES,
+            img_size=image_size,
+        )
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.image_size = image_size
+
+    def inputs(self, batch: int):
+        generator = self.torch.Generator().manual_seed(batch)
+        x = self.torch.rand((batch, 3, self.image_size, self.image_size), generator=generator) * 2 - 1
+        return x, self.torch.randint(0, NUM_CLASSES, (batch,), generator=generator)
+
+    def infer(self, x, _):
+        self.model.eval()
+        with self.torch.inference_mode():
+            self.model(x)
+
+    def train(self, x, y):
+        self.model.train()
+        loss = self.torch.nn.functional.cross_entropy(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        loss.item()
+
+
+def _thread_info(name: str) -> str:
+    if name == "timm":
+        import torch
+
+        return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+                f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
+    import keras
+    import tensorflow as tf
+
+    intra = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
+    return (f"tensorflow {tf.__version__}, keras {keras.__version__}, {intra} intra-op threads, "
+            f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}")
+
+
+def worker_main(spec: str, variant: str, image_size: int) -> None:
+    """Serve JSON requests ``{"phase", "batch", "min_time"}`` on stdin, one JSON reply line each."""
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything a library prints goes to the log, not into the protocol
+    name, options = _split_spec(spec)
+    if name == "timm":
+        import torch  # noqa: F401  (before anything that might pull TensorFlow in)
+    else:
+        import keras  # noqa: F401
+    baseline = rss_mb()
+    runner = (TimmRunner if name == "timm" else KerasRunner)(name, options, variant, image_size)
+    reply.write(json.dumps({"params": runner.params, "info": _thread_info(name)}) + "\n")
+    seen: dict[tuple[str, int], tuple] = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        key = (request["phase"], request["batch"])
+        step = runner.train if key[0] == "train" else runner.infer
+        result = {}
+        if key not in seen:
+            reset_peak_rss()
+            seen[key] = runner.inputs(key[1])
+            start = time.perf_counter()
+            step(*seen[key])
+            result["warmup_s"] = time.perf_counter() - start
+        times = []
+        while not times or sum(times) < request["min_time"]:
+            start = time.perf_counter()
+            step(*seen[key])
+            times.append(time.perf_counter() - start)
+        if "warmup_s" in result:
+            result["peak_mb"] = peak_rss_mb() - baseline
+        result["seconds"] = statistics.median(times)
+        reply.write(json.dumps(result) + "\n")
+
+
+class Worker:
+    """The driver's handle on one worker process."""
+
+    def __init__(self, spec: str, variant: str, image_size: int, threads: int | None):
+        self.spec = spec
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"vit-bench-{spec}-", suffix=".log")
+        command = [sys.executable, os.path.abspath(__file__), "--worker", spec,
+                   "--variants", variant, "--image-size", str(image_size)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.log, text=True, env=worker_env(spec, threads))
+        self.hello = self._read()
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            tail = self.log.read()[-3000:]
+            raise RuntimeError(f"worker {self.spec} died (exit {self.process.wait()}):\n{tail}")
+        return json.loads(line)
+
+    def measure(self, phase: str, batch: int, min_time: float) -> dict:
+        self.process.stdin.write(json.dumps({"phase": phase, "batch": batch, "min_time": min_time}) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+        self.log.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison
+
+
+def compare(args) -> dict:
+    """Run every framework's phases round-robin; return per-variant results for :func:`report`."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    phases = [("infer", 1), ("infer", args.batch), ("train", args.train_batch)]
+    results = {}
+    for variant in args.variants:
+        workers = [Worker(spec, variant, args.image_size, args.threads) for spec in args.frameworks]
+        runs = {w.spec: {_phase_name(p): [] for p in phases} for w in workers}
+        memory, peaks = {w.spec: {} for w in workers}, []
+        try:
+            for phase in phases:
+                for round_ in range(args.rounds):
+                    peaks.append(matmul_gflops())
+                    shift = round_ % len(workers)
+                    for worker in workers[shift:] + workers[:shift]:
+                        out = worker.measure(*phase, args.min_time)
+                        runs[worker.spec][_phase_name(phase)].append(phase[1] / out["seconds"])
+                        if "peak_mb" in out:
+                            memory[worker.spec][_phase_name(phase)] = out["peak_mb"]
+                    print(f"  {variant} {_phase_name(phase)} round {round_ + 1}: "
+                          + ", ".join(f"{s} {v[_phase_name(phase)][-1]:.2f}" for s, v in runs.items()),
+                          file=sys.stderr)
+        finally:
+            for worker in workers:
+                worker.close()
+        results[variant] = dict(
+            phases=[_phase_name(p) for p in phases], runs=runs, memory=memory, peaks=peaks,
+            info={w.spec: w.hello for w in workers},
+            flops=forward_flops(variant, args.image_size),
+        )
+    return results
+
+
+def _phase_name(phase: tuple[str, int]) -> str:
+    return f"{'inference' if phase[0] == 'infer' else 'train step'} b{phase[1]}"
+
+
+def report(results: dict, args) -> str:
+    """Markdown tables: images/s, ratios keras_vit / peer, fraction of peak, memory."""
+    lines = []
+    for variant, r in results.items():
+        phases, runs, first = r["phases"], r["runs"], args.frameworks[0]
+        peak = max(r["peaks"])  # the machine's best; contention only ever lowers a measurement
+        lines += [f"### ViT {variant} at {args.image_size}px, {args.rounds} rounds (median)", "",
+                  "| framework | params | " + " | ".join(f"{p} img/s" for p in phases)
+                  + " | " + " | ".join(f"peak RSS {p}" for p in phases) + " |",
+                  "|---" * (2 + 2 * len(phases)) + "|"]
+        for spec, per_phase in runs.items():
+            rates = [f"{statistics.median(per_phase[p]):.2f}" for p in phases]
+            mem = [f"{r['memory'][spec].get(p, float('nan')) / 1024:.2f} GB" for p in phases]
+            lines.append(f"| {spec} | {r['info'][spec]['params'] / 1e6:.2f} M | " + " | ".join(rates + mem) + " |")
+        lines += ["", f"Ratio {first} / peer (median of per-round ratios):", "",
+                  "| peer | " + " | ".join(phases) + " |", "|---" * (1 + len(phases)) + "|"]
+        for spec in list(runs)[1:]:
+            ratios = [statistics.median(a / b for a, b in zip(runs[first][p], runs[spec][p])) for p in phases]
+            lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
+        lines += ["", f"FLOP/s reached ({r['flops'] / 1e9:.1f} GFLOP per image forward, 3x for a train step) "
+                  f"as a fraction of the float32 matmul peak: the best of {len(r['peaks'])} 4096x4096 numpy matmuls "
+                  f"in this run, {peak:.0f} GFLOP/s (median {statistics.median(r['peaks']):.0f}):", "",
+                  "| framework | " + " | ".join(phases) + " |", "|---" * (1 + len(phases)) + "|"]
+        for spec, per_phase in runs.items():
+            cells = []
+            for p in phases:
+                gflops = statistics.median(per_phase[p]) * r["flops"] * (3 if p.startswith("train") else 1) / 1e9
+                cells.append(f"{gflops:.0f} GFLOP/s ({gflops / peak:.0%})")
+            lines.append(f"| {spec} | " + " | ".join(cells) + " |")
+        lines += ["", "Workers: " + "; ".join(f"{s}: {r['info'][s]['info']}" for s in runs), ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The simple benchmark: model.predict, plain vs XLA vs bfloat16
+
+
+def predict_benchmark(args) -> str:
+    """images/s of ``ViT_B16`` predict at batch ``args.batch`` through every Keras path, interleaved."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+    import numpy as np
+
+    import keras_vit
+
+    def build(policy: str):
+        keras.mixed_precision.set_global_policy(policy)
+        model = keras_vit.ViT(args.variants[0], image_size=args.image_size)
+        keras.mixed_precision.set_global_policy("float32")
+        return model
+
+    plain = build("float32")
+    xla, bf16 = build("float32"), build("mixed_bfloat16")
+    for model in (xla, bf16):
+        model.set_weights(plain.get_weights())
+    xla.jit_compile = True
+    x = np.random.default_rng(0).uniform(-1, 1, (args.batch, args.image_size, args.image_size, 3)).astype("float32")
+    paths = {
+        f"model.predict (jit_compile={plain.jit_compile}, Keras' CPU default)": lambda: plain.predict(x, verbose=0),
+        "model.predict, jit_compile=True (XLA)": lambda: xla.predict(x, verbose=0),
+        "model.predict, mixed_bfloat16": lambda: bf16.predict(x, verbose=0),
+        "model(x) eager call": lambda: plain(x),
+    }
+    for path in paths.values():
+        path()  # trace / compile
+    rates = {name: [] for name in paths}
+    for _ in range(args.rounds):
+        for name, path in paths.items():
+            start = time.perf_counter()
+            path()
+            rates[name].append(args.batch / (time.perf_counter() - start))
+    first = next(iter(rates))
+    lines = [f"### keras_vit {args.variants[0]} at {args.image_size}px, batch {args.batch}, "
+             f"{args.rounds} rounds (median)", "", "| path | images/s | vs predict |", "|---|---|---|"]
+    for name, values in rates.items():
+        ratio = statistics.median(a / b for a, b in zip(values, rates[first]))
+        lines.append(f"| {name} | {statistics.median(values):.2f} | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def conditions() -> str:
+    import platform
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    return f"CPU: {cpu}, {os.cpu_count()} cores; load average {load}; python {platform.python_version()}"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", nargs="+", default=["B/16"], help="e.g. B/16 Ti/16 L/16")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS),
+                        help="first one is compared with the others; TF ones take +xla, +onednn, +bf16")
+    parser.add_argument("--batch", type=int, default=None, help="inference batch (default 32; 8 with --predict)")
+    parser.add_argument("--train-batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
+    parser.add_argument("--min-time", type=float, default=2.0, help="seconds of calls per measurement")
+    parser.add_argument("--threads", type=int, help="threads per framework (default: all cores)")
+    parser.add_argument("--predict", action="store_true", help="the simple predict benchmark instead")
+    parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.batch is None:
+        args.batch = 8 if args.predict else 32
+    for spec in args.frameworks:
+        _split_spec(spec)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(args.worker, args.variants[0], args.image_size)
+        return
+    print(conditions())
+    if args.predict:
+        print(predict_benchmark(args))
+        return
+    results = compare(args)
+    print(report(results, args))
+    print(conditions())
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()

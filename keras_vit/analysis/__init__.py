@@ -1,0 +1,37 @@
+"""The paper's analyses of a trained ViT (Section 4.5, Figures 6-7) as functions returning arrays.
+
+- :mod:`~keras_vit.analysis.attention`: attention rollout maps and mean attention distance.
+- :mod:`~keras_vit.analysis.embeddings`: position-embedding similarity, embedding-filter PCA.
+- :mod:`~keras_vit.analysis.fewshot`: few-shot linear evaluation of frozen features.
+- :mod:`~keras_vit.analysis.plots`: the figures (imported on demand: it loads matplotlib).
+
+``python -m keras_vit.analysis VARIANT`` writes all figures for a model (see ``--help``).
+"""
+
+from keras_vit.analysis.attention import (
+    AttentionAnalysis,
+    analyse_attention,
+    attention_rollout,
+    iter_attentions,
+    mean_attention_distance,
+    overlay,
+    patch_distances,
+    rollout_map,
+)
+from keras_vit.analysis.embeddings import (
+    filter_components,
+    model_filter_components,
+    model_position_similarity,
+    position_similarity,
+    to_rgb_tiles,
+)
+from keras_vit.analysis.fewshot import (
+    SHOTS,
+    LinearProbe,
+    extract_features,
+    few_shot_evaluation,
+    fit_linear_probe,
+    held_out_split,
+    sample_per_class,
+)
+from keras_vit.analysis.geometry import TokenGeometry, token_geometry

@@ -1,0 +1,202 @@
+"""``python -m keras_vit.analysis VARIANT``: write the paper's analysis figures for a model.
+
+Example (a random-init tiny model, all five figures into ./vit_analysis)::
+
+    python -m keras_vit.analysis Ti/16 --image-size 32 --patch-size 8 --depth 2 --output-dir vit_analysis
+
+Writes ``attention_maps.png``, ``attention_distance.png``, ``position_similarity.png``,
+``embedding_filters.png``, ``few_shot.png`` and ``results.json`` (the numbers behind them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+ANALYSES = ("attention", "distance", "position", "filters", "fewshot")
+OVERRIDES = ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_vit.analysis",
+        description="Attention maps, attention distance, position-embedding similarity, embedding-filter "
+        "components and few-shot linear evaluation of a ViT, as PNG figures and results.json.",
+    )
+    parser.add_argument("variant", help="ViT variant, e.g. 'B/16', or a hybrid: 'ViT_R50_B16' or 'R50+ViT-B/16'")
+    parser.add_argument("--weights", default=None, help="checkpoint path or catalogue name (default: random init)")
+    parser.add_argument("--image-size", type=int, default=None, help="default: the checkpoint's, else 224")
+    parser.add_argument("--classifier", choices=("token", "gap"), default="token")
+    parser.add_argument("--gelu", choices=("tanh", "exact"), default="tanh")
+    parser.add_argument("--position-embedding", default="learned_1d",
+                        help="learned_1d (published), learned_2d, sincos_2d, relative or none")
+    for field in OVERRIDES:
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help=f"override the variant's {field}")
+    parser.add_argument("--analyses", nargs="+", choices=ANALYSES, default=None,
+                        help="which figures (default: all that apply to the model)")
+    parser.add_argument("--images", nargs="+", default=None,
+                        help="image files for the attention analyses (default: scikit-learn's china.jpg and flower.jpg)")
+    parser.add_argument("--dataset", default="digits",
+                        help="few-shot dataset: 'digits' (scikit-learn), a .npz file or 'tfds:NAME' (default: digits)")
+    parser.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
+    parser.add_argument("--seeds", type=int, default=3, help="few-shot draws averaged per n")
+    parser.add_argument("--pooling", choices=("token", "avg"), default=None,
+                        help="few-shot features (default: the class token, or the patch mean without one)")
+    parser.add_argument("--pool-per-class", type=int, default=50, help="training examples kept per class")
+    parser.add_argument("--test-examples", type=int, default=1000, help="held-out examples scored")
+    parser.add_argument("--components", type=int, default=28, help="principal components of the filters to draw")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--dpi", type=int, default=100)
+    parser.add_argument("--output-dir", default="vit_analysis")
+    return parser
+
+
+def build_model(args: argparse.Namespace):
+    """The encoder (``include_top=False``: all tokens) with the requested weights."""
+    import keras_vit
+    from keras_vit.hybrid import HYBRIDS
+
+    kwargs = {f: getattr(args, f) for f in OVERRIDES if getattr(args, f) is not None}
+    kwargs.update(image_size=args.image_size, include_top=False, weights=args.weights, classifier=args.classifier,
+                  gelu=args.gelu, position_embedding=args.position_embedding)
+    hybrids = {paper: constructor for constructor, (paper, _, _) in HYBRIDS.items()}
+    constructor = args.variant if args.variant in HYBRIDS else hybrids.get(args.variant)
+    if constructor is not None:
+        return getattr(keras_vit, constructor)(**kwargs)
+    return keras_vit.ViT(args.variant, **kwargs)
+
+
+def applicable_analyses(model) -> list[str]:
+    """The analyses that apply: filters need an embedding of RGB pixels (not a hybrid's features),
+    position similarity needs absolute position embeddings."""
+    from keras_vit.layers import AddPositionEmbs
+
+    chosen = list(ANALYSES)
+    if model.get_layer("embedding").kernel.shape[2] not in (1, 3):
+        chosen.remove("filters")
+    if not any(isinstance(layer, AddPositionEmbs) for layer in model.layers):
+        chosen.remove("position")
+    return chosen
+
+
+def _keep_per_class(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of at most ``per_class`` random examples of each class."""
+    counts: dict[int, int] = {}
+    keep = []
+    for i in rng.permutation(len(labels)):
+        if counts.get(int(labels[i]), 0) < per_class:
+            counts[int(labels[i])] = counts.get(int(labels[i]), 0) + 1
+            keep.append(i)
+    return np.sort(np.asarray(keep, dtype=np.int64))
+
+
+def run_few_shot(model, args, size: tuple[int, int], pooling: str) -> tuple[dict[int, np.ndarray], float]:
+    """n-shot accuracies on the dataset of ``args.dataset``, and the chance level."""
+    from keras_vit.analysis import data, fewshot
+
+    dataset = data.load_fewshot_dataset(args.dataset)
+    images, labels = dataset.images, np.asarray(dataset.labels, dtype=np.int64)
+    if dataset.test_images is None:
+        train, test = fewshot.held_out_split(labels, 0.5, seed=0)
+        test_images, test_labels = images[test], labels[test]
+        images, labels = images[train], labels[train]
+    else:
+        test_images, test_labels = dataset.test_images, np.asarray(dataset.test_labels, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    pool = _keep_per_class(labels, args.pool_per_class, rng)
+    test = np.sort(rng.permutation(len(test_labels))[: args.test_examples])
+
+    def features(x):
+        batch = data.to_model_input(data.resize_images(x, size))
+        return fewshot.extract_features(model, batch, pooling=pooling, batch_size=args.batch_size)
+
+    accuracies = fewshot.few_shot_evaluation(features(images[pool]), labels[pool], features(test_images[test]),
+                                             test_labels[test], shots=args.shots, seeds=args.seeds)
+    return accuracies, 1.0 / len(np.unique(labels))
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    positive = ("seeds", "pool_per_class", "test_examples", "components", "batch_size", "dpi")
+    for name in positive:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}.")
+    if min(args.shots) < 1 or max(args.shots) > args.pool_per_class:
+        parser.error(f"--shots must be between 1 and --pool-per-class ({args.pool_per_class}), got {args.shots}.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    try:
+        results = run(args)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    for name in results["figures"]:
+        print(os.path.join(args.output_dir, name))
+    if "few_shot" in results:
+        print("few-shot accuracy: " + ", ".join(f"{n}-shot {100 * r['mean']:.1f}%" for n, r in results["few_shot"].items()))
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Compute and draw the chosen analyses; returns what results.json holds."""
+    from keras_vit.analysis import attention, data, embeddings, plots
+    from keras_vit.analysis.geometry import token_geometry
+
+    model = build_model(args)
+    size = tuple(model.inputs[0].shape[1:3])
+    applicable = applicable_analyses(model)
+    chosen = args.analyses or applicable
+    if set(chosen) - set(applicable):
+        raise ValueError(f"--analyses {' '.join(sorted(set(chosen) - set(applicable)))} does not apply to this model "
+                         "(a hybrid's embedding filters act on ResNet features; relative/none position embeddings).")
+    out_dir = args.output_dir
+    os.makedirs(out_dir, exist_ok=True)
+    results: dict = {"variant": args.variant, "weights": args.weights, "image_size": list(size), "figures": []}
+
+    def figure(name: str) -> str:
+        path = os.path.join(out_dir, name)
+        results["figures"].append(name)
+        return path
+
+    if {"attention", "distance"} & set(chosen):
+        originals = [data.load_image(p) for p in args.images] if args.images else [data.sample_image(n) for n in data.SAMPLE_IMAGES]
+        pictures = data.resize_images(originals, size)
+        found = attention.analyse_attention(model, data.to_model_input(pictures), batch_size=args.batch_size)
+        if "attention" in chosen:
+            shown = pictures.astype(np.float32) / 255.0
+            overlays = np.stack([attention.overlay(p, m) for p, m in zip(shown, found.maps)])
+            plots.plot_attention_maps(shown, overlays, figure("attention_maps.png"), dpi=args.dpi)
+        if "distance" in chosen:
+            plots.plot_attention_distance(found.distances, figure("attention_distance.png"), dpi=args.dpi)
+            results["mean_attention_distance"] = found.distances.round(3).tolist()
+    if "position" in chosen:
+        plots.plot_position_similarity(embeddings.model_position_similarity(model), figure("position_similarity.png"), dpi=args.dpi)
+    if "filters" in chosen:
+        kernel_shape = model.get_layer("embedding").kernel.shape
+        k = min(args.components, int(np.prod(kernel_shape[:3])), kernel_shape[3] - 1)
+        components, explained = embeddings.model_filter_components(model, k)
+        plots.plot_filter_components(embeddings.to_rgb_tiles(components), figure("embedding_filters.png"),
+                                     explained=explained, dpi=args.dpi)
+        results["filter_variance_explained"] = explained.round(5).tolist()
+    if "fewshot" in chosen:
+        pooling = args.pooling or ("token" if token_geometry(model).num_prefix_tokens else "avg")
+        few_shot, chance = run_few_shot(model, args, size, pooling)
+        plots.plot_few_shot(few_shot, figure("few_shot.png"), dpi=args.dpi, chance=chance)
+        results["few_shot"] = {str(n): {"mean": float(a.mean()), "std": float(a.std()), "per_seed": a.tolist()}
+                               for n, a in few_shot.items()}
+        results["few_shot_pooling"] = pooling
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

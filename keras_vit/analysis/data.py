@@ -1,0 +1,113 @@
+"""Inputs for the analyses: images from files or scikit-learn's samples, and labelled few-shot datasets.
+
+Few-shot dataset specs: ``"digits"`` (scikit-learn's 8x8 handwritten digits, ships with it),
+``"PATH.npz"`` (arrays ``images`` (n, h, w, 3 or 1) uint8 and ``labels`` (n,), optionally
+``test_images``/``test_labels``), or ``"tfds:NAME"`` (a TensorFlow Datasets set already prepared
+on disk, its ``train`` and ``test`` splits; nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+from PIL import Image
+
+SAMPLE_IMAGES = ("china.jpg", "flower.jpg")
+
+
+def sample_image(name: str = "china.jpg") -> np.ndarray:
+    """One of scikit-learn's bundled sample photographs, uint8 ``(H, W, 3)``."""
+    from sklearn.datasets import load_sample_image
+
+    if name not in SAMPLE_IMAGES:
+        raise ValueError(f"Unknown sample image {name!r}; expected one of {SAMPLE_IMAGES}.")
+    return load_sample_image(name)
+
+
+def load_image(path: str) -> np.ndarray:
+    """An image file as uint8 RGB ``(H, W, 3)``."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No image file {path!r}.")
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
+    """Centre-crop each image to the target aspect ratio and resize it (bilinear): uint8 ``(n, h, w, 3)``.
+
+    Grey images (``(h, w)`` or ``(h, w, 1)``) become RGB.
+    """
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    out = []
+    for image in images:
+        image = np.asarray(image)
+        image = image[..., None] if image.ndim == 2 else image
+        if image.ndim != 3 or image.shape[-1] not in (1, 3):
+            raise ValueError(f"Expected (h, w, 3) or grey images, got shape {image.shape}.")
+        h, w = image.shape[:2]
+        crop_h, crop_w = min(h, round(w * height / width)), min(w, round(h * width / height))
+        top, left = (h - crop_h) // 2, (w - crop_w) // 2
+        crop = np.repeat(image, 3 // image.shape[-1], axis=-1)[top:top + crop_h, left:left + crop_w]
+        resized = Image.fromarray(np.ascontiguousarray(crop, dtype=np.uint8)).resize((width, height), Image.Resampling.BILINEAR)
+        out.append(np.asarray(resized))
+    return np.stack(out)
+
+
+def to_model_input(images: np.ndarray) -> np.ndarray:
+    """uint8 images to the [-1, 1] range of :func:`keras_vit.preprocess_input` (float32, numpy)."""
+    return (np.asarray(images, dtype=np.float32) - 127.5) / 127.5
+
+
+@dataclasses.dataclass
+class LabelledImages:
+    """A few-shot dataset: a training pool and held-out test examples (uint8 images, int labels);
+    ``test_images`` is ``None`` when the source has one split only (then split it)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    test_images: np.ndarray | None = None
+    test_labels: np.ndarray | None = None
+
+
+def load_fewshot_dataset(spec: str = "digits") -> LabelledImages:
+    """Load a few-shot dataset from its spec (see the module docstring)."""
+    if spec == "digits":
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+        return LabelledImages(images, digits.target.astype(np.int64))
+    if spec.startswith("tfds:"):
+        return _load_tfds(spec[len("tfds:"):])
+    if spec.endswith(".npz"):
+        return _load_npz(spec)
+    raise ValueError(f"Unknown few-shot dataset {spec!r}: expected 'digits', a .npz file or 'tfds:NAME'.")
+
+
+def _load_npz(path: str) -> LabelledImages:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No dataset file {path!r}.")
+    with np.load(path) as data:
+        missing = {"images", "labels"} - set(data.files)
+        if missing:
+            raise ValueError(f"{path} lacks the arrays {sorted(missing)} (it has {data.files}).")
+        arrays = {key: data[key] for key in ("images", "labels", "test_images", "test_labels") if key in data.files}
+    return LabelledImages(**arrays)
+
+
+def _load_tfds(name: str) -> LabelledImages:
+    import tensorflow_datasets as tfds
+
+    def split(which: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            ds = tfds.load(name, split=which, as_supervised=True, download=False)
+        except AssertionError as error:  # tfds's way of saying the data is not prepared
+            raise FileNotFoundError(f"TensorFlow Datasets set {name!r} ({which}) is not prepared on disk: {error}") from None
+        pairs = list(tfds.as_numpy(ds))
+        if not pairs:
+            raise ValueError(f"TensorFlow Datasets set {name!r} has an empty {which!r} split.")
+        return np.stack([image for image, _ in pairs]), np.asarray([label for _, label in pairs], dtype=np.int64)
+
+    return LabelledImages(*split("train"), *split("test"))

@@ -1,0 +1,91 @@
+"""What a ViT's embeddings learned: position-embedding similarity (Figure 7, centre) and the
+principal components of the patch-embedding filters (Figure 7, left)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_vit.analysis.geometry import get_layer, positive_pair
+from keras_vit.layers import AddPositionEmbs, PatchEmbed
+
+
+def position_similarity(pos_embedding: np.ndarray, grid_size: int | tuple[int, int],
+                        num_prefix_tokens: int = 0) -> np.ndarray:
+    """Cosine similarity of every patch's position embedding with every other: ``(gh, gw, gh, gw)``.
+
+    ``pos_embedding`` is ``(N, D)`` or ``(1, N, D)`` with ``N = num_prefix_tokens + gh * gw``; the
+    prefix tokens' embeddings (the class token's) are left out. ``result[i, j]`` is the ``gh x gw``
+    map of patch ``(i, j)``'s similarity to all patches.
+    """
+    gh, gw = positive_pair(grid_size, "grid_size")
+    emb = np.asarray(pos_embedding, dtype=np.float64)
+    emb = emb.reshape(emb.shape[-2:]) if emb.ndim == 3 and emb.shape[0] == 1 else emb
+    if emb.ndim != 2 or emb.shape[0] != num_prefix_tokens + gh * gw:
+        raise ValueError(
+            f"pos_embedding of shape {np.shape(pos_embedding)} does not hold {num_prefix_tokens} prefix "
+            f"+ {gh}x{gw} patch embeddings."
+        )
+    patches = emb[num_prefix_tokens:]
+    norms = np.linalg.norm(patches, axis=-1, keepdims=True)
+    if np.any(norms == 0):
+        raise ValueError("A position embedding is all zeros; its cosine similarity is undefined.")
+    unit = patches / norms
+    return (unit @ unit.T).reshape(gh, gw, gh, gw)
+
+
+def model_position_similarity(model: keras.Model) -> np.ndarray:
+    """:func:`position_similarity` of a keras_vit model's ``"posembed_input"`` layer (any absolute kind:
+    learned 1-D or 2-D, sin-cos)."""
+    if not any(isinstance(layer, AddPositionEmbs) for layer in model.layers):
+        raise ValueError(
+            f"Model {model.name!r} has no absolute position embeddings (an AddPositionEmbs layer "
+            "'posembed_input'): nothing to compare (position_embedding='relative' or 'none'?)."
+        )
+    layer = get_layer(model, "posembed_input", AddPositionEmbs)
+    embedding = keras.ops.convert_to_numpy(layer.pos_embedding)
+    return position_similarity(embedding, layer.grid_size, layer.num_prefix_tokens)
+
+
+def filter_components(kernel: np.ndarray, num_components: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """Principal components of the patch-embedding filters (PCA by SVD of the centred filters).
+
+    ``kernel`` is ``(P, P, C, D)``: D filters of P x P x C pixels. Returns the top ``num_components``
+    components as ``(k, P, P, C)`` filters, each of unit norm and signed so that its largest-magnitude
+    entry is positive, and the fraction of the filters' variance each explains, ``(k,)``.
+    """
+    kernel = np.asarray(kernel, dtype=np.float64)
+    if kernel.ndim != 4:
+        raise ValueError(f"kernel must have shape (P, P, channels, filters), got {kernel.shape}.")
+    filters = kernel.reshape(-1, kernel.shape[-1]).T
+    rank = min(filters.shape[0] - 1, filters.shape[1])
+    if not 1 <= num_components <= rank:
+        raise ValueError(f"num_components must be in [1, {rank}] for a kernel of shape {kernel.shape}, got {num_components}.")
+    _, singular, axes = np.linalg.svd(filters - filters.mean(axis=0), full_matrices=False)
+    axes = axes[:num_components]
+    peaks = axes[np.arange(num_components), np.abs(axes).argmax(axis=1)]
+    axes = axes * np.sign(peaks)[:, None]
+    variance = singular**2
+    ratio = variance[:num_components] / variance.sum() if variance.sum() > 0 else np.zeros(num_components)
+    return axes.reshape(num_components, *kernel.shape[:3]), ratio
+
+
+def model_filter_components(model: keras.Model, num_components: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`filter_components` of a keras_vit model's ``"embedding"`` layer."""
+    layer = get_layer(model, "embedding", PatchEmbed)
+    return filter_components(keras.ops.convert_to_numpy(layer.kernel), num_components)
+
+
+def to_rgb_tiles(components: np.ndarray) -> np.ndarray:
+    """Components ``(k, P, P, C)`` with C = 3 (RGB) or 1 (grey) as images in [0, 1], ``(k, P, P, 3)``:
+    each min-max scaled on its own, so that its pattern, not its scale, shows."""
+    components = np.asarray(components, dtype=np.float64)
+    if components.ndim != 4 or components.shape[-1] not in (1, 3):
+        raise ValueError(
+            f"Can only draw components of shape (k, P, P, 3 or 1), got {components.shape}; a hybrid's "
+            "embedding filters act on ResNet features, not pixels."
+        )
+    low = components.min(axis=(1, 2, 3), keepdims=True)
+    span = components.max(axis=(1, 2, 3), keepdims=True) - low
+    tiles = np.divide(components - low, span, out=np.full_like(components, 0.5), where=span > 0)
+    return np.broadcast_to(tiles, (*tiles.shape[:3], 3)).copy()

@@ -1,0 +1,64 @@
+"""Where a ViT's tokens come from: the patch grid, the pixels per patch and the prefix tokens.
+
+Read from the model's ``"embedding"`` layer (:class:`keras_vit.PatchEmbed`: its input, the image or a
+hybrid's feature map, and its patch size), its input shape and whether it has a ``"class_token"``, so it
+holds for hybrids (their patches are ``image / grid`` pixels wide) and every position-embedding kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+
+from keras_vit.layers import ClassToken, PatchEmbed, _pair
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenGeometry:
+    """``grid_size`` (rows, cols) of patch tokens, ``patch_size`` in input pixels (h, w), and
+    ``num_prefix_tokens`` (1 for the class token, 0 for ``classifier="gap"``) before them."""
+
+    grid_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    num_prefix_tokens: int
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.num_patches
+
+
+def get_layer(model: keras.Model, name: str, cls: type | None = None) -> keras.layers.Layer:
+    """``model.get_layer(name)``, with a ``ValueError`` naming the layer when it is missing or of another type."""
+    try:
+        layer = model.get_layer(name)
+    except ValueError:
+        layer = None
+    if layer is None or (cls is not None and not isinstance(layer, cls)):
+        expected = f" (a {cls.__name__})" if cls is not None else ""
+        raise ValueError(f"Model {model.name!r} has no layer {name!r}{expected}; is it a keras_vit ViT?")
+    return layer
+
+
+def token_geometry(model: keras.Model) -> TokenGeometry:
+    """The :class:`TokenGeometry` of a keras_vit model (plain or hybrid)."""
+    embed = get_layer(model, "embedding", PatchEmbed)
+    feature_h, feature_w = embed.input.shape[1:3]
+    height, width = model.inputs[0].shape[1:3]
+    if None in (height, width, feature_h, feature_w):
+        raise ValueError(f"Model {model.name!r} needs a fixed input image size for the analyses.")
+    gh, gw = feature_h // embed.patch_size[0], feature_w // embed.patch_size[1]
+    prefix = int(any(isinstance(layer, ClassToken) for layer in model.layers))
+    return TokenGeometry((gh, gw), (height // gh, width // gw), prefix)
+
+
+def positive_pair(value, name: str) -> tuple[int, int]:
+    """``(h, w)`` from an int or a pair of positive ints; a ``ValueError`` naming ``name`` otherwise."""
+    pair = _pair(value, name)
+    if min(pair) < 1:
+        raise ValueError(f"`{name}` must be positive, got {value!r}.")
+    return pair

@@ -1,0 +1,262 @@
+"""Position-embedding variants: the ablation of the paper's Appendix D.4, plus fixed 2-D sin-cos.
+
+Pass one by name as ``ViT(..., position_embedding=...)``:
+
+- ``"learned_1d"`` (default, the published models): one learned ``D``-vector per token,
+  :class:`keras_vit.layers.AddPositionEmbs`.
+- ``"learned_2d"``: a learned row (Y) and column (X) embedding of ``D/2`` each; patch ``(i, j)`` gets
+  ``concat(row_i, col_j)`` and the class token its own learned ``D``-vector (:class:`AddPositionEmbs2D`).
+- ``"sincos_2d"``: fixed 2-D sin-cos embeddings as in MoCo v3 and MAE, ``D/4`` frequencies per axis;
+  the class token gets zeros (:class:`SinCosPositionEmbs`). No weights.
+- ``"relative"``: no absolute embedding; every encoder block adds a learned bias per head and per
+  relative offset ``(dy, dx)`` between query and key patch to its attention logits, plus learned
+  per-head biases for class-token rows and columns (:class:`RelativeTransformerBlock`).
+- ``"none"``: no position information at all.
+
+Every layer here knows its patch grid and has ``resized_weights(grid_size, method)``, so
+:func:`keras_vit.posembed.resize_position_embeddings` runs a model at another image size: learned 2-D
+rows and columns and the relative offset table are interpolated, sin-cos is recomputed.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from keras_vit.layers import AddPositionEmbs, TransformerBlock, _pair
+from keras_vit.posembed import resize_grid
+
+POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
+# Names of the position parameters of every kind (conventionally spared weight decay).
+POSITION_VARIABLES = ("pos_embedding", "row_embedding", "col_embedding", "prefix_embedding", "relative_table",
+                      "prefix_bias")
+
+
+def check_position_embedding(name: str) -> str:
+    """``name`` if it is one of :data:`POSITION_EMBEDDINGS`; a ``ValueError`` naming the choices otherwise."""
+    if name not in POSITION_EMBEDDINGS:
+        raise ValueError(f"Unknown position_embedding {name!r}; expected one of {POSITION_EMBEDDINGS}.")
+    return name
+
+
+def _resize_axis(table: np.ndarray, length: int, method: str) -> np.ndarray:
+    """Resize ``(n, D)`` along its first axis to ``(length, D)`` (a ``(n, 1)`` grid for :func:`resize_grid`)."""
+    return resize_grid(table[:, None, :], (length, 1), method)[:, 0, :]
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AddPositionEmbs2D(AddPositionEmbs):
+    """Learned 2-D position embeddings (the paper's Appendix D.4): ``E_pos[i, j] = concat(row_i, col_j)``.
+
+    Weights: ``row_embedding`` ``(gh, D/2)`` (Y), ``col_embedding`` ``(gw, D/2)`` (X) and, with
+    prefix tokens, ``prefix_embedding`` ``(1, prefix, D)``; all normal(0.02) like the 1-D ones.
+    """
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % 2:
+            raise ValueError(f"learned_2d position embeddings need an even hidden size, got {width}.")
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        gh, gw = self.grid_size
+        self.row_embedding = self.add_weight(name="row_embedding", shape=(gh, width // 2), initializer=init)
+        self.col_embedding = self.add_weight(name="col_embedding", shape=(gw, width // 2), initializer=init)
+        self.prefix_embedding = None
+        if self.num_prefix_tokens:
+            self.prefix_embedding = self.add_weight(
+                name="prefix_embedding", shape=(1, self.num_prefix_tokens, width), initializer=init
+            )
+
+    @property
+    def pos_embedding(self):
+        """The full ``(1, prefix + gh * gw, D)`` embedding the layer adds."""
+        gh, gw = self.grid_size
+        half = self.row_embedding.shape[-1]
+        rows = ops.broadcast_to(self.row_embedding[:, None, :], (gh, gw, half))
+        cols = ops.broadcast_to(self.col_embedding[None, :, :], (gh, gw, half))
+        grid = ops.reshape(ops.concatenate([rows, cols], axis=-1), (1, gh * gw, 2 * half))
+        if self.prefix_embedding is None:
+            return grid
+        return ops.concatenate([ops.convert_to_tensor(self.prefix_embedding), grid], axis=1)
+
+    def resized_weights(self, grid_size, method: str = "zoom_linear") -> list[np.ndarray]:
+        """The weights for a ``grid_size`` patch grid: rows and columns interpolated along their axis."""
+        gh, gw = _pair(grid_size, "grid_size")
+        rows = _resize_axis(ops.convert_to_numpy(self.row_embedding), gh, method)
+        cols = _resize_axis(ops.convert_to_numpy(self.col_embedding), gw, method)
+        prefix = [] if self.prefix_embedding is None else [ops.convert_to_numpy(self.prefix_embedding)]
+        return [rows, cols, *prefix]
+
+
+def sincos_2d_embedding(grid_size: int | tuple[int, int], width: int, temperature: float = 10000.0) -> np.ndarray:
+    """Fixed 2-D sin-cos embeddings ``(gh * gw, width)``: ``[sin(y w), cos(y w), sin(x w), cos(x w)]``.
+
+    ``w_k = temperature ** (-k / (width / 4))`` for ``k < width / 4``; ``y`` is the patch's row, ``x`` its
+    column, patches in row-major order.
+    """
+    gh, gw = _pair(grid_size, "grid_size")
+    if width % 4:
+        raise ValueError(f"sincos_2d position embeddings need a hidden size divisible by 4, got {width}.")
+    quarter = width // 4
+    omega = 1.0 / temperature ** (np.arange(quarter, dtype=np.float64) / quarter)
+    y, x = np.meshgrid(np.arange(gh, dtype=np.float64), np.arange(gw, dtype=np.float64), indexing="ij")
+    ang_y, ang_x = y.reshape(-1, 1) * omega, x.reshape(-1, 1) * omega
+    return np.concatenate([np.sin(ang_y), np.cos(ang_y), np.sin(ang_x), np.cos(ang_x)], axis=1).astype("float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SinCosPositionEmbs(AddPositionEmbs):
+    """Adds fixed (non-trainable, weightless) 2-D sin-cos position embeddings; prefix tokens get zeros."""
+
+    def __init__(self, grid_size, num_prefix_tokens: int = 1, temperature: float = 10000.0, **kwargs):
+        super().__init__(grid_size, num_prefix_tokens, **kwargs)
+        self.temperature = float(temperature)
+
+    def build(self, input_shape):
+        grid = sincos_2d_embedding(self.grid_size, input_shape[-1], self.temperature)
+        prefix = np.zeros((self.num_prefix_tokens, grid.shape[1]), dtype="float32")
+        self._embedding = np.concatenate([prefix, grid])[None]
+
+    @property
+    def pos_embedding(self):
+        """The full ``(1, prefix + gh * gw, D)`` embedding the layer adds."""
+        return ops.convert_to_tensor(self._embedding)
+
+    def resized_weights(self, grid_size, method: str = "zoom_linear") -> list[np.ndarray]:
+        """No weights: the embeddings of another grid are recomputed."""
+        return []
+
+    def get_config(self):
+        return {**super().get_config(), "temperature": self.temperature}
+
+
+def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens: int = 1) -> np.ndarray:
+    """``(N, N)`` int32 indices into the flattened relative table followed by the three prefix biases.
+
+    Patch ``q = (qy, qx)`` attending to patch ``k = (ky, kx)`` reads entry
+    ``(qy - ky + gh - 1) * (2 gw - 1) + (qx - kx + gw - 1)`` of the ``(2gh-1) x (2gw-1)`` table;
+    with ``T`` table entries, a prefix query attending to a patch reads ``T``, a patch attending to a
+    prefix key ``T + 1`` and prefix to prefix ``T + 2``.
+    """
+    gh, gw = _pair(grid_size, "grid_size")
+    y, x = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+    y, x = y.reshape(-1), x.reshape(-1)
+    patches = (y[:, None] - y[None, :] + gh - 1) * (2 * gw - 1) + (x[:, None] - x[None, :] + gw - 1)
+    table = (2 * gh - 1) * (2 * gw - 1)
+    p = int(num_prefix_tokens)
+    index = np.full((p + gh * gw, p + gh * gw), table + 2, dtype=np.int32)
+    index[:p, p:] = table
+    index[p:, :p] = table + 1
+    index[p:, p:] = patches
+    return index
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class RelativePositionBias(layers.Layer):
+    """A learned attention-logit bias per head for every relative offset ``(dy, dx)`` between patches.
+
+    Weights: ``relative_table`` ``(2gh-1, 2gw-1, heads)`` and, with prefix tokens, ``prefix_bias``
+    ``(3, heads)`` (prefix query -> patch, patch -> prefix key, prefix -> prefix), normal(0.02).
+    ``call(tokens)`` returns the ``(1, heads, N, N)`` bias for ``N = prefix + gh * gw`` tokens.
+    """
+
+    def __init__(self, num_heads: int, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.grid_size = _pair(grid_size, "grid_size")
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self._index = relative_position_index(self.grid_size, self.num_prefix_tokens)
+
+    def build(self, input_shape=None):
+        gh, gw = self.grid_size
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        self.relative_table = self.add_weight(
+            name="relative_table", shape=(2 * gh - 1, 2 * gw - 1, self.num_heads), initializer=init
+        )
+        self.prefix_bias = None
+        if self.num_prefix_tokens:
+            self.prefix_bias = self.add_weight(name="prefix_bias", shape=(3, self.num_heads), initializer=init)
+
+    def call(self, tokens):
+        n = tokens.shape[1]
+        if n is not None and n != len(self._index):
+            gh, gw = self.grid_size
+            raise ValueError(
+                f"Got {n} tokens but the relative position bias was built for {len(self._index)} "
+                f"({self.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
+                "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
+            )
+        entries = ops.reshape(self.relative_table, (-1, self.num_heads))
+        if self.prefix_bias is not None:
+            entries = ops.concatenate([entries, self.prefix_bias], axis=0)
+        bias = ops.take(entries, ops.convert_to_tensor(self._index), axis=0)  # (N, N, heads)
+        return ops.cast(ops.transpose(bias, (2, 0, 1))[None], self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        n = len(self._index)
+        return (1, self.num_heads, n, n)
+
+    def resized_weights(self, grid_size, method: str = "zoom_linear") -> list[np.ndarray]:
+        """The weights for a ``grid_size`` patch grid: the offset table interpolated to ``(2gh'-1, 2gw'-1)``."""
+        gh, gw = _pair(grid_size, "grid_size")
+        table = resize_grid(ops.convert_to_numpy(self.relative_table), (2 * gh - 1, 2 * gw - 1), method)
+        prefix = [] if self.prefix_bias is None else [ops.convert_to_numpy(self.prefix_bias)]
+        return [table, *prefix]
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "grid_size": list(self.grid_size),
+                "num_prefix_tokens": self.num_prefix_tokens}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class RelativeTransformerBlock(TransformerBlock):
+    """A :class:`~keras_vit.layers.TransformerBlock` whose attention logits get its own
+    :class:`RelativePositionBias` (sub-layer ``relative_position_bias``)."""
+
+    def __init__(self, num_heads: int, mlp_dim: int, *, grid_size, num_prefix_tokens: int = 1, **kwargs):
+        super().__init__(num_heads, mlp_dim, **kwargs)
+        self.relative_bias = RelativePositionBias(
+            num_heads, grid_size, num_prefix_tokens, name="relative_position_bias", dtype=self.dtype_policy
+        )
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return self.relative_bias.grid_size
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.relative_bias.num_prefix_tokens
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        self.relative_bias.build(input_shape)
+
+    def call(self, x, training=None, return_attention_scores: bool = False):
+        return super().call(x, training=training, return_attention_scores=return_attention_scores,
+                            attention_bias=self.relative_bias(x))
+
+    def resized_weights(self, grid_size, method: str = "zoom_linear") -> list[np.ndarray]:
+        """The block's weights (in ``self.weights`` order) with the relative table resized to ``grid_size``."""
+        resized = dict(zip((id(v) for v in self.relative_bias.weights),
+                           self.relative_bias.resized_weights(grid_size, method)))
+        return [resized[id(v)] if id(v) in resized else ops.convert_to_numpy(v) for v in self.weights]
+
+    def get_config(self):
+        return {**super().get_config(), "grid_size": list(self.grid_size), "num_prefix_tokens": self.num_prefix_tokens}
+
+
+def position_embedding_layer(position_embedding: str, grid_size, num_prefix_tokens: int,
+                             name: str = "posembed_input") -> AddPositionEmbs | None:
+    """The layer adding absolute position embeddings of that kind, or ``None`` (``"relative"``, ``"none"``)."""
+    cls = {"learned_1d": AddPositionEmbs, "learned_2d": AddPositionEmbs2D,
+           "sincos_2d": SinCosPositionEmbs}.get(check_position_embedding(position_embedding))
+    return None if cls is None else cls(grid_size, num_prefix_tokens=num_prefix_tokens, name=name)
+
+
+def transformer_block(position_embedding: str, grid_size, num_prefix_tokens: int, num_heads: int, mlp_dim: int,
+                      **kwargs) -> TransformerBlock:
+    """An encoder block: a :class:`RelativeTransformerBlock` for ``"relative"``, else a plain one."""
+    if check_position_embedding(position_embedding) == "relative":
+        return RelativeTransformerBlock(num_heads, mlp_dim, grid_size=grid_size,
+                                        num_prefix_tokens=num_prefix_tokens, **kwargs)
+    return TransformerBlock(num_heads, mlp_dim, **kwargs)

@@ -1,0 +1,346 @@
+"""The BiT-style ResNet that the paper's hybrids (Sec. 3.1, "Hybrid Architecture") put before the ViT.
+
+Weight-standardised convolutions with GroupNorm (Kolesnikov et al., "Big Transfer"), post-activation
+bottleneck units with the stride on the 3x3 convolution, and the usual 7x7 root with max-pooling:
+
+    conv_root (7x7 /2) -> gn_root -> relu -> max-pool (3x3 /2)       ResNetStem
+    block{s}/unit{u}: conv1 (1x1) -> gn1 -> relu -> conv2 (3x3 /stride) -> gn2 -> relu
+                      -> conv3 (1x1) -> gn3, shortcut conv_proj -> gn_proj if the shape changes,
+                      relu(shortcut + branch)                          BottleneckUnit
+
+Names follow the Flax checkpoints, so :meth:`ResNetStem.npz_key_map` tells
+:func:`keras_vit.weights.load_weights` where every ``.npz`` array goes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from keras_vit.layers import _pair
+
+STD_CONV_EPSILON = 1e-5  # the Flax code's weight-standardisation epsilon; timm's hybrids use 1e-8
+GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's; timm's GroupNormAct uses 1e-5
+GROUP_NORM_GROUPS = 32
+ROOT_WIDTH = 64  # channels of the root convolution (width factor 1)
+STANDARDIZATIONS = ("flax", "timm")
+# ResNet settings that reproduce timm's hybrids (StdConv2dSame(eps=1e-8), GroupNormAct(eps=1e-5)).
+TIMM_RESNET = dict(std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm")
+
+
+def standardize_kernel(kernel, epsilon: float, formula: str = "flax"):
+    """Standardise an HWIO kernel over its first three axes (H, W, Cin), per output channel.
+
+    ``"flax"`` (the published models): ``(w - mean) / (std + epsilon)``; ``"timm"``:
+    ``(w - mean) / sqrt(var + epsilon)``. The two differ where ``std`` is near ``sqrt(epsilon)``.
+    """
+    _check_standardization(formula)
+    mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+    if formula == "timm":
+        return (kernel - mean) * ops.rsqrt(ops.var(kernel, axis=(0, 1, 2), keepdims=True) + epsilon)
+    return (kernel - mean) / (ops.std(kernel, axis=(0, 1, 2), keepdims=True) + epsilon)
+
+
+def _check_standardization(formula: str) -> str:
+    if formula not in STANDARDIZATIONS:
+        raise ValueError(f"Unknown weight standardization {formula!r}; expected one of {STANDARDIZATIONS}.")
+    return formula
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class StdConv2D(layers.Layer):
+    """A bias-free 2-D convolution with a weight-standardised kernel and ``SAME`` padding.
+
+    Input ``(B, H, W, Cin)``, output ``(B, ceil(H / s), ceil(W / s), filters)``. ``standardization``
+    picks the formula (see :func:`standardize_kernel`).
+    """
+
+    def __init__(
+        self,
+        filters: int,
+        kernel_size: int | tuple[int, int],
+        strides: int | tuple[int, int] = 1,
+        epsilon: float = STD_CONV_EPSILON,
+        standardization: str = "flax",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if int(filters) < 1:
+            raise ValueError(f"StdConv2D needs filters >= 1, got {filters!r}.")
+        self.filters = int(filters)
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.strides = _pair(strides, "strides")
+        self.epsilon = float(epsilon)
+        self.standardization = _check_standardization(standardization)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if channels is None:
+            raise ValueError("StdConv2D needs a known number of input channels.")
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(*self.kernel_size, channels, self.filters),
+            initializer=keras.initializers.LecunNormal(),
+        )
+        self.input_spec = layers.InputSpec(ndim=4, axes={-1: channels})
+
+    def call(self, x):
+        kernel = ops.cast(standardize_kernel(self.kernel, self.epsilon, self.standardization), x.dtype)
+        return ops.conv(x, kernel, strides=self.strides, padding="same")
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        return (b, _ceil_div(h, self.strides[0]), _ceil_div(w, self.strides[1]), self.filters)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "filters": self.filters,
+            "kernel_size": self.kernel_size,
+            "strides": self.strides,
+            "epsilon": self.epsilon,
+            "standardization": self.standardization,
+        }
+
+
+def _ceil_div(size: int | None, stride: int) -> int | None:
+    return None if size is None else -(-size // stride)
+
+
+def group_norm(name: str, epsilon: float, zero_scale: bool = False, dtype=None) -> layers.GroupNormalization:
+    """GroupNorm with 32 groups, as in BiT; ``zero_scale`` zero-initialises gamma (``gn3``)."""
+    return layers.GroupNormalization(
+        groups=GROUP_NORM_GROUPS,
+        epsilon=epsilon,
+        gamma_initializer="zeros" if zero_scale else "ones",
+        name=name,
+        dtype=dtype,
+    )
+
+
+def _as_is(array: np.ndarray) -> np.ndarray:
+    """Flax and Keras both store conv kernels as (H, W, Cin, Cout)."""
+    return np.asarray(array)
+
+
+def _flatten(array: np.ndarray) -> np.ndarray:
+    """GroupNorm parameters may be stored as (C,) or (1, 1, 1, C)."""
+    return np.reshape(array, (-1,))
+
+
+def _conv_norm_entries(prefix: str, pairs) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
+    """Checkpoint entries of ``(conv, norm)`` pairs: ``{prefix}{conv}/kernel``, ``{prefix}{norm}/{scale,bias}``."""
+    entries = {}
+    for conv, norm in pairs:
+        entries[f"{prefix}{conv.name}/kernel"] = (conv.kernel, _as_is)
+        entries[f"{prefix}{norm.name}/scale"] = (norm.gamma, _flatten)
+        entries[f"{prefix}{norm.name}/bias"] = (norm.beta, _flatten)
+    return entries
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class BottleneckUnit(layers.Layer):
+    """A post-activation bottleneck unit: ``relu(shortcut(x) + gn3(conv3(relu(gn2(conv2(relu(gn1(conv1(x)))))))))``.
+
+    ``features`` is the bottleneck width; the unit outputs ``4 * features`` channels. The shortcut is a
+    strided 1x1 ``conv_proj`` + ``gn_proj`` when the channels or the resolution change, else identity.
+    ``gn3``'s scale starts at zero, so a fresh unit passes ``relu(shortcut(x))``.
+    """
+
+    def __init__(
+        self,
+        features: int,
+        strides: int = 1,
+        std_conv_epsilon: float = STD_CONV_EPSILON,
+        group_norm_epsilon: float = GROUP_NORM_EPSILON,
+        weight_standardization: str = "flax",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if int(features) < 1 or int(features) % GROUP_NORM_GROUPS:
+            raise ValueError(f"BottleneckUnit features must be a positive multiple of {GROUP_NORM_GROUPS}, got {features!r}.")
+        if int(strides) < 1:
+            raise ValueError(f"BottleneckUnit strides must be >= 1, got {strides!r}.")
+        self.features = int(features)
+        self.strides = int(strides)
+        self.std_conv_epsilon = float(std_conv_epsilon)
+        self.group_norm_epsilon = float(group_norm_epsilon)
+        self.weight_standardization = _check_standardization(weight_standardization)
+        conv = dict(epsilon=self.std_conv_epsilon, standardization=self.weight_standardization, dtype=self.dtype_policy)
+        norm = dict(epsilon=self.group_norm_epsilon, dtype=self.dtype_policy)
+        self.conv1 = StdConv2D(self.features, 1, name="conv1", **conv)
+        self.gn1 = group_norm("gn1", **norm)
+        self.conv2 = StdConv2D(self.features, 3, strides=self.strides, name="conv2", **conv)
+        self.gn2 = group_norm("gn2", **norm)
+        self.conv3 = StdConv2D(4 * self.features, 1, name="conv3", **conv)
+        self.gn3 = group_norm("gn3", zero_scale=True, **norm)
+        self.conv_proj = self.gn_proj = None
+
+    def build(self, input_shape):
+        out_channels = 4 * self.features
+        if input_shape[-1] != out_channels or self.strides != 1:
+            policy = self.dtype_policy
+            self.conv_proj = StdConv2D(out_channels, 1, strides=self.strides, epsilon=self.std_conv_epsilon,
+                                       standardization=self.weight_standardization, name="conv_proj", dtype=policy)
+            self.gn_proj = group_norm("gn_proj", self.group_norm_epsilon, dtype=policy)
+            self.conv_proj.build(input_shape)
+            self.gn_proj.build(self.conv_proj.compute_output_shape(input_shape))
+        shape = input_shape
+        for conv, norm in self._pairs():
+            conv.build(shape)
+            shape = conv.compute_output_shape(shape)
+            norm.build(shape)
+
+    def _pairs(self):
+        return ((self.conv1, self.gn1), (self.conv2, self.gn2), (self.conv3, self.gn3))
+
+    def call(self, x):
+        shortcut = x if self.conv_proj is None else self.gn_proj(self.conv_proj(x))
+        y = ops.relu(self.gn1(self.conv1(x)))
+        y = ops.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return ops.relu(shortcut + y)
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        return (b, _ceil_div(h, self.strides), _ceil_div(w, self.strides), 4 * self.features)
+
+    def checkpoint_entries(self, prefix: str) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
+        """This unit's ``.npz`` entries under ``prefix`` (e.g. ``"block1/unit1/"``)."""
+        pairs = list(self._pairs())
+        if self.conv_proj is not None:
+            pairs.append((self.conv_proj, self.gn_proj))
+        return _conv_norm_entries(prefix, pairs)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "features": self.features,
+            "strides": self.strides,
+            "std_conv_epsilon": self.std_conv_epsilon,
+            "group_norm_epsilon": self.group_norm_epsilon,
+            "weight_standardization": self.weight_standardization,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ResNetStem(layers.Layer):
+    """The hybrids' ResNet: the root block, then ``len(num_layers)`` stages of bottleneck units.
+
+    Stage ``s`` (0-based) has ``num_layers[s]`` units of bottleneck width ``width * 2**s`` and stride 2
+    in its first unit (stride 1 for the first stage). The map is ``stride`` = 4 * 2**(stages - 1)
+    times smaller than the image (4 with no stages) and has ``output_channels`` channels, e.g.
+    ``(3, 4, 9)`` (R50 without its last stage, as in R50+ViT-B/16): stride 16, 1024 channels.
+
+    Args:
+        num_layers: units per stage; ``()`` keeps only the root block.
+        width: channels of the root convolution (64 times BiT's width factor), a multiple of 32.
+        std_conv_epsilon: epsilon of the weight standardisation (1e-5 as published; timm uses 1e-8).
+        group_norm_epsilon: epsilon of every GroupNorm (1e-6 as published; timm uses 1e-5).
+        weight_standardization: ``"flax"`` (as published) or ``"timm"``, see :func:`standardize_kernel`.
+            :data:`TIMM_RESNET` holds all three of timm's settings.
+    """
+
+    def __init__(
+        self,
+        num_layers: Sequence[int] = (3, 4, 9),
+        width: int = ROOT_WIDTH,
+        std_conv_epsilon: float = STD_CONV_EPSILON,
+        group_norm_epsilon: float = GROUP_NORM_EPSILON,
+        weight_standardization: str = "flax",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if isinstance(num_layers, (str, bytes)) or not isinstance(num_layers, Sequence) or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in num_layers
+        ):
+            raise ValueError(f"num_layers must be a sequence of positive ints (units per stage), got {num_layers!r}.")
+        if not isinstance(width, int) or width < 1 or width % GROUP_NORM_GROUPS:
+            raise ValueError(f"width must be a positive multiple of {GROUP_NORM_GROUPS} (GroupNorm groups), got {width!r}.")
+        self.num_layers = tuple(int(n) for n in num_layers)
+        self.width = width
+        self.std_conv_epsilon = float(std_conv_epsilon)
+        self.group_norm_epsilon = float(group_norm_epsilon)
+        self.weight_standardization = _check_standardization(weight_standardization)
+        policy = self.dtype_policy
+        self.conv_root = StdConv2D(width, 7, strides=2, epsilon=self.std_conv_epsilon,
+                                   standardization=self.weight_standardization, name="conv_root", dtype=policy)
+        self.gn_root = group_norm("gn_root", self.group_norm_epsilon, dtype=policy)
+        self.unit_prefixes = []
+        self.units = []
+        for stage, units in enumerate(self.num_layers):
+            for unit in range(units):
+                self.unit_prefixes.append(f"block{stage + 1}/unit{unit + 1}/")
+                self.units.append(
+                    BottleneckUnit(
+                        width * 2**stage,
+                        strides=2 if stage > 0 and unit == 0 else 1,
+                        std_conv_epsilon=self.std_conv_epsilon,
+                        group_norm_epsilon=self.group_norm_epsilon,
+                        weight_standardization=self.weight_standardization,
+                        name=f"block{stage + 1}_unit{unit + 1}",
+                        dtype=policy,
+                    )
+                )
+
+    @property
+    def stride(self) -> int:
+        """How many times smaller than the image the output map is."""
+        return 4 * 2 ** max(0, len(self.num_layers) - 1)
+
+    @property
+    def output_channels(self) -> int:
+        return self.width if not self.num_layers else 4 * self.width * 2 ** (len(self.num_layers) - 1)
+
+    def build(self, input_shape):
+        self.conv_root.build(input_shape)
+        shape = self.conv_root.compute_output_shape(input_shape)
+        self.gn_root.build(shape)
+        shape = (shape[0], _ceil_div(shape[1], 2), _ceil_div(shape[2], 2), shape[3])
+        for unit in self.units:
+            unit.build(shape)
+            shape = unit.compute_output_shape(shape)
+
+    def call(self, images):
+        x = ops.relu(self.gn_root(self.conv_root(images)))
+        x = ops.max_pool(x, pool_size=3, strides=2, padding="same")
+        for unit in self.units:
+            x = unit(x)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        return (b, _ceil_div(h, self.stride), _ceil_div(w, self.stride), self.output_channels)
+
+    def npz_key_map(self) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
+        """Map each Flax ``.npz`` key of the ResNet (``conv_root/kernel``, ``gn_root/scale``,
+        ``block1/unit1/conv1/kernel``, ...) to ``(variable, transform)``, for the weights loader."""
+        if not self.built:
+            raise ValueError(f"ResNetStem {self.name!r} must be built before its checkpoint keys are known.")
+        entries = _conv_norm_entries("", [(self.conv_root, self.gn_root)])
+        for prefix, unit in zip(self.unit_prefixes, self.units):
+            entries.update(unit.checkpoint_entries(prefix))
+        return entries
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_layers": list(self.num_layers),
+            "width": self.width,
+            "std_conv_epsilon": self.std_conv_epsilon,
+            "group_norm_epsilon": self.group_norm_epsilon,
+            "weight_standardization": self.weight_standardization,
+        }
+
+
+def resnet_stem(spec: Sequence[int] | Mapping[str, Any], name: str = "resnet") -> ResNetStem:
+    """A :class:`ResNetStem` from units per stage (``(3, 4, 9)``) or a mapping of its arguments
+    (``{"num_layers": (3, 4, 9), "std_conv_epsilon": 1e-8}``)."""
+    if isinstance(spec, Mapping):
+        if "num_layers" not in spec:
+            raise ValueError(f"A resnet mapping needs 'num_layers' (units per stage), got keys {sorted(spec)}.")
+        return ResNetStem(name=name, **spec)
+    return ResNetStem(spec, name=name)

@@ -1,0 +1,167 @@
+"""The analysis figures (valid PNGs of the expected size), the input loaders and the command end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from keras_vit.analysis import data, filter_components, plots
+from keras_vit.analysis.__main__ import main
+
+TINY_ARGS = ["Ti/16", "--image-size", "32", "--patch-size", "8", "--hidden-size", "32", "--depth", "2",
+             "--num-heads", "2", "--mlp-dim", "64"]
+DEFAULT_SIZES = {  # figsize (inches) * dpi 100
+    "attention_maps.png": (500, 500),
+    "attention_distance.png": (500, 400),
+    "position_similarity.png": (600, 500),
+    "embedding_filters.png": (600, 400),
+    "few_shot.png": (500, 400),
+}
+
+
+def assert_png(path, size):
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        assert image.size == size
+        pixels = np.asarray(image.convert("RGB"))
+    assert pixels.std() > 0  # something was drawn
+
+
+def test_mosaic_lays_tiles_out_in_rows_with_padding():
+    tiles = np.arange(5 * 2 * 3, dtype=float).reshape(5, 2, 3)
+    canvas = plots.mosaic(tiles, columns=2, pad=1, fill=-1)
+    assert canvas.shape == (3 * 3 - 1, 2 * 4 - 1)
+    np.testing.assert_array_equal(canvas[0:2, 4:7], tiles[1])
+    np.testing.assert_array_equal(canvas[6:8, 0:3], tiles[4])
+    np.testing.assert_array_equal(canvas[6:8, 4:7], -1)
+
+
+@pytest.mark.parametrize(
+    "draw, figsize, dpi",
+    [
+        (lambda p, **k: plots.plot_attention_maps(np.random.rand(3, 8, 8, 3), np.random.rand(3, 8, 8, 3), p, **k), (6, 4), 50),
+        (lambda p, **k: plots.plot_attention_distance(np.random.rand(4, 3) * 20, p, **k), (4, 3), 80),
+        (lambda p, **k: plots.plot_position_similarity(np.random.uniform(-1, 1, (3, 4, 3, 4)), p, **k), (5, 4), 60),
+        (lambda p, **k: plots.plot_filter_components(np.random.rand(6, 4, 4, 3), p, explained=np.full(6, 0.1), **k), (3, 2), 100),
+        (lambda p, **k: plots.plot_few_shot({1: np.array([0.2, 0.3]), 5: np.array([0.6, 0.7])}, p, chance=0.1, **k), (4, 3), 70),
+    ],
+    ids=["attention_maps", "attention_distance", "position_similarity", "filter_components", "few_shot"],
+)
+def test_figures_are_valid_pngs_of_figsize_times_dpi(tmp_path, draw, figsize, dpi):
+    path = str(tmp_path / "sub" / "figure.png")
+    assert draw(path, figsize=figsize, dpi=dpi) == path
+    assert_png(path, (figsize[0] * dpi, figsize[1] * dpi))
+
+
+def test_plots_reject_bad_arrays(tmp_path):
+    with pytest.raises(ValueError, match="as many overlays as images"):
+        plots.plot_attention_maps(np.zeros((2, 4, 4, 3)), np.zeros((1, 4, 4, 3)), str(tmp_path / "a.png"))
+    with pytest.raises(ValueError, match="RGB"):
+        plots.plot_filter_components(np.zeros((2, 4, 4)), str(tmp_path / "b.png"))
+    assert not os.listdir(tmp_path)
+
+
+def test_resize_images_centre_crops_and_makes_grey_rgb():
+    wide = np.zeros((10, 30, 3), np.uint8)
+    wide[:, 10:20] = 255  # the centre square is white, the sides black
+    grey = np.full((8, 8), 100, np.uint8)
+    out = data.resize_images([wide, grey], 6)
+    assert out.shape == (2, 6, 6, 3) and out.dtype == np.uint8
+    assert out[0].min() == 255 and np.all(out[1] == 100)
+    assert data.resize_images([wide], (4, 12)).shape == (1, 4, 12, 3)
+    np.testing.assert_allclose(data.to_model_input(np.array([0, 255], np.uint8)), [-1.0, 1.0])
+
+
+def test_datasets_load_from_scikit_learn_npz_and_tfds(tmp_path):
+    digits = data.load_fewshot_dataset("digits")
+    assert digits.images.shape == (1797, 8, 8) and digits.images.max() == 255 and digits.test_images is None
+    assert set(digits.labels) == set(range(10))
+    path = str(tmp_path / "set.npz")
+    np.savez(path, images=np.zeros((4, 5, 5, 3), np.uint8), labels=[0, 1, 0, 1])
+    assert data.load_fewshot_dataset(path).images.shape == (4, 5, 5, 3)
+    np.savez(str(tmp_path / "bad.npz"), x=np.zeros(3))
+    with pytest.raises(ValueError, match=r"lacks the arrays \['images', 'labels'\]"):
+        data.load_fewshot_dataset(str(tmp_path / "bad.npz"))
+    with pytest.raises(ValueError, match="Unknown few-shot dataset"):
+        data.load_fewshot_dataset("imagenet")
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=6):
+        mocked = data.load_fewshot_dataset("tfds:mnist")
+    assert mocked.images.shape == (6, 28, 28, 1) and mocked.test_labels.shape == (6,)
+    assert data.sample_image("flower.jpg").shape == (427, 640, 3)
+
+
+def test_command_end_to_end_on_a_tiny_model(tmp_path, capsys):
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(photo)
+    out = tmp_path / "figures"
+    argv = [*TINY_ARGS, "--images", str(photo), str(photo), "--shots", "1", "5", "--seeds", "2",
+            "--pool-per-class", "10", "--test-examples", "100", "--output-dir", str(out)]
+    assert main(argv) == 0
+    for name, size in DEFAULT_SIZES.items():
+        assert_png(out / name, size)
+    results = json.loads((out / "results.json").read_text())
+    assert np.shape(results["mean_attention_distance"]) == (2, 2)
+    assert sorted(results["few_shot"]) == ["1", "5"] and len(results["few_shot"]["5"]["per_seed"]) == 2
+    assert all(0 <= r["mean"] <= 1 for r in results["few_shot"].values())
+    assert len(results["filter_variance_explained"]) == 28
+    assert str(out / "few_shot.png") in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore:.*no classification head:UserWarning")  # include_top=False skips it
+def test_command_loads_a_checkpoint_and_analyses_its_weights(tmp_path):
+    from npz_layout import vit_checkpoint, write_checkpoint
+
+    arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
+    path = write_checkpoint(str(tmp_path / "tiny.npz"), arrays)
+    out = tmp_path / "out"
+    argv = ["Ti/16", "--weights", path, "--patch-size", "8", "--hidden-size", "32", "--depth", "2", "--num-heads", "2",
+            "--mlp-dim", "64", "--analyses", "filters", "position", "--output-dir", str(out)]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["image_size"] == [32, 32]  # the checkpoint's 4x4 grid of 8-pixel patches
+    _, expected = filter_components(arrays["embedding/kernel"], 28)
+    np.testing.assert_allclose(results["filter_variance_explained"], expected.round(5), atol=2e-5)
+    assert_png(out / "position_similarity.png", DEFAULT_SIZES["position_similarity.png"])
+
+
+def test_command_rejects_bad_input(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY_ARGS, "--shots", "60", "--output-dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and "--pool-per-class (50)" in capsys.readouterr().err
+    assert main(["Q/16", "--output-dir", str(tmp_path / "x")]) == 2
+    assert "Unknown ViT variant 'Q/16'" in capsys.readouterr().err
+    assert main([*TINY_ARGS, "--analyses", "position", "--images", "missing.jpg", "--output-dir", str(tmp_path)]) == 0
+    assert main([*TINY_ARGS, "--analyses", "attention", "--images", "missing.jpg", "--output-dir", str(tmp_path)]) == 2
+    assert "No image file 'missing.jpg'" in capsys.readouterr().err
+
+
+def test_command_skips_what_does_not_apply_to_relative_position_embeddings(tmp_path, capsys):
+    dataset = tmp_path / "tiny.npz"
+    rng = np.random.default_rng(0)
+    np.savez(dataset, images=rng.integers(0, 255, (12, 16, 16, 3), dtype=np.uint8), labels=np.arange(12) % 3,
+             test_images=rng.integers(0, 255, (6, 16, 16, 3), dtype=np.uint8), test_labels=np.arange(6) % 3)
+    common = [*TINY_ARGS, "--position-embedding", "relative", "--dataset", str(dataset), "--shots", "1", "2",
+              "--pool-per-class", "4", "--seeds", "1"]
+    assert main([*common, "--output-dir", str(tmp_path / "out")]) == 0
+    written = sorted(os.listdir(tmp_path / "out"))
+    assert written == sorted(set(DEFAULT_SIZES) - {"position_similarity.png"} | {"results.json"})
+    assert main([*common, "--analyses", "position", "--output-dir", str(tmp_path / "none")]) == 2
+    assert "--analyses position does not apply" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.slow
+def test_console_command_runs_in_a_fresh_process(tmp_path):
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "keras_vit.analysis", *TINY_ARGS, "--analyses", "position", "filters",
+                           "--output-dir", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert_png(tmp_path / "position_similarity.png", DEFAULT_SIZES["position_similarity.png"])
+    assert_png(tmp_path / "embedding_filters.png", DEFAULT_SIZES["embedding_filters.png"])

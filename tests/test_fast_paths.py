@@ -1,0 +1,144 @@
+"""The fast paths compute what the plain ones do, so speed never changes results.
+
+Fused attention vs the explicit softmax(q k^T) v path (the one that returns probabilities), the
+strided-convolution patch embedding vs a patch matmul, XLA (``jit_compile=True``) vs plain graph and
+eager execution for inference and a training step: float32 within 1e-5. ``mixed_bfloat16`` vs
+float32: bfloat16 keeps 8 significant bits (relative rounding 2^-9), so after two blocks features of
+magnitude ~3 agree to a few 1e-2; the test allows 0.1 absolute and a cosine similarity of 0.999.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import keras_vit
+from keras_vit.layers import MultiHeadSelfAttention, PatchEmbed, TransformerBlock
+
+TINY = dict(image_size=32, patch_size=8, depth=2, hidden_size=32, num_heads=4, mlp_dim=64, gelu="exact")
+FLOAT32_ATOL = 1e-5
+
+
+def _images(batch=3, size=32, seed=1):
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+
+
+def _attention_reference(layer, x, bias=None):
+    """numpy softmax(q k^T / sqrt(d) + bias) v from the layer's own weights: (output, probabilities)."""
+    b, n, width = x.shape
+    heads, d = layer.num_heads, width // layer.num_heads
+    qkv = (x @ layer.qkv.kernel.numpy() + layer.qkv.bias.numpy()).reshape(b, n, 3, heads, d)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d) + (0.0 if bias is None else bias)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    context = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, width)
+    return context @ layer.out.kernel.numpy() + layer.out.bias.numpy(), probs
+
+
+def _randomise(layer_or_model, seed=2):
+    rng = np.random.default_rng(seed)
+    layer_or_model.set_weights([rng.normal(0, 0.2, w.shape).astype("float32") for w in layer_or_model.get_weights()])
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_attention_matches_explicit_path_and_numpy(with_bias):
+    x = np.random.default_rng(0).normal(size=(2, 17, 32)).astype("float32")
+    layer = MultiHeadSelfAttention(num_heads=4)
+    layer.build(x.shape)
+    _randomise(layer)
+    bias = np.random.default_rng(3).normal(size=(1, 4, 17, 17)).astype("float32") if with_bias else None
+
+    fused = layer(x, attention_bias=bias).numpy()
+    explicit, probs = layer(x, return_attention_scores=True, attention_bias=bias)
+    expected, expected_probs = _attention_reference(layer, x, bias)
+
+    np.testing.assert_allclose(fused, explicit.numpy(), atol=FLOAT32_ATOL, rtol=0)
+    np.testing.assert_allclose(fused, expected, atol=FLOAT32_ATOL, rtol=0)
+    np.testing.assert_allclose(probs.numpy(), expected_probs, atol=FLOAT32_ATOL, rtol=0)
+    assert probs.shape == (2, 4, 17, 17)
+
+
+def test_block_output_does_not_depend_on_returning_probabilities():
+    x = np.random.default_rng(0).normal(size=(2, 10, 32)).astype("float32")
+    block = TransformerBlock(num_heads=4, mlp_dim=64, gelu="exact")
+    block.build(x.shape)
+    _randomise(block)
+    plain = block(x).numpy()
+    with_probs, probs = block(x, return_attention_scores=True)
+    np.testing.assert_allclose(plain, with_probs.numpy(), atol=FLOAT32_ATOL, rtol=0)
+    np.testing.assert_allclose(probs.numpy().sum(-1), 1.0, atol=FLOAT32_ATOL)
+
+
+def test_conv_patch_embedding_matches_patch_matmul():
+    images = _images(batch=2, size=12)
+    layer = PatchEmbed(patch_size=4, hidden_size=8)
+    layer.build(images.shape)
+    _randomise(layer)
+    tokens = layer(images).numpy()
+    # The same projection as a matmul: cut 4x4 patches row-major, flatten each as (row, col, channel).
+    patches = images.reshape(2, 3, 4, 3, 4, 3).transpose(0, 1, 3, 2, 4, 5).reshape(2, 9, 48)
+    expected = patches @ layer.kernel.numpy().reshape(48, 8) + layer.bias.numpy()
+    np.testing.assert_allclose(tokens, expected, atol=FLOAT32_ATOL, rtol=0)
+
+
+def _twin_models(**kwargs):
+    """Two tiny ViTs with the same random (non-zero) weights, head included."""
+    config = {**TINY, **kwargs}
+    first = keras_vit.ViT("Ti/16", num_classes=5, **config)
+    _randomise(first)
+    second = keras_vit.ViT("Ti/16", num_classes=5, **config)
+    second.set_weights(first.get_weights())
+    return first, second
+
+
+def test_jit_compile_predict_matches_graph_and_eager():
+    plain, xla = _twin_models()
+    xla.jit_compile = True  # before the first predict, which builds (and caches) the function
+    images = _images()
+    graph_out = plain.predict(images, verbose=0)
+    xla_out = xla.predict(images, verbose=0)
+    eager_out = plain(images).numpy()
+    assert np.abs(graph_out).max() > 0.1  # a real signal, not the zero-initialised head
+    np.testing.assert_allclose(xla_out, graph_out, atol=FLOAT32_ATOL, rtol=0)
+    np.testing.assert_allclose(eager_out, graph_out, atol=FLOAT32_ATOL, rtol=0)
+
+
+def test_jit_compile_train_step_matches_plain_train_step():
+    plain, xla = _twin_models(depth=1)
+    for model, jit in ((plain, False), (xla, True)):
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+    images, labels = _images(batch=4), np.array([0, 1, 2, 3])
+    before = plain.get_weights()
+    losses = [m.train_on_batch(images, labels) for m in (plain, xla)]
+    np.testing.assert_allclose(losses[0], losses[1], atol=FLOAT32_ATOL, rtol=0)
+    moved = max(np.abs(a - b).max() for a, b in zip(before, plain.get_weights()))
+    assert moved > 1e-3  # the step really changed the weights
+    for a, b in zip(plain.get_weights(), xla.get_weights()):
+        np.testing.assert_allclose(a, b, atol=FLOAT32_ATOL, rtol=0)
+
+
+def test_compile_auto_keeps_xla_off_on_cpu():
+    """The default we chose (measured in benchmarks/throughput.py): XLA only where an accelerator is."""
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("an accelerator is present: jit_compile='auto' turns XLA on there")
+    model = keras_vit.ViT("Ti/16", num_classes=5, **TINY)
+    model.compile(optimizer="sgd", loss="mse")
+    assert model.jit_compile is False
+
+
+def test_bfloat16_matches_float32_within_tolerance():
+    reference = keras_vit.ViT("Ti/16", include_top=False, pooling="token", **TINY)
+    _randomise(reference)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    half = keras_vit.ViT("Ti/16", include_top=False, pooling="token", **TINY)
+    keras.mixed_precision.set_global_policy("float32")
+    half.set_weights(reference.get_weights())
+    assert half.get_layer("encoderblock_0").attn.qkv.compute_dtype == "bfloat16"
+    images = _images(batch=4)
+    expected = reference.predict(images, verbose=0)
+    got = np.asarray(half.predict(images, verbose=0), dtype="float32")
+    np.testing.assert_allclose(got, expected, atol=0.1, rtol=0)
+    cosine = (got * expected).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(expected, axis=-1)
+    assert cosine.min() > 0.999

@@ -1,0 +1,155 @@
+"""Data sources (digits, image folder, TFDS via mock_data) and the tf.data pipelines."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+from training_support import TINY
+
+from training.data import Split, load_digits, load_folder, load_source, load_tfds
+from training.finetune import finetune
+from training.pipeline import Augment, eval_dataset, train_dataset
+
+COLOURS = ((220, 30, 30), (30, 220, 30), (30, 30, 220))  # class k is bright in channel k
+
+
+def write_images(root, per_class=4, names=("cat", "dog", "emu"), first=0):
+    """Class folders of PNG/JPEG files of several sizes, coloured by class."""
+    rng = np.random.default_rng(first)
+    for label, name in enumerate(names):
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+        for i in range(per_class):
+            h, w = 10 + 3 * i, 14 - 2 * i
+            pixels = np.clip(np.array(COLOURS[label]) + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+            ext = "png" if i % 2 else "jpg"
+            Image.fromarray(pixels).save(os.path.join(root, name, f"{first + i}.{ext}"))
+    with open(os.path.join(root, names[0], "notes.txt"), "w") as file:
+        file.write("not an image")
+
+
+def test_digits_split_is_held_out_and_stratified():
+    source = load_digits()
+    assert (source.num_classes, source.train.num_examples + source.eval.num_examples) == (10, 1797)
+    assert source.eval.num_examples == 359
+    assert source.train.items.shape[1:] == (8, 8, 3) and source.train.items.dtype == np.uint8
+    assert source.train.items.max() == 255
+    eval_counts = np.bincount(source.eval.labels, minlength=10)
+    assert eval_counts.min() >= 34 and eval_counts.max() <= 37
+    train_rows = {row.tobytes() for row in source.train.items}
+    overlap = sum(row.tobytes() in train_rows for row in source.eval.items)
+    assert overlap < 5  # only accidental duplicates in the 8x8 data itself
+
+
+def test_image_folder_with_a_held_out_fraction(tmp_path):
+    write_images(tmp_path)
+    source = load_source(str(tmp_path), eval_fraction=0.25)
+    assert source.class_names == ("cat", "dog", "emu")
+    assert (source.train.num_examples, source.eval.num_examples) == (9, 3)
+    for image, label in source.eval.examples():
+        assert image.shape[-1] == 3 and image.dtype == tf.uint8
+        assert int(tf.argmax(tf.reduce_mean(tf.cast(image, tf.float32), axis=(0, 1)))) == int(label)
+
+
+def test_image_folder_with_train_and_val_folders(tmp_path):
+    write_images(tmp_path / "train", per_class=3)
+    write_images(tmp_path / "val", per_class=2, first=10)
+    source = load_folder(str(tmp_path))
+    assert (source.train.num_examples, source.eval.num_examples, source.eval_split) == (9, 6, "val")
+    labels = [int(label) for _, label in source.eval.examples()]
+    assert labels == [0, 0, 1, 1, 2, 2]
+
+
+def test_image_folder_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_source(str(tmp_path / "missing"))
+    write_images(tmp_path, names=("only",))
+    with pytest.raises(ValueError, match="at least two class sub-folders"):
+        load_folder(str(tmp_path))
+
+
+def test_image_folder_trains_end_to_end(tmp_path):
+    write_images(tmp_path / "images")
+    result = finetune(dataset=str(tmp_path / "images"), steps=3, eval_fraction=0.25,
+                      output_dir=str(tmp_path / "run"), **{**TINY, "batch_size": 4})
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["dataset"] == "images" and metrics["eval_examples"] == 3
+    assert metrics["eval"]["accuracy"] == pytest.approx(result.metrics["accuracy"])
+    assert result.model.output_shape == (None, 3)
+
+
+def test_tfds_path_with_mock_data(tmp_path):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=20):
+        flowers = load_tfds("oxford_flowers102")  # images of varying sizes, stored encoded
+        images, labels = next(iter(train_dataset(flowers.train, flowers.num_classes, 4, Augment(8))))
+        assert images.shape == (4, 8, 8, 3) and labels.shape == (4, 102)
+        assert float(tf.reduce_min(images)) >= -1 and float(tf.reduce_max(images)) <= 1
+        assert load_tfds("imagenet2012", manual_dir=str(tmp_path)).eval_split == "validation"
+        result = finetune(dataset="cifar10", steps=2, output_dir=str(tmp_path / "run"), **TINY)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert (metrics["dataset"], metrics["eval_split"]) == ("cifar10", "test")
+    assert 0.0 <= metrics["eval"]["accuracy"] <= 1.0 and result.model.output_shape == (None, 10)
+    with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset'"):
+        load_source("no_such_dataset")
+
+
+def _batches(ds, count):
+    return [(x.numpy(), y.numpy()) for x, y in ds.take(count)]
+
+
+def test_training_stream_restarts_exactly_at_any_step():
+    split = load_digits().train
+    augment = Augment(16, crop_area=(0.3, 1.0), flip=True)
+    full = _batches(train_dataset(split, 10, 100, augment, seed=3), 20)  # 20 batches span 2 epochs
+    for start in (0, 7, 14, 19):
+        resumed = _batches(train_dataset(split, 10, 100, augment, seed=3, start_step=start), 20 - start)
+        for (x, y), (x_full, y_full) in zip(resumed, full[start:]):
+            np.testing.assert_array_equal(x, x_full)
+            np.testing.assert_array_equal(y, y_full)
+    other_seed = _batches(train_dataset(split, 10, 100, augment, seed=4), 1)
+    assert not np.array_equal(other_seed[0][0], full[0][0])
+
+
+def test_every_example_once_per_epoch():
+    split = Split(12, np.arange(12, dtype=np.uint8).reshape(12, 1, 1, 1).repeat(3, -1), np.arange(12))
+    batches = _batches(train_dataset(split, 12, 4, Augment(1, crop_area=None, flip=False)), 6)
+    labels = [np.argmax(y, axis=1) for _, y in batches]
+    first, second = np.concatenate(labels[:3]), np.concatenate(labels[3:])
+    assert sorted(first) == list(range(12)) and sorted(second) == list(range(12))
+    assert not np.array_equal(first, second)  # reshuffled every epoch
+    values = np.concatenate([x[:, 0, 0, 0] for x, _ in batches[:3]])
+    np.testing.assert_allclose(values, (first - 127.5) / 127.5, atol=1e-6)  # pixels scaled to [-1, 1]
+
+
+def test_inception_crop_and_flip_change_images_but_eval_does_not():
+    image = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(1, 16, 16, 3)
+    split = Split(1, image, np.array([0]))
+    crops = [x[0] for x, _ in _batches(train_dataset(split, 2, 1, Augment(16)), 8)]
+    assert len({c.tobytes() for c in crops}) == 8
+    plain = next(iter(eval_dataset(split, 2, 1, Augment(16))))[0][0].numpy()
+    np.testing.assert_allclose(plain, (image[0] - 127.5) / 127.5, atol=1e-5)
+    centre = next(iter(eval_dataset(split, 2, 1, Augment(8, eval_crop=0.5))))[0][0].numpy()
+    assert centre.shape == (8, 8, 3)
+    np.testing.assert_allclose(centre, (image[0, 4:12, 4:12] - 127.5) / 127.5, atol=1e-5)
+
+
+def test_mixup_and_cutmix_mix_labels():
+    split = load_digits().train
+    for augment in (Augment(8, mixup=0.8), Augment(8, cutmix=1.0), Augment(8, mixup=0.8, cutmix=1.0,
+                                                                            randaugment=(2, 0.5))):
+        images, labels = next(iter(train_dataset(split, 10, 32, augment)))
+        labels = labels.numpy()
+        np.testing.assert_allclose(labels.sum(axis=1), 1.0, atol=1e-5)
+        assert (labels.max(axis=1) < 0.999).any()  # some labels are mixtures
+        assert images.shape == (32, 8, 8, 3)
+
+
+def test_bad_augment_settings():
+    with pytest.raises(ValueError, match="crop_area"):
+        Augment(8, crop_area=(0.5, 1.5))
+    with pytest.raises(ValueError, match="eval_crop"):
+        Augment(8, eval_crop=0.0)

@@ -1,0 +1,136 @@
+"""Checkpoints and resuming: a run that dies mid-way and is started again continues where its last
+checkpoint left off, with the step counter, optimizer state, schedule and data stream intact."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from training_support import REPO, TINY, read_log
+
+from training.finetune import finetune
+from training.loop import plan_segments, truncate_log
+from training.schedules import WarmupDecay
+
+RUN = {**TINY, "steps": 12, "eval_every": 5, "checkpoint_every": 4, "log_every": 1, "dropout": 0.1,
+       "optimizer": "sgd", "lr": 0.05, "warmup": 3}
+
+
+class Crash(keras.callbacks.Callback):
+    """Simulates the process dying after ``at`` batches."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.seen = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.at:
+            raise RuntimeError("simulated crash")
+
+
+def test_plan_segments_keeps_epoch_boundaries():
+    def plan(*args):  # (first epoch, epochs, steps per epoch, start step) per fit call
+        return [dataclasses.astuple(segment) for segment in plan_segments(*args)]
+
+    assert plan(0, 12, 5) == [(0, 2, 5, 0), (2, 1, 2, 10)]
+    assert plan(7, 12, 5) == [(1, 1, 3, 7), (2, 1, 2, 10)]
+    assert plan(4, 15, 5) == [(0, 1, 1, 4), (1, 2, 5, 5)]
+    assert plan(12, 12, 5) == []
+    with pytest.raises(ValueError):
+        plan_segments(0, 10, 0)
+
+
+def test_truncate_log_drops_steps_past_the_checkpoint_and_a_cut_line(tmp_path):
+    path = tmp_path / "train_log.jsonl"
+    lines = [json.dumps({"step": s, "batch": s, "loss": 1.0 / s}) for s in range(1, 6)]
+    path.write_text("\n".join(lines) + '\n{"step": 6, "ba')
+    truncate_log(str(path), 3)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_crash_and_resume_continues_the_run_exactly(tmp_path):
+    whole = finetune(output_dir=str(tmp_path / "whole"), **RUN)
+    crashed_dir = str(tmp_path / "crashed")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        finetune(output_dir=crashed_dir, callbacks=[Crash(7)], **RUN)
+    assert tf.train.latest_checkpoint(os.path.join(crashed_dir, "checkpoints")).endswith("ckpt-4")
+    assert [e["step"] for e in read_log(crashed_dir)] == list(range(1, 8))  # it logged past its checkpoint
+
+    resumed = finetune(output_dir=crashed_dir, **RUN)
+    metrics = json.loads(open(os.path.join(crashed_dir, "metrics.json")).read())
+    assert metrics["resumed_from_step"] == 4
+    assert int(resumed.model.optimizer.iterations) == 12
+    log, reference = read_log(crashed_dir), read_log(str(tmp_path / "whole"))
+    assert [e["step"] for e in log] == list(range(1, 13))  # steps 5-7 of the crashed run were dropped
+    np.testing.assert_allclose([e["loss"] for e in log], [e["loss"] for e in reference], rtol=1e-5)
+    np.testing.assert_allclose([e["lr"] for e in log], [e["lr"] for e in reference], rtol=1e-6)
+    schedule = WarmupDecay(0.05, 12, 3, "cosine")
+    np.testing.assert_allclose([e["lr"] for e in log], [float(schedule(s - 1)) for s in range(1, 13)], rtol=1e-6)
+    for a, b in zip(resumed.model.get_weights(), whole.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert resumed.metrics["accuracy"] == pytest.approx(whole.metrics["accuracy"])
+
+
+def test_a_finished_run_is_not_retrained_and_a_changed_one_is_refused(tmp_path):
+    run = {**RUN, "steps": 3, "dropout": 0.0}
+    first = finetune(output_dir=str(tmp_path), **run)
+    again = finetune(output_dir=str(tmp_path), **run)
+    assert json.loads((tmp_path / "metrics.json").read_text())["resumed_from_step"] == 3
+    for a, b in zip(first.model.get_weights(), again.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"different settings \(lr\)"):
+        finetune(output_dir=str(tmp_path), **{**run, "lr": 0.5})
+    model = keras.saving.load_model(str(tmp_path / "model.keras"))
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 8, 8, 3)).astype("float32")
+    np.testing.assert_allclose(model.predict(images, verbose=0), again.model.predict(images, verbose=0), atol=1e-6)
+
+
+def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
+    """Two accumulated micro-batches of 8 make the same updates as one batch of 16 (same data order)."""
+    run = {**RUN, "steps": 3, "dropout": 0.0, "clip_norm": 0.05}
+    whole = finetune(output_dir=str(tmp_path / "whole"), **run)
+    accumulated = finetune(output_dir=str(tmp_path / "accumulated"), accumulation_steps=2, **run)
+    assert int(accumulated.model.optimizer.iterations) == 3
+    for a, b in zip(whole.model.get_weights(), accumulated.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert [e["step"] for e in read_log(str(tmp_path / "accumulated"))] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_killed_command_resumes_from_its_last_checkpoint(tmp_path):
+    """Really SIGKILL the command mid-run, start it again: it restarts from the last checkpoint."""
+    out = str(tmp_path / "run")
+    args = [sys.executable, "-m", "training.finetune", "--model", "Ti/4", "--image-size", "8", "--hidden-size", "16",
+            "--depth", "1", "--num-heads", "2", "--mlp-dim", "32", "--batch-size", "16", "--steps", "3000",
+            "--checkpoint-every", "50", "--log-every", "1", "--eval-every", "1000", "--verbose", "0",
+            "--output-dir", out]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = os.path.join(out, "train_log.jsonl")
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+        if os.path.exists(log) and len(read_log(out)) >= 130:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = read_log(out)[-1]["step"]
+    checkpoint = int(tf.train.latest_checkpoint(os.path.join(out, "checkpoints")).rsplit("-", 1)[1])
+    assert checkpoint == killed_at // 50 * 50 >= 100
+
+    args[args.index("--verbose") + 1] = "2"  # how a run reports may change between restarts
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads(open(os.path.join(out, "metrics.json")).read())
+    assert metrics["resumed_from_step"] == checkpoint
+    assert [e["step"] for e in read_log(out)] == list(range(1, 3001))
+    assert f"held-out accuracy: {metrics['eval']['accuracy']:.4f}" in done.stdout

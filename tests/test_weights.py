@@ -1,0 +1,288 @@
+"""The Google ``.npz`` loader: the key map, a numpy reference forward pass, errors, head skipping,
+checkpoint defaults, saving and the convert command."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.weights import checkpoint_info, load_weights, npz_key_map, read_npz
+from npz_layout import vit_checkpoint, write_checkpoint
+from zoo.__main__ import main as zoo_main
+
+ARCH = dict(patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64)
+CKPT = dict(patch=8, width=32, depth=2, heads=4, mlp=64, grid=(4, 4))  # the same, as stored; 32 px images
+
+
+def images(size=32, batch=2, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+
+
+def run(model, x):
+    """Eager forward pass (tiny models: faster than tracing ``predict``)."""
+    return keras.ops.convert_to_numpy(model(x, training=False))
+
+
+def layer_norm(x, scale, bias):
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-6) * scale + bias
+
+
+def flax_forward(a, x):
+    """The published model (vit_jax/models_vit.py) in float64 numpy, from the checkpoint arrays."""
+    p, _, c, width = a["embedding/kernel"].shape
+    b, h, w, _ = x.shape
+    patches = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, -1, p * p * c)
+    x = patches @ a["embedding/kernel"].reshape(-1, width).astype("float64") + a["embedding/bias"]
+    if "cls" in a:
+        x = np.concatenate([np.broadcast_to(a["cls"], (b, 1, width)), x], axis=1)
+    x = x + a["Transformer/posembed_input/pos_embedding"]
+    for i in range(checkpoint_info(a).depth):
+        blk = f"Transformer/encoderblock_{i}"
+        att = f"{blk}/MultiHeadDotProductAttention_1"
+        y = layer_norm(x, a[f"{blk}/LayerNorm_0/scale"], a[f"{blk}/LayerNorm_0/bias"])
+        q, k, v = (np.einsum("bnd,dhk->bnhk", y, a[f"{att}/{n}/kernel"]) + a[f"{att}/{n}/bias"]
+                   for n in ("query", "key", "value"))
+        logits = np.einsum("bqhk,bthk->bhqt", q, k) / np.sqrt(q.shape[-1])
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        y = np.einsum("bhqt,bthk->bqhk", probs, v)
+        x = x + np.einsum("bqhk,hkd->bqd", y, a[f"{att}/out/kernel"]) + a[f"{att}/out/bias"]
+        y = layer_norm(x, a[f"{blk}/LayerNorm_2/scale"], a[f"{blk}/LayerNorm_2/bias"])
+        y = y @ a[f"{blk}/MlpBlock_3/Dense_0/kernel"] + a[f"{blk}/MlpBlock_3/Dense_0/bias"]
+        y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))  # flax nn.gelu (tanh)
+        x = x + y @ a[f"{blk}/MlpBlock_3/Dense_1/kernel"] + a[f"{blk}/MlpBlock_3/Dense_1/bias"]
+    x = layer_norm(x, a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"])
+    x = x[:, 0] if "cls" in a else x.mean(axis=1)
+    if "pre_logits/kernel" in a:
+        x = np.tanh(x @ a["pre_logits/kernel"] + a["pre_logits/bias"])
+    return x @ a["head/kernel"] + a["head/bias"]
+
+
+@pytest.fixture
+def token_ckpt(tmp_path):
+    arrays = vit_checkpoint(**CKPT, representation_size=16, num_classes=10)
+    return write_checkpoint(tmp_path / "token.npz", arrays), arrays
+
+
+@pytest.mark.parametrize("classifier, pre_logits", [("token", 16), ("gap", None)])
+def test_loaded_model_matches_a_numpy_forward_pass_of_the_published_model(tmp_path, classifier, pre_logits):
+    arrays = vit_checkpoint(**CKPT, classifier=classifier, representation_size=pre_logits, num_classes=10)
+    path = write_checkpoint(tmp_path / "ckpt.npz", arrays)
+    model = keras_vit.ViT(None, weights=str(path), classifier=classifier, **ARCH)
+    x = images()
+    expected = flax_forward(arrays, x.astype("float64"))
+    assert np.abs(expected).max() > 0.5
+    np.testing.assert_allclose(run(model, x), expected, rtol=0, atol=1e-4)
+
+
+def test_key_map_maps_every_variable_and_every_checkpoint_key(token_ckpt):
+    _, arrays = token_ckpt
+    model = keras_vit.ViT(None, image_size=32, num_classes=10, representation_size=16, **ARCH)
+    key_map = npz_key_map(model)
+    assert set(key_map) == set(arrays)
+    assert {id(variable) for variable, _ in key_map.values()} == {id(v) for v in model.weights}
+    result = load_weights(model, arrays)
+    assert set(result.loaded) == set(arrays) and result.skipped == ()
+
+
+def test_b16_checkpoint_into_s16_fails_naming_keys_and_shapes_and_changes_nothing(tmp_path):
+    arrays = vit_checkpoint(patch=16, width=768, depth=1, heads=12, mlp=3072, grid=(14, 14), num_classes=1000)
+    model = keras_vit.ViT_S16(depth=1)
+    before = [v.numpy().copy() for v in model.weights]
+    with pytest.raises(ValueError) as info:
+        load_weights(model, arrays)
+    message = str(info.value)
+    assert "shape mismatches" in message
+    assert "embedding/kernel (16, 16, 3, 768): the model's embedding/kernel is (16, 16, 3, 384)" in message
+    assert "encoderblock_0/MlpBlock_3/Dense_0/kernel (768, 3072): the model's " \
+           "encoderblock_0/MlpBlock_3/Dense_0/kernel is (384, 1536)" in message
+    assert "MultiHeadDotProductAttention_1/query/kernel: shape (768, 12, 64) does not split into the model's 6 " \
+           "heads" in message
+    assert "looks like custom: patch 16, width 768, depth 1, heads 12, mlp 3072" in message
+    assert all(np.array_equal(v.numpy(), b) for v, b in zip(model.weights, before))
+    path = write_checkpoint(tmp_path / "b16.npz", arrays)
+    with pytest.raises(ValueError, match="the model's embedding/kernel is"):
+        keras_vit.ViT_S16(weights=path, depth=1)
+
+
+def test_missing_and_unexpected_keys_are_listed_by_name(token_ckpt):
+    _, arrays = token_ckpt
+    arrays = dict(arrays)
+    del arrays["Transformer/encoderblock_1/LayerNorm_2/scale"]
+    arrays["Transformer/encoderblock_7/LayerNorm_0/scale"] = np.ones(32, "float32")
+    model = keras_vit.ViT(None, image_size=32, num_classes=10, representation_size=16, **ARCH)
+    with pytest.raises(ValueError) as info:
+        load_weights(model, arrays)
+    message = str(info.value)
+    assert "missing from the checkpoint (1):\n    Transformer/encoderblock_1/LayerNorm_2/scale" in message
+    assert "unexpected in the checkpoint (no such variable in the model) (1):\n    " \
+           "Transformer/encoderblock_7/LayerNorm_0/scale" in message
+
+
+def test_a_deeper_checkpoint_reports_its_extra_blocks(token_ckpt):
+    _, arrays = token_ckpt
+    model = keras_vit.ViT(None, image_size=32, num_classes=10, representation_size=16, **{**ARCH, "depth": 1})
+    with pytest.raises(ValueError, match=r"unexpected in the checkpoint \(no such variable in the model\) \(16\)"):
+        load_weights(model, arrays)
+
+
+def test_include_top_false_skips_the_head_on_purpose_and_says_so(token_ckpt):
+    path, arrays = token_ckpt
+    with pytest.warns(UserWarning, match=r"without head/bias, head/kernel, pre_logits/bias, pre_logits/kernel: "
+                                         r"the model has no classification head \(include_top=False\)"):
+        features = keras_vit.ViT(None, weights=path, include_top=False, pooling="token", **ARCH)
+    full = keras_vit.ViT(None, weights=path, **ARCH)
+    expected = run(keras.Model(full.input, full.get_layer("token_pool").output), images())
+    np.testing.assert_allclose(run(features, images()), expected, atol=1e-6)
+
+
+def test_another_num_classes_leaves_the_head_at_its_initialisation(token_ckpt):
+    path, arrays = token_ckpt
+    with pytest.warns(UserWarning, match="the checkpoint's head has 10 classes, the model's 7"):
+        model = keras_vit.ViT(None, weights=path, num_classes=7, representation_size=16, **ARCH)
+    assert not model.get_layer("head").kernel.numpy().any()
+    np.testing.assert_array_equal(model.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
+    np.testing.assert_array_equal(model.get_layer("embedding").kernel.numpy(), arrays["embedding/kernel"])
+
+
+def test_a_model_without_pre_logits_drops_the_checkpoints_classifier(token_ckpt):
+    path, _ = token_ckpt
+    skipped = r"the model has no pre_logits layer \(the checkpoint's is 16 wide; representation_size=16 keeps it\)"
+    with pytest.warns(UserWarning, match=skipped):
+        model = keras_vit.ViT(None, weights=path, num_classes=10, **ARCH)
+    assert "pre_logits" not in [layer.name for layer in model.layers]
+    assert not model.get_layer("head").kernel.numpy().any()
+
+
+def test_checkpoint_defaults_fill_image_size_classes_and_pre_logits(token_ckpt):
+    path, arrays = token_ckpt
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the whole classifier loads: no warning
+        model = keras_vit.ViT(None, weights=path, **ARCH)
+    assert model.input_shape == (None, 32, 32, 3) and model.output_shape == (None, 10)
+    assert model.get_layer("pre_logits").units == 16
+    larger = keras_vit.ViT(None, weights=path, image_size=(48, 64), **ARCH)
+    expected = keras_vit.resample_position_embeddings(arrays["Transformer/posembed_input/pos_embedding"], (6, 8))
+    np.testing.assert_allclose(larger.get_layer("posembed_input").pos_embedding.numpy(), expected, atol=1e-6)
+    np.testing.assert_array_equal(larger.get_layer("posembed_input").pos_embedding.numpy()[:, 0],
+                                  arrays["Transformer/posembed_input/pos_embedding"][:, 0])
+
+
+def test_without_weights_the_defaults_are_unchanged():
+    model = keras_vit.ViT(None, **ARCH)
+    assert model.input_shape == (None, 224, 224, 3) and model.output_shape == (None, 1000)
+    assert "pre_logits" not in [layer.name for layer in model.layers]
+    assert keras_vit.ViT_Ti16(depth=1).input_shape == (None, 224, 224, 3)
+
+
+def test_corrupt_truncated_and_foreign_files_fail_clearly(tmp_path, token_ckpt):
+    path, arrays = token_ckpt
+    data = path.read_bytes()
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"truncated\.npz is not a readable \.npz checkpoint \(BadZipFile.*delete it"):
+        read_npz(truncated)
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 8)
+    with pytest.raises(ValueError, match="garbage.npz is not a readable .npz checkpoint"):
+        keras_vit.ViT(None, weights=garbage, **ARCH)
+    single = tmp_path / "single.npy"
+    np.save(single, np.zeros(3))
+    with pytest.raises(ValueError, match="holds one array, not named arrays"):
+        read_npz(single)
+    other = tmp_path / "other.npz"
+    np.savez(other, weights=np.zeros(3))
+    with pytest.raises(ValueError, match=r"not a ViT checkpoint: it has no 'embedding/kernel' key \(keys: weights\)"):
+        read_npz(other)
+    with pytest.raises(FileNotFoundError, match="No checkpoint file at"):
+        keras_vit.ViT(None, weights=tmp_path / "absent.npz", **ARCH)
+    with pytest.raises(ValueError, match=r"No checkpoint 'B_16.orig_in22k' in the zoo catalogue\. Did you mean"):
+        keras_vit.ViT_B16(weights="B_16.orig_in22k")
+
+
+def test_parameters_saved_with_their_optimizer_state_load(tmp_path, token_ckpt):
+    _, arrays = token_ckpt
+    nested = {f"opt/target/{key}": value for key, value in arrays.items()}
+    nested["opt/state/step"] = np.array(3)
+    path = write_checkpoint(tmp_path / "with_state.npz", nested)
+    assert set(read_npz(path)) == set(arrays)
+
+
+def test_a_loaded_model_saves_as_keras_and_weights_h5_and_reloads_identically(tmp_path, token_ckpt):
+    path, _ = token_ckpt
+    model = keras_vit.ViT(None, weights=path, **ARCH)
+    expected = run(model, images())
+    model.save(tmp_path / "model.keras")
+    reloaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(run(reloaded, images()), expected)
+    model.save_weights(tmp_path / "model.weights.h5")
+    fresh = keras_vit.ViT(None, image_size=32, num_classes=10, representation_size=16, **ARCH)
+    fresh.load_weights(tmp_path / "model.weights.h5")
+    np.testing.assert_array_equal(run(fresh, images()), expected)
+
+
+def test_convert_command_infers_the_architecture_and_writes_keras_files(tmp_path, token_ckpt, capsys):
+    path, arrays = token_ckpt
+    zoo_main(["convert", str(path), str(tmp_path / "out.keras")])
+    assert "-> " in capsys.readouterr().out and not list(tmp_path.glob("*.partial*"))
+    converted = keras.models.load_model(tmp_path / "out.keras")
+    assert converted.input_shape == (None, 32, 32, 3) and converted.get_layer("pre_logits").units == 16
+    np.testing.assert_allclose(run(converted, images()), flax_forward(arrays, images().astype("float64")),
+                               atol=1e-4)
+    with pytest.warns(UserWarning, match="include_top=False"):
+        zoo_main(["convert", str(path), str(tmp_path / "features.weights.h5"), "--no-top", "--image-size", "48",
+                  "--resize-method", "bicubic"])
+    features = keras_vit.ViT(None, image_size=48, include_top=False, **ARCH)
+    features.load_weights(tmp_path / "features.weights.h5")
+    expected = keras_vit.resample_position_embeddings(arrays["Transformer/posembed_input/pos_embedding"], 6,
+                                                      method="bicubic")
+    np.testing.assert_allclose(features.get_layer("posembed_input").pos_embedding.numpy(), expected, atol=1e-6)
+    with pytest.raises(SystemExit):
+        zoo_main(["convert", str(path), str(tmp_path / "out.h5")])
+    zoo_main(["info", str(path)])
+    assert "patch 8, width 32, depth 2, heads 4, mlp 64, classifier 'token', grid (4, 4), image size 32" \
+           in capsys.readouterr().out
+
+
+def hybrid_arrays(model):
+    """A hybrid checkpoint: the ResNet's keys as the published files store them (GroupNorm (1, 1, 1, C)),
+    the transformer's from npz_layout."""
+    resnet = model.get_layer("resnet")
+    arrays = {}
+    for key, (variable, _) in resnet.npz_key_map().items():
+        value = np.random.default_rng(len(arrays)).normal(0, 0.1, variable.shape).astype("float32")
+        arrays[key] = value.reshape(1, 1, 1, -1) if key.startswith("gn") or "/gn" in key else value
+    channels = resnet.output_channels
+    arrays.update(vit_checkpoint(patch=1, width=32, depth=1, heads=2, mlp=64, grid=(4, 4), channels=channels,
+                                 num_classes=3))
+    return arrays
+
+
+def test_hybrid_layers_contribute_their_own_keys_and_a_hybrid_converts():
+    model = keras_vit.ViT(None, resnet=(1, 1), image_size=32, num_classes=3, patch_size=1, hidden_size=32, depth=1,
+                          num_heads=2, mlp_dim=64)
+    key_map = npz_key_map(model)
+    assert {"conv_root/kernel", "gn_root/scale", "block1/unit1/conv1/kernel", "block2/unit1/conv_proj/kernel",
+            "embedding/kernel"} <= set(key_map)
+    assert {id(variable) for variable, _ in key_map.values()} == {id(v) for v in model.weights}
+    arrays = hybrid_arrays(model)
+    info = checkpoint_info(arrays)
+    assert info.resnet_stages == (1, 1) and info.stride == 8 and info.image_size == 32
+    load_weights(model, arrays)
+    built = keras_vit.model_from_checkpoint(arrays)
+    assert built.get_layer("resnet").num_layers == (1, 1) and built.input_shape == (None, 32, 32, 3)
+    np.testing.assert_allclose(run(built, images()), run(model, images()), atol=1e-5)
+
+
+def test_checkpoint_info_names_published_variants():
+    b16 = vit_checkpoint(patch=16, width=768, depth=12, heads=12, mlp=3072, grid=(24, 24), num_classes=1000,
+                         zeros=True)
+    info = checkpoint_info(b16)
+    assert (info.variant, info.image_size, info.num_classes, info.representation_size) == ("B/16", 384, 1000, None)
+    shapes = {k: np.zeros((1, 1, 1, 1)) for k in ("conv_root/kernel", "block1/unit1/conv1/kernel",
+                                                   "block1/unit2/conv1/kernel", "block2/unit1/conv1/kernel")}
+    with pytest.raises(ValueError, match="Not a ViT checkpoint in the published layout"):
+        checkpoint_info(shapes)

@@ -1,0 +1,210 @@
+"""Labelled image sources: scikit-learn's digits (offline), an image folder, or any TFDS dataset.
+
+A source has a training and a held-out :class:`Split`. Splits of in-memory images and of image files
+have random access, so the training stream can restart at any step exactly (see ``pipeline``); TFDS
+splits are streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+FOLDER_EVAL_NAMES = ("val", "validation", "test")
+# Held-out split per TFDS dataset where it is not "test" (ImageNet's test labels are not public).
+TFDS_EVAL_SPLITS = {"imagenet2012": "validation", "imagenet_v2": "test", "imagenet2012_real": "validation"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One split of ``(image uint8 (H, W, 3), label int)`` examples.
+
+    ``items`` holds the images themselves (``(N, H, W, 3)`` uint8) or their file paths (``(N,)`` str)
+    and gives random access; otherwise ``stream`` is a finite ``tf.data.Dataset`` in a fixed order,
+    of encoded images (JPEG/PNG bytes, decoded after shuffling, to keep shuffle buffers small) when
+    ``encoded``.
+    """
+
+    num_examples: int | None
+    items: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    stream: tf.data.Dataset | None = None
+    encoded: bool = False
+
+    @property
+    def indexable(self) -> bool:
+        return self.items is not None
+
+    def loader(self) -> Callable:
+        """``index -> (image, label)`` as TensorFlow ops (indexable splits only)."""
+        if not self.indexable:
+            raise ValueError("This split is a stream; it has no random access.")
+        items, labels = tf.constant(self.items), tf.constant(self.labels, tf.int64)
+        if items.dtype == tf.string:
+            return lambda i: (decode_image(tf.io.read_file(items[i])), labels[i])
+        return lambda i: (items[i], labels[i])
+
+    def examples(self) -> tf.data.Dataset:
+        """All examples once, in a fixed order, decoded."""
+        if self.indexable:
+            return tf.data.Dataset.range(self.num_examples).map(self.loader(), num_parallel_calls=tf.data.AUTOTUNE)
+        return self.stream.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE) if self.encoded else self.stream
+
+    @staticmethod
+    def decode(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """An encoded stream example -> ``(image uint8 (H, W, 3), label)``."""
+        return decode_image(image), label
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A dataset: its name, classes, a training split and a held-out split."""
+
+    name: str
+    num_classes: int
+    train: Split
+    eval: Split
+    eval_split: str
+    class_names: tuple[str, ...] = ()
+
+
+def decode_image(data: tf.Tensor) -> tf.Tensor:
+    """Encoded bytes (JPEG, PNG, BMP, GIF's first frame) -> ``(H, W, 3)`` uint8."""
+    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return image
+
+
+def _holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, eval), holding out ``fraction`` of every class (at least one if it has two)."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {fraction}.")
+    rng = np.random.default_rng(seed)
+    train, held = [], []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        count = max(1, round(fraction * len(members))) if len(members) > 1 else 0
+        held.extend(members[:count])
+        train.extend(members[count:])
+    return np.sort(np.array(train, int)), np.sort(np.array(held, int))
+
+
+def load_digits(eval_fraction: float = 0.2, seed: int = 0) -> Source:
+    """scikit-learn's 1797 handwritten digits (8x8, 17 grey levels; shipped inside scikit-learn).
+
+    Scaled to uint8 RGB; ``eval_fraction`` of each class held out (359 of 1797 images by default).
+    """
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    digits = sklearn_digits()
+    grey = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    images = np.repeat(grey[..., None], 3, axis=-1)
+    labels = digits.target.astype(np.int64)
+    train, held = _holdout(labels, eval_fraction, seed)
+    return Source(
+        name="digits",
+        num_classes=10,
+        train=Split(len(train), images[train], labels[train]),
+        eval=Split(len(held), images[held], labels[held]),
+        eval_split=f"held-out {eval_fraction:.0%}",
+        class_names=tuple(str(d) for d in range(10)),
+    )
+
+
+def _list_classes(root: str) -> tuple[list[str], list[str], np.ndarray]:
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        folder = os.path.join(root, name)
+        for file in sorted(os.listdir(folder)):
+            if file.lower().endswith(IMAGE_EXTENSIONS):
+                paths.append(os.path.join(folder, file))
+                labels.append(label)
+    return classes, paths, np.array(labels, np.int64)
+
+
+def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0) -> Source:
+    """Images in ``root/<class>/*.jpg|png|...``, one sub-folder per class (sorted names -> labels).
+
+    If ``root`` has ``train/`` and one of ``val/``, ``validation/``, ``test/``, those are the splits;
+    otherwise ``eval_fraction`` of each class is held out (seeded).
+    """
+    if not os.path.isdir(root):
+        raise ValueError(f"Image folder {root!r} does not exist.")
+    eval_dir = next((os.path.join(root, n) for n in FOLDER_EVAL_NAMES if os.path.isdir(os.path.join(root, n))), None)
+    if os.path.isdir(os.path.join(root, "train")) and eval_dir is not None:
+        classes, paths, labels = _list_classes(os.path.join(root, "train"))
+        eval_classes, eval_paths, eval_labels = _list_classes(eval_dir)
+        if eval_classes != classes:
+            raise ValueError(f"{eval_dir} has classes {eval_classes}, but {root}/train has {classes}.")
+        train_split = Split(len(paths), np.array(paths), labels)
+        eval_split, eval_name = Split(len(eval_paths), np.array(eval_paths), eval_labels), os.path.basename(eval_dir)
+    else:
+        classes, paths, labels = _list_classes(root)
+        train, held = _holdout(labels, eval_fraction, seed)
+        paths = np.array(paths)
+        train_split = Split(len(train), paths[train], labels[train])
+        eval_split, eval_name = Split(len(held), paths[held], labels[held]), f"held-out {eval_fraction:.0%}"
+    if len(classes) < 2 or train_split.num_examples == 0 or eval_split.num_examples == 0:
+        raise ValueError(
+            f"Image folder {root!r} needs at least two class sub-folders with images ({IMAGE_EXTENSIONS}) "
+            f"and images to hold out; found classes {classes} with {len(paths)} images."
+        )
+    return Source(os.path.basename(os.path.normpath(root)), len(classes), train_split, eval_split, eval_name,
+                  tuple(classes))
+
+
+def load_tfds(name: str, *, data_dir: str | None = None, manual_dir: str | None = None,
+              train_split: str = "train", eval_split: str | None = None, download: bool = True,
+              seed: int = 0) -> Source:
+    """A ``tensorflow_datasets`` dataset with ``image`` and ``label`` features.
+
+    ``manual_dir`` is where manually downloaded archives are (ImageNet); ``eval_split`` defaults to
+    ``validation`` for ImageNet and ``test`` otherwise.
+    """
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as error:
+        raise ValueError(f"Unknown dataset {name!r}: not a TFDS dataset nor an existing folder.") from error
+    features = builder.info.features
+    if "image" not in features or "label" not in features:
+        raise ValueError(f"TFDS dataset {name!r} has no 'image' and 'label' features.")
+    if download:
+        config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+        builder.download_and_prepare(download_config=config)
+    eval_split = eval_split or TFDS_EVAL_SPLITS.get(name.split(":")[0].split("/")[0], "test")
+
+    def split(split_name: str, shuffle: bool) -> Split:
+        stream = builder.as_dataset(split=split_name, as_supervised=True, shuffle_files=shuffle,
+                                    read_config=tfds.ReadConfig(shuffle_seed=seed),
+                                    decoders={"image": tfds.decode.SkipDecoding()})
+        stream = stream.map(lambda image, label: (image, tf.cast(label, tf.int64)))
+        try:
+            count = builder.info.splits[split_name].num_examples
+        except (KeyError, ValueError):
+            count = None
+        return Split(count or None, stream=stream, encoded=True)
+
+    return Source(name, features["label"].num_classes, split(train_split, True), split(eval_split, False), eval_split,
+                  tuple(features["label"].names))
+
+
+def load_source(dataset: str | None, *, data_dir: str | None = None, manual_dir: str | None = None,
+                train_split: str = "train", eval_split: str | None = None, eval_fraction: float | None = None,
+                download: bool = True, seed: int = 0) -> Source:
+    """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder; else a TFDS name."""
+    if dataset in (None, "digits"):
+        return load_digits(eval_fraction or 0.2, seed)
+    if os.path.isdir(dataset):
+        return load_folder(dataset, eval_fraction or 0.1, seed)
+    if dataset.startswith((".", "~", os.sep)):
+        raise ValueError(f"Image folder {dataset!r} does not exist.")
+    return load_tfds(dataset, data_dir=data_dir, manual_dir=manual_dir, train_split=train_split,
+                     eval_split=eval_split, download=download, seed=seed)

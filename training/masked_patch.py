@@ -1,0 +1,212 @@
+"""Masked patch prediction: the paper's self-supervised pre-training (Section 4.6, Appendix B.1.2).
+
+In the spirit of BERT's masked language modelling: 50% of the patch embeddings of every image are
+corrupted -- of those, 80% are replaced by a learnable ``[mask]`` embedding, 10% by the embedding of a
+random other patch of the same image, 10% kept as they are -- and the encoder's output token of
+every corrupted patch predicts that patch's mean colour, quantised to 3 bits per channel (512
+classes), with a Dense head and cross-entropy. Only corrupted patches count in the loss.
+
+The pieces:
+
+- :func:`sample_corruption` draws a plan: ``kinds`` (B, N) (:data:`KEEP`, :data:`MASK`, :data:`RANDOM`,
+  :data:`UNCHANGED`) and ``sources`` (B, N), the patch whose embedding each position receives
+  (itself except for :data:`RANDOM`). Stateless: the same seed gives the same plan.
+- :class:`PatchCorruption` applies a plan to patch embeddings inside the model.
+- :func:`colour_targets` computes the 512-way class of every patch's mean colour.
+- :func:`masked_patch_model` wraps a keras-vit model: ``{images, corruption, sources} -> (B, N, 512)``
+  logits, sharing (and so training) the model's own encoder layers.
+- :func:`masked_patch_dataset` turns a ``training.data`` split into training batches
+  ``(inputs, targets, sample_weight)``.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras import layers, ops
+
+from training.data import Split
+from training.pipeline import Augment, eval_dataset, train_dataset
+
+KEEP, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: corrupted (predicted) but left as it is
+KIND_NAMES = ("keep", "mask", "random", "unchanged")
+EDGE_TOLERANCE = 1e-3  # grey levels; see colour_targets
+
+
+def _check_fractions(rate: float, mask_fraction: float, random_fraction: float) -> None:
+    if not 0 < rate <= 1:
+        raise ValueError(f"corruption rate must be in (0, 1], got {rate}.")
+    if mask_fraction < 0 or random_fraction < 0 or mask_fraction + random_fraction > 1:
+        raise ValueError(f"mask_fraction ({mask_fraction}) and random_fraction ({random_fraction}) must be "
+                         "non-negative and sum to at most 1 (the rest stay unchanged).")
+
+
+def sample_corruption(batch_size, num_patches: int, seed, *, rate: float = 0.5, mask_fraction: float = 0.8,
+                      random_fraction: float = 0.1) -> tuple[tf.Tensor, tf.Tensor]:
+    """A corruption plan ``(kinds, sources)``, both int32 ``(batch_size, num_patches)``.
+
+    Exactly ``round(rate * num_patches)`` patches of every image are corrupted, chosen uniformly; each
+    independently becomes :data:`MASK` with probability ``mask_fraction``, :data:`RANDOM` with
+    ``random_fraction``, else :data:`UNCHANGED`. A :data:`RANDOM` patch's source is a uniformly chosen
+    *other* patch of the same image. ``seed`` is a pair of ints (stateless random ops).
+    """
+    _check_fractions(rate, mask_fraction, random_fraction)
+    count = round(rate * num_patches)
+    if count < 1:
+        raise ValueError(f"rate={rate} corrupts no patch of {num_patches}.")
+    if random_fraction and num_patches < 2:
+        raise ValueError("random replacement needs at least two patches per image.")
+    choose_seed, kind_seed, source_seed = tf.unstack(
+        tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3))
+    shape = tf.stack([batch_size, num_patches])
+    ranks = tf.argsort(tf.argsort(tf.random.stateless_uniform(shape, choose_seed), axis=1), axis=1)
+    draw = tf.random.stateless_uniform(shape, kind_seed)
+    kind = tf.where(draw < mask_fraction, MASK, tf.where(draw < mask_fraction + random_fraction, RANDOM, UNCHANGED))
+    kinds = tf.where(ranks < count, kind, KEEP)
+    positions = tf.range(num_patches)[None, :]
+    shift = tf.random.stateless_uniform(shape, source_seed, minval=1, maxval=max(2, num_patches), dtype=tf.int32)
+    sources = tf.where(kinds == RANDOM, (positions + shift) % num_patches, tf.broadcast_to(positions, shape))
+    return tf.cast(kinds, tf.int32), tf.cast(sources, tf.int32)
+
+
+def colour_targets(images, patch_size: int, bits: int = 3, value_range: tuple[float, float] = (0.0, 255.0)):
+    """The class of every ``patch_size`` patch's mean colour, quantised to ``bits`` per channel: int32 ``(B, N)``.
+
+    With pixel values ``v`` in [0, 255] (``images`` in ``value_range`` are mapped there) and ``L = 2**bits``
+    levels: ``bin_c = min(floor(mean_c * L / 256), L - 1)`` per channel, and
+    ``class = (bin_r * L + bin_g) * L + bin_b``, one of ``L**3`` (512 for 3 bits). Patches in row-major order.
+    Means within :data:`EDGE_TOLERANCE` grey levels below a bin edge count as on it, so that images
+    scaled to [-1, 1] and back (round-off ~1e-5) keep the classes of their [0, 255] originals.
+    """
+    height, width, channels = images.shape[1:]
+    if channels != 3:
+        raise ValueError(f"Colour targets need RGB images, got {channels} channels.")
+    if height % patch_size or width % patch_size:
+        raise ValueError(f"Image size {height}x{width} is not divisible by the patch size {patch_size}.")
+    low, high = value_range
+    pixels = (ops.cast(images, "float32") - low) * (255.0 / (high - low))
+    gh, gw = height // patch_size, width // patch_size
+    patches = ops.reshape(pixels, (-1, gh, patch_size, gw, patch_size, 3))
+    means = ops.mean(patches, axis=(2, 4)) + EDGE_TOLERANCE
+    levels = 2**bits
+    bins = ops.cast(ops.clip(ops.floor(means * (levels / 256.0)), 0, levels - 1), "int32")
+    classes = (bins[..., 0] * levels + bins[..., 1]) * levels + bins[..., 2]
+    return ops.reshape(classes, (-1, gh * gw))
+
+
+@keras.saving.register_keras_serializable(package="keras_vit_training")
+class PatchCorruption(layers.Layer):
+    """Applies a corruption plan to patch embeddings: ``call(tokens, kinds, sources)``.
+
+    :data:`MASK` positions get the learnable ``mask_token`` (normal(0.02)); every other position gets
+    the embedding of its ``sources`` entry, which is itself except for :data:`RANDOM`.
+    """
+
+    def build(self, tokens_shape, kinds_shape=None, sources_shape=None):
+        self.mask_token = self.add_weight(name="mask_token", shape=(1, 1, tokens_shape[-1]),
+                                          initializer=keras.initializers.RandomNormal(stddev=0.02))
+
+    def call(self, tokens, kinds, sources):
+        index = ops.broadcast_to(ops.expand_dims(ops.cast(sources, "int32"), -1), ops.shape(tokens))
+        moved = ops.take_along_axis(tokens, index, axis=1)
+        masked = ops.expand_dims(ops.equal(kinds, MASK), -1)
+        return ops.where(masked, ops.cast(self.mask_token, tokens.dtype), moved)
+
+    def compute_output_shape(self, tokens_shape, kinds_shape=None, sources_shape=None):
+        return tokens_shape
+
+
+@keras.saving.register_keras_serializable(package="keras_vit_training")
+class PatchTokens(layers.Layer):
+    """Drops the ``num_prefix_tokens`` leading tokens (the class token): ``(B, p + N, D) -> (B, N, D)``."""
+
+    def __init__(self, num_prefix_tokens: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def call(self, tokens):
+        return tokens[:, self.num_prefix_tokens:]
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n - self.num_prefix_tokens, d)
+
+    def get_config(self):
+        return {**super().get_config(), "num_prefix_tokens": self.num_prefix_tokens}
+
+
+def patch_grid(model: keras.Model) -> tuple[int, int]:
+    """``(number of patch tokens, pixels per patch side)`` of a keras-vit model (plain or hybrid)."""
+    try:
+        tokens = model.get_layer("embedding").output
+    except ValueError as error:
+        raise ValueError(f"Model {model.name!r} has no 'embedding' layer; is it a keras-vit ViT?") from error
+    height, width = model.inputs[0].shape[1:3]
+    num_patches = tokens.shape[1]
+    for size in range(1, height + 1):
+        if height % size == 0 and width % size == 0 and (height // size) * (width // size) == num_patches:
+            return num_patches, size
+    raise ValueError(f"Cannot find a square patch size that cuts {height}x{width} images into {num_patches} patches.")
+
+
+def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None = None) -> keras.Model:
+    """The masked-patch-prediction model around a keras-vit ``encoder`` (any head; it is not used).
+
+    Inputs ``{"images", "corruption", "sources"}`` (see :func:`sample_corruption`); output the
+    ``(B, N, 2**(3 bits))`` logits of every patch token. The corruption sits between the patch
+    embedding and the class token / position embeddings; the layers from there to ``encoder_norm`` are
+    ``encoder``'s own, so training this model pre-trains ``encoder``.
+    """
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be between 1 and 8 per channel, got {bits}.")
+    num_patches, _ = patch_grid(encoder)
+    tokens = encoder.get_layer("embedding").output
+    body = keras.Model(tokens, encoder.get_layer("encoder_norm").output, name=f"{encoder.name}_encoder")
+    kinds = keras.Input((num_patches,), dtype="int32", name="corruption")
+    sources = keras.Input((num_patches,), dtype="int32", name="sources")
+    encoded = body(PatchCorruption(name="mpp_corruption")(tokens, kinds, sources))
+    prefix = int(any(layer.name == "class_token" for layer in encoder.layers))
+    logits = layers.Dense(2 ** (3 * bits), name="mpp_head")(PatchTokens(prefix, name="patch_tokens")(encoded))
+    inputs = {"images": encoder.inputs[0], "corruption": kinds, "sources": sources}
+    return keras.Model(inputs, logits, name=name or f"{encoder.name}_mpp")
+
+
+def _to_mpp_batch(images, step, *, seed: int, patch_size: int, num_patches: int, bits: int, corruption: dict):
+    """``images`` in [-1, 1] -> ``(inputs, colour targets, corrupted-patch weights)``."""
+    side = patch_size * round(num_patches**0.5)
+    images = tf.ensure_shape(images, (None, side, side, 3))
+    kinds, sources = sample_corruption(tf.shape(images)[0], num_patches, tf.stack([tf.cast(seed, tf.int64), step]),
+                                       **corruption)
+    targets = colour_targets(images, patch_size, bits, value_range=(-1.0, 1.0))
+    weights = tf.cast(kinds != KEEP, tf.float32)
+    return {"images": images, "corruption": kinds, "sources": sources}, targets, weights
+
+
+def masked_patch_dataset(split: Split, batch_size: int, augment: Augment, patch_size: int, *, start_step: int = 0,
+                         seed: int = 0, bits: int = 3, training: bool = True, shuffle_buffer: int = 10_000,
+                         **corruption) -> tf.data.Dataset:
+    """Masked-patch batches of ``split``'s images (labels unused): ``({images, corruption, sources},
+    targets (B, N), sample_weight (B, N))``.
+
+    ``training``: the endless augmented stream of :func:`training.pipeline.train_dataset` from
+    ``start_step`` on, each batch corrupted with seed ``(seed, step)``, so a resumed run sees the same
+    batches; otherwise the split once, resized, with fixed corruption (for evaluation).
+    ``corruption``: ``rate``, ``mask_fraction``, ``random_fraction`` of :func:`sample_corruption`.
+    """
+    size = augment.image_size
+    if size % patch_size:
+        raise ValueError(f"image_size {size} is not divisible by the patch size {patch_size}.")
+    num_patches = (size // patch_size) ** 2
+    if training:
+        images = train_dataset(split, 1, batch_size, augment, start_step=start_step, seed=seed,
+                               shuffle_buffer=shuffle_buffer)
+        first = start_step
+    else:
+        images = eval_dataset(split, 1, batch_size, augment)
+        first = 0
+    steps = tf.data.Dataset.range(first, tf.int64.max)
+    batches = tf.data.Dataset.zip(images.map(lambda x, _: x), steps)
+    return batches.map(
+        lambda x, step: _to_mpp_batch(x, step, seed=seed + (0 if training else 1), patch_size=patch_size,
+                                      num_patches=num_patches, bits=bits, corruption=corruption),
+        num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

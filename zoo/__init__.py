@@ -1,0 +1,113 @@
+"""The zoo: a catalogue of the published ViT checkpoints (``catalogue.json``) and their download cache.
+
+    import zoo
+    zoo.names()                          # every catalogue name, e.g. "B_16.augreg_in21k_ft_in1k_384"
+    entry = zoo.get("B_16.orig_in21k")   # a Checkpoint: url, variant, pre-training data, resolution, ...
+    path = zoo.fetch("B_16.orig_in21k")  # downloaded (once) into the Keras cache, returns the local path
+
+Files are cached under ``$KERAS_HOME/models/vit_models/`` (``~/.keras/models/vit_models/`` by default)
+at their path in the bucket. ``KERAS_VIT_ZOO_URL`` replaces the base URL (a mirror of
+``https://storage.googleapis.com/vit_models/``). Command line: ``python -m zoo list``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
+
+from zoo.download import DownloadError, download, print_progress
+
+CATALOGUE = Path(__file__).with_name("catalogue.json")
+MIRROR_ENV = "KERAS_VIT_ZOO_URL"
+
+__all__ = ["Checkpoint", "DownloadError", "base_url", "cache_path", "cache_root", "catalogue", "fetch", "find", "get",
+           "names"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """One published checkpoint (a row of ``catalogue.json``)."""
+
+    name: str
+    path: str  # relative to the bucket, e.g. "imagenet21k/ViT-B_16.npz"
+    variant: str  # "B/16", "R50+B/16", ...
+    family: str  # "original" (the ViT paper) or "augreg" ("How to train your ViT?")
+    pretrain: str  # "imagenet21k" or "imagenet2012"
+    finetune: str | None  # "imagenet2012" or None (pre-trained only)
+    image_size: int
+    num_classes: int
+    top1: float | None  # reported ImageNet-1k top-1 (%), None where no source was checked
+    top1_source: str | None
+    sha256: str | None  # None: unknown, not checked
+
+    @property
+    def url(self) -> str:
+        return base_url() + self.path
+
+
+@functools.cache
+def _load() -> tuple[str, tuple[Checkpoint, ...]]:
+    with open(CATALOGUE) as f:
+        data = json.load(f)
+    return data["base_url"], tuple(Checkpoint(**row) for row in data["checkpoints"])
+
+
+def base_url() -> str:
+    """The bucket's URL: ``$KERAS_VIT_ZOO_URL`` (a mirror) or the catalogue's ``base_url``."""
+    base = os.environ.get(MIRROR_ENV) or _load()[0]
+    return base if base.endswith("/") else base + "/"
+
+
+def catalogue() -> tuple[Checkpoint, ...]:
+    """Every catalogue entry, in file order."""
+    return _load()[1]
+
+
+def names() -> list[str]:
+    return [entry.name for entry in catalogue()]
+
+
+def find(name: str) -> Checkpoint | None:
+    """The entry called ``name``, or whose bucket path is ``name`` (with or without ``.npz``); else None."""
+    for entry in catalogue():
+        if name in (entry.name, entry.path, entry.path.removesuffix(".npz")):
+            return entry
+    return None
+
+
+def get(name: str) -> Checkpoint:
+    """Like :func:`find`, but an unknown name is a ``ValueError`` that suggests close names."""
+    entry = find(name)
+    if entry is None:
+        import difflib
+
+        close = difflib.get_close_matches(name, names(), n=5, cutoff=0.5)
+        hint = f" Did you mean {close}?" if close else ""
+        raise ValueError(f"No checkpoint {name!r} in the zoo catalogue.{hint} List them with `python -m zoo list`.")
+    return entry
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where checkpoints are cached: ``<cache_dir or $KERAS_HOME or ~/.keras>/models/vit_models``."""
+    base = cache_dir or os.environ.get("KERAS_HOME") or Path.home() / ".keras"
+    return Path(base).expanduser() / "models" / "vit_models"
+
+
+def cache_path(entry: Checkpoint | str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where ``entry`` is (or will be) cached."""
+    entry = get(entry) if isinstance(entry, str) else entry
+    return cache_root(cache_dir) / entry.path
+
+
+def fetch(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None, *, progress: bool = False,
+          **download_kwargs) -> Path:
+    """The local path of a catalogue checkpoint, downloading it first when it is not cached."""
+    entry = get(name) if isinstance(name, str) else name
+    path = cache_path(entry, cache_dir)
+    if path.is_file():
+        return path
+    return download(entry.url, path, sha256=entry.sha256, progress=print_progress if progress else None,
+                    **download_kwargs)
