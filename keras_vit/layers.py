@@ -33,6 +33,17 @@ def layer_norm(name: str, dtype=None) -> layers.LayerNormalization:
     return layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name, dtype=dtype)
 
 
+def add_conv_kernel(layer: layers.Layer, input_shape, kernel_size: tuple[int, int], filters: int):
+    """Give ``layer`` a LeCun-normal ``kernel`` (kh, kw, C, filters) for NHWC inputs of known C."""
+    channels = input_shape[-1]
+    if channels is None:
+        raise ValueError(f"{type(layer).__name__} needs a known number of input channels.")
+    layer.input_spec = layers.InputSpec(ndim=4, axes={-1: channels})
+    return layer.add_weight(
+        name="kernel", shape=(*kernel_size, channels, filters), initializer=keras.initializers.LecunNormal()
+    )
+
+
 def gelu(x, approximate: bool):
     return keras.activations.gelu(x, approximate=approximate)
 
@@ -51,16 +62,8 @@ class PatchEmbed(layers.Layer):
         self.hidden_size = int(hidden_size)
 
     def build(self, input_shape):
-        channels = input_shape[-1]
-        if channels is None:
-            raise ValueError("PatchEmbed needs a known number of input channels.")
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(*self.patch_size, channels, self.hidden_size),
-            initializer=keras.initializers.LecunNormal(),
-        )
+        self.kernel = add_conv_kernel(self, input_shape, self.patch_size, self.hidden_size)
         self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
-        self.input_spec = layers.InputSpec(ndim=4, axes={-1: channels})
 
     def call(self, images):
         height, width = images.shape[1], images.shape[2]

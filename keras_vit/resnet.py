@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from keras_vit.layers import _pair
+from keras_vit.layers import _pair, add_conv_kernel
 
 STD_CONV_EPSILON = 1e-5  # the Flax code's weight-standardisation epsilon; timm's hybrids use 1e-8
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's; timm's GroupNormAct uses 1e-5
@@ -77,15 +77,7 @@ class StdConv2D(layers.Layer):
         self.standardization = _check_standardization(standardization)
 
     def build(self, input_shape):
-        channels = input_shape[-1]
-        if channels is None:
-            raise ValueError("StdConv2D needs a known number of input channels.")
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(*self.kernel_size, channels, self.filters),
-            initializer=keras.initializers.LecunNormal(),
-        )
-        self.input_spec = layers.InputSpec(ndim=4, axes={-1: channels})
+        self.kernel = add_conv_kernel(self, input_shape, self.kernel_size, self.filters)
 
     def call(self, x):
         kernel = ops.cast(standardize_kernel(self.kernel, self.epsilon, self.standardization), x.dtype)
