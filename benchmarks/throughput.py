@@ -10,8 +10,9 @@ Two modes:
   ratio keras_vit / peer, the FLOP/s reached as a fraction of the peak of a 4096x4096 float32
   matmul measured in the same run (the best of one per round), and the peak memory of each.
 * ``python benchmarks/throughput.py --predict`` (the simple one): images/s of ``ViT_B16`` at 224,
-  batch 8, through ``model.predict``: plain (Keras' CPU default), ``jit_compile=True`` (XLA) and
-  ``mixed_bfloat16``, plus an eager ``model(x)`` call.
+  batch 8, through the inference paths of one process: ``predict_on_batch`` (Keras' CPU default),
+  ``model.predict`` on a ``tf.data.Dataset`` and on a NumPy array, ``jit_compile=True`` (XLA),
+  ``mixed_bfloat16`` and an eager ``model(x)`` call.
 
 Method. Every framework runs in its own long-lived worker process (``--worker``; TensorFlow then
 timm in one process segfaults, and separate processes give separate memory figures). The driver
@@ -28,9 +29,13 @@ projection, MLP and head; a training step counts 3x the forward pass.
 Workers: ``keras_vit`` (``keras_vit.ViT(variant, gelu="exact")``, what timm and keras-hub compute),
 ``keras_hub`` (``keras_hub.models.ViTImageClassifier`` on a ``ViTBackbone`` of the same shape: a
 Dense head on the class token) and ``timm`` (``vit_{tiny,small,base,large}_patch16_224`` on torch
-CPU, eager). A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_compile=True)``),
-``+onednn`` (``TF_ENABLE_ONEDNN_OPTS=1``), ``+bf16`` (``mixed_bfloat16``), e.g.
-``--frameworks keras_vit keras_vit+onednn keras_hub timm``. Workers get ``OMP_WAIT_POLICY=PASSIVE``
+CPU, eager). Each worker imports its library first, as a user's program does, and so gets that
+library's choice of TensorFlow CPU kernels: oneDNN for keras_vit (``keras_vit/runtime.py``),
+TensorFlow's own default for keras-hub (Eigen on CPUs without AVX-512); the worker list prints
+which ran. A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_compile=True)``),
+``+onednn`` / ``+eigen`` (``TF_ENABLE_ONEDNN_OPTS=1`` / ``0``), ``+bf16`` (``mixed_bfloat16``),
+e.g. ``--frameworks keras_vit keras_hub keras_hub+onednn keras_vit+eigen timm`` (the same kernels
+side by side). Workers get ``OMP_WAIT_POLICY=PASSIVE``
 (unless set): on a shared, oversubscribed machine torch's spinning OpenMP threads otherwise lose
 3-5x; ``--threads N`` pins every framework to N threads. Keras models run
 ``predict_on_batch`` / ``train_on_batch`` after ``compile(SGD(0.01, momentum=0.9),
@@ -56,7 +61,7 @@ import tempfile
 import time
 
 FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
-TF_OPTIONS = ("xla", "onednn", "bf16")
+TF_OPTIONS = ("xla", "onednn", "eigen", "bf16")
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
 NUM_CLASSES = 1000
 
@@ -132,8 +137,12 @@ def worker_env(spec: str, threads: int | None) -> dict[str, str]:
     """The worker's environment: quiet TF logs, oneDNN on request, passive OpenMP waits, threads."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "onednn" in _split_spec(spec)[1]:
-        env["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    options = _split_spec(spec)[1]
+    if {"onednn", "eigen"} <= options:
+        raise ValueError(f"{spec!r}: +onednn and +eigen exclude each other.")
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)  # each worker gets its library's default unless told
+    if options & {"onednn", "eigen"}:
+        env["TF_ENABLE_ONEDNN_OPTS"] = "1" if "onednn" in options else "0"
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), TF_NUM_INTRAOP_THREADS=str(threads))
     return env
@@ -234,9 +243,11 @@ def _thread_info(name: str) -> str:
     import keras
     import tensorflow as tf
 
+    from keras_vit.runtime import onednn_enabled
+
     intra = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
-    return (f"tensorflow {tf.__version__}, keras {keras.__version__}, {intra} intra-op threads, "
-            f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}")
+    kernels = "oneDNN" if onednn_enabled() else "Eigen"
+    return f"tensorflow {tf.__version__}, keras {keras.__version__}, {intra} intra-op threads, {kernels} kernels"
 
 
 def worker_main(spec: str, variant: str, image_size: int) -> None:
@@ -246,6 +257,8 @@ def worker_main(spec: str, variant: str, image_size: int) -> None:
     name, options = _split_spec(spec)
     if name == "timm":
         import torch  # noqa: F401  (before anything that might pull TensorFlow in)
+    elif name == "keras_vit":
+        import keras_vit  # noqa: F401  (first, as in a user's program: it picks TF's CPU kernels)
     else:
         import keras  # noqa: F401
     baseline = rss_mb()
@@ -386,10 +399,11 @@ def report(results: dict, args) -> str:
 def predict_benchmark(args) -> str:
     """images/s of ``ViT_B16`` predict at batch ``args.batch`` through every Keras path, interleaved."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras_vit  # first, as in a user's program: it picks TF's CPU kernels
+
     import keras
     import numpy as np
-
-    import keras_vit
+    import tensorflow as tf
 
     def build(policy: str):
         keras.mixed_precision.set_global_policy(policy)
@@ -403,10 +417,13 @@ def predict_benchmark(args) -> str:
         model.set_weights(plain.get_weights())
     xla.jit_compile = True
     x = np.random.default_rng(0).uniform(-1, 1, (args.batch, args.image_size, args.image_size, 3)).astype("float32")
+    dataset = tf.data.Dataset.from_tensors(x)
     paths = {
-        f"model.predict (jit_compile={plain.jit_compile}, Keras' CPU default)": lambda: plain.predict(x, verbose=0),
-        "model.predict, jit_compile=True (XLA)": lambda: xla.predict(x, verbose=0),
-        "model.predict, mixed_bfloat16": lambda: bf16.predict(x, verbose=0),
+        f"predict_on_batch (jit_compile={plain.jit_compile}, Keras' CPU default)": lambda: plain.predict_on_batch(x),
+        "model.predict(tf.data.Dataset)": lambda: plain.predict(dataset, verbose=0),
+        "model.predict(NumPy array)": lambda: plain.predict(x, verbose=0),
+        "predict_on_batch, jit_compile=True (XLA)": lambda: xla.predict_on_batch(x),
+        "predict_on_batch, mixed_bfloat16": lambda: bf16.predict_on_batch(x),
         "model(x) eager call": lambda: plain(x),
     }
     for path in paths.values():
@@ -419,7 +436,7 @@ def predict_benchmark(args) -> str:
             rates[name].append(args.batch / (time.perf_counter() - start))
     first = next(iter(rates))
     lines = [f"### keras_vit {args.variants[0]} at {args.image_size}px, batch {args.batch}, "
-             f"{args.rounds} rounds (median)", "", "| path | images/s | vs predict |", "|---|---|---|"]
+             f"{args.rounds} rounds (median)", "", "| path | images/s | vs predict_on_batch |", "|---|---|---|"]
     for name, values in rates.items():
         ratio = statistics.median(a / b for a, b in zip(values, rates[first]))
         lines.append(f"| {name} | {statistics.median(values):.2f} | {ratio:.2f}x |")
@@ -443,7 +460,7 @@ def parse_args(argv=None):
     parser.add_argument("--variants", nargs="+", default=["B/16"], help="e.g. B/16 Ti/16 L/16")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS),
-                        help="first one is compared with the others; TF ones take +xla, +onednn, +bf16")
+                        help="first one is compared with the others; TF ones take +xla, +onednn, +eigen, +bf16")
     parser.add_argument("--batch", type=int, default=None, help="inference batch (default 32; 8 with --predict)")
     parser.add_argument("--train-batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")

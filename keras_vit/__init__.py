@@ -1,5 +1,11 @@
 """keras-vit: the Vision Transformers of Dosovitskiy et al. (ICLR 2021) as Keras 3 models."""
 
+from keras_vit import runtime
+
+runtime.prefer_onednn()  # before Keras loads TensorFlow: see keras_vit/runtime.py
+
+# isort: split
+
 from keras_vit.layers import (
     AddPositionEmbs,
     ClassToken,

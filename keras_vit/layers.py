@@ -167,17 +167,25 @@ class TokenPooling(layers.Layer):
         return {**super().get_config(), "mode": self.mode, "num_prefix_tokens": self.num_prefix_tokens}
 
 
+def fused_attention_available() -> bool:
+    """Whether ``keras.ops.dot_product_attention`` is a fused kernel here (cuDNN/flash on JAX and
+    torch). On TensorFlow it is the same einsum-softmax-einsum as the explicit path, only in a
+    token-major layout that costs extra transposes, so the head-major path below runs instead."""
+    return keras.backend.backend() != "tensorflow"
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(layers.Layer):
     """MSA: ``softmax(q k^T / sqrt(d_h)) v`` over ``num_heads`` heads, then an output projection.
 
-    q, k and v come from one fused ``qkv`` projection whose kernel is ``[W_q | W_k | W_v]``.
-    ``call(..., return_attention_scores=True)`` also returns the attention probabilities
-    ``(B, heads, N, N)``; otherwise, and without attention dropout, ``keras.ops.dot_product_attention``
-    runs: a fused kernel where the backend has one; on TensorFlow the same einsum-softmax-einsum as the
-    explicit path (equally fast on CPU, see the README's Performance section; tests/test_fast_paths.py
-    checks they agree within 1e-5). ``attention_bias`` (broadcastable to
-    ``(B, heads, N, N)``) is added to the logits before the softmax (relative position biases).
+    q, k and v come from one fused ``qkv`` projection whose kernel is ``[W_q | W_k | W_v]``, split
+    by one transpose into head-major ``(B, heads, N, d_h)`` tensors so both attention products are
+    plain batched matmuls. ``call(..., return_attention_scores=True)`` also returns the attention
+    probabilities ``(B, heads, N, N)``. Where :func:`fused_attention_available`, and no
+    probabilities or attention dropout are needed, ``keras.ops.dot_product_attention`` runs instead
+    (tests/test_fast_paths.py checks all paths agree within 1e-5). ``attention_bias``
+    (broadcastable to ``(B, heads, N, N)``) is added to the logits before the softmax (relative
+    position biases).
     """
 
     def __init__(self, num_heads: int, attention_dropout: float = 0.0, **kwargs):
@@ -199,18 +207,19 @@ class MultiHeadSelfAttention(layers.Layer):
     def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None):
         batch, length, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(self.qkv(x), (batch, length, 3, self.num_heads, self.head_dim))
-        q, k, v = ops.unstack(qkv, 3, axis=2)  # each (B, N, heads, d_h)
         scale = 1.0 / math.sqrt(self.head_dim)
+        bias = None if attention_bias is None else ops.cast(attention_bias, x.dtype)
         needs_probs = return_attention_scores or (training and self.attention_dropout > 0)
-        if needs_probs:
-            logits = ops.einsum("bqhd,bkhd->bhqk", q, k) * ops.cast(scale, q.dtype)
-            if attention_bias is not None:
-                logits = logits + ops.cast(attention_bias, logits.dtype)
-            probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
-            context = ops.einsum("bhqk,bkhd->bqhd", self.dropout(probs, training=training), v)
-        else:
-            bias = None if attention_bias is None else ops.cast(attention_bias, q.dtype)
+        if fused_attention_available() and not needs_probs:
+            q, k, v = ops.unstack(qkv, 3, axis=2)  # each (B, N, heads, d_h), the layout it expects
             context = ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
+        else:
+            q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)  # each (B, heads, N, d_h)
+            logits = ops.matmul(q * ops.cast(scale, q.dtype), ops.swapaxes(k, -1, -2))
+            if bias is not None:
+                logits = logits + bias
+            probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
+            context = ops.transpose(ops.matmul(self.dropout(probs, training=training), v), (0, 2, 1, 3))
         y = self.out(ops.reshape(context, (batch, length, width)))
         return (y, probs) if return_attention_scores else y
 

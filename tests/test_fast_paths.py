@@ -1,8 +1,10 @@
 """The fast paths compute what the plain ones do, so speed never changes results.
 
-Fused attention vs the explicit softmax(q k^T) v path (the one that returns probabilities), the
-strided-convolution patch embedding vs a patch matmul, XLA (``jit_compile=True``) vs plain graph and
-eager execution for inference and a training step: float32 within 1e-5. ``mixed_bfloat16`` vs
+Both attention kernels (head-major batched matmuls, TensorFlow's, and
+``keras.ops.dot_product_attention``, fused on other backends) vs the path that returns the
+probabilities and vs numpy, the strided-convolution patch embedding vs a patch matmul, XLA
+(``jit_compile=True``) vs plain graph and eager execution for inference and a training step:
+float32 within 1e-5. ``mixed_bfloat16`` vs
 float32: bfloat16 keeps 8 significant bits (relative rounding 2^-9), so after two blocks features of
 magnitude ~3 agree to a few 1e-2; the test allows 0.1 absolute and a cosine similarity of 0.999.
 """
@@ -41,20 +43,24 @@ def _randomise(layer_or_model, seed=2):
     layer_or_model.set_weights([rng.normal(0, 0.2, w.shape).astype("float32") for w in layer_or_model.get_weights()])
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["head-major matmuls", "dot_product_attention"])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_fused_attention_matches_explicit_path_and_numpy(with_bias):
+def test_attention_paths_match_explicit_path_and_numpy(with_bias, fused, monkeypatch):
+    # The kernel in use depends on the backend (head-major matmuls on TensorFlow,
+    # keras.ops.dot_product_attention elsewhere): force each in turn.
+    monkeypatch.setattr(keras_vit.layers, "fused_attention_available", lambda: fused)
     x = np.random.default_rng(0).normal(size=(2, 17, 32)).astype("float32")
     layer = MultiHeadSelfAttention(num_heads=4)
     layer.build(x.shape)
     _randomise(layer)
     bias = np.random.default_rng(3).normal(size=(1, 4, 17, 17)).astype("float32") if with_bias else None
 
-    fused = layer(x, attention_bias=bias).numpy()
+    fast = layer(x, attention_bias=bias).numpy()
     explicit, probs = layer(x, return_attention_scores=True, attention_bias=bias)
     expected, expected_probs = _attention_reference(layer, x, bias)
 
-    np.testing.assert_allclose(fused, explicit.numpy(), atol=FLOAT32_ATOL, rtol=0)
-    np.testing.assert_allclose(fused, expected, atol=FLOAT32_ATOL, rtol=0)
+    np.testing.assert_allclose(fast, explicit.numpy(), atol=FLOAT32_ATOL, rtol=0)
+    np.testing.assert_allclose(fast, expected, atol=FLOAT32_ATOL, rtol=0)
     np.testing.assert_allclose(probs.numpy(), expected_probs, atol=FLOAT32_ATOL, rtol=0)
     assert probs.shape == (2, 4, 17, 17)
 

@@ -12,6 +12,8 @@ own module twice.
 
 import importlib
 
+import keras_vit  # noqa: F401  (first: it picks TensorFlow's CPU kernels before TensorFlow loads)
+
 _EXPORTS = {
     "FinetuneResult": "training.finetune",
     "build_model": "training.finetune",
