@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 
+ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"  # as keras_vit.runtime; not imported: that loads keras_vit
 FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
 TF_OPTIONS = ("xla", "onednn", "eigen", "bf16")
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
@@ -130,6 +131,8 @@ def _split_spec(spec: str) -> tuple[str, set[str]]:
     unknown = set(options) - set(TF_OPTIONS)
     if unknown or (options and name == "timm"):
         raise ValueError(f"Bad options {sorted(options)} for {name!r}; TF workers take {TF_OPTIONS}.")
+    if {"onednn", "eigen"} <= set(options):
+        raise ValueError(f"{spec!r}: +onednn and +eigen exclude each other.")
     return name, set(options)
 
 
@@ -138,11 +141,9 @@ def worker_env(spec: str, threads: int | None) -> dict[str, str]:
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     options = _split_spec(spec)[1]
-    if {"onednn", "eigen"} <= options:
-        raise ValueError(f"{spec!r}: +onednn and +eigen exclude each other.")
-    env.pop("TF_ENABLE_ONEDNN_OPTS", None)  # each worker gets its library's default unless told
+    env.pop(ONEDNN_VARIABLE, None)  # each worker gets its library's default unless told
     if options & {"onednn", "eigen"}:
-        env["TF_ENABLE_ONEDNN_OPTS"] = "1" if "onednn" in options else "0"
+        env[ONEDNN_VARIABLE] = "1" if "onednn" in options else "0"
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), TF_NUM_INTRAOP_THREADS=str(threads))
     return env

@@ -2,9 +2,9 @@
 
 TensorFlow ships two sets of CPU kernels, Eigen's and oneDNN's, and turns oneDNN on by itself only
 on CPUs with AVX-512-class features. Elsewhere (AMD Zen, older Intel) it runs Eigen's, and ViT
-runs slower with those: on a 2-core Zen 3, B/16 inference at batch 32 is 1.35x faster with oneDNN
-and a training step 1.2x faster, because Eigen's batched matmul (both attention products) reaches a
-third of oneDNN's speed and its large matmuls 0.5-0.9x (README, Performance).
+runs slower with those: on a 2-core Zen 3, B/16 inference at batch 32 is 1.36x faster with oneDNN
+and a training step 1.16x faster, mostly because Eigen's batched matmuls (the two attention
+products) reach a third to a half of oneDNN's speed (README, Performance).
 The switch is the environment variable ``TF_ENABLE_ONEDNN_OPTS``, read once when TensorFlow loads.
 
 ``import keras_vit`` calls :func:`prefer_onednn` before it imports Keras: on x86-64, if TensorFlow
@@ -20,20 +20,14 @@ import platform
 import sys
 
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
-_X86_64 = ("x86_64", "amd64")
+X86_64 = ("x86_64", "amd64")  # platform.machine() names where oneDNN is offered
 
 
-def prefer_onednn() -> bool:
-    """Ask TensorFlow for its oneDNN CPU kernels unless the user chose, or it is too late.
-
-    Returns whether the variable was set by this call.
-    """
-    if "tensorflow" in sys.modules or ONEDNN_VARIABLE in os.environ:
-        return False
-    if platform.machine().lower() not in _X86_64:
-        return False
-    os.environ[ONEDNN_VARIABLE] = "1"
-    return True
+def prefer_onednn() -> None:
+    """Ask TensorFlow for its oneDNN CPU kernels unless the user chose, or it is too late."""
+    if "tensorflow" not in sys.modules and ONEDNN_VARIABLE not in os.environ \
+            and platform.machine().lower() in X86_64:
+        os.environ[ONEDNN_VARIABLE] = "1"
 
 
 def onednn_enabled() -> bool:

@@ -11,23 +11,26 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+from keras_vit.runtime import ONEDNN_VARIABLE, X86_64
+
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in X86_64,
                                 reason="keras_vit only turns oneDNN on for x86-64")
 
 PROBE = """
 import json, os, sys
 {imports}
 from keras_vit import runtime
-print(json.dumps({{"variable": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "onednn": runtime.onednn_enabled()}}))
+print(json.dumps({{"variable": os.environ.get("{variable}"), "onednn": runtime.onednn_enabled()}}))
 """
 
 
 def _probe(imports: str, variable: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    env = {k: v for k, v in os.environ.items() if k != ONEDNN_VARIABLE}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
     if variable is not None:
-        env["TF_ENABLE_ONEDNN_OPTS"] = variable
-    done = subprocess.run([sys.executable, "-c", PROBE.format(imports=imports)], env=env,
+        env[ONEDNN_VARIABLE] = variable
+    probe = PROBE.format(imports=imports, variable=ONEDNN_VARIABLE)
+    done = subprocess.run([sys.executable, "-c", probe], env=env,
                           capture_output=True, text=True, timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
