@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from training.strategy import split_cpu
+from keras_vit.training.strategy import split_cpu
 
 split_cpu(2)  # before TensorFlow initialises its devices
 
@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
-from training import optimizers  # noqa: E402
+from keras_vit.training import optimizers  # noqa: E402
 
 
 def train(strategy, optimizer_class, args) -> list[np.ndarray]:
@@ -49,7 +49,7 @@ def main() -> None:
     print(f"| optimizer | max weight difference, MirroredStrategy x2 vs default "
           f"({args.steps} steps, clip {args.clip}) |")
     print("|---|---:|")
-    for name, cls in (("keras.optimizers.SGD", keras.optimizers.SGD), ("training.optimizers.SGD", optimizers.SGD)):
+    for name, cls in (("keras.optimizers.SGD", keras.optimizers.SGD), ("keras_vit.training.optimizers.SGD", optimizers.SGD)):
         one = train(tf.distribute.get_strategy(), cls, args)
         two = train(mirrored, cls, args)
         print(f"| `{name}` | {max(float(np.abs(a - b).max()) for a, b in zip(one, two)):.2e} |")

@@ -95,7 +95,7 @@ def ViT(
         image_size: input height and width (int or ``(h, w)``), a multiple of the patch size.
             ``None``: the checkpoint's resolution with ``weights``, else 224.
         include_top: end in the classification head; else return features (see ``pooling``).
-        weights: ``None`` (random init), a zoo catalogue name (``python -m zoo list``; downloaded into
+        weights: ``None`` (random init), a zoo catalogue name (``python -m keras_vit.zoo list``; downloaded into
             the Keras cache) or a path to a Google ``.npz`` checkpoint (see :mod:`keras_vit.weights`).
             Position embeddings are resized to ``image_size``.
         num_classes: classes of the head. ``None``: the checkpoint's classifier with ``weights`` (its

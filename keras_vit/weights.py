@@ -182,7 +182,7 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
     path = Path(weights).expanduser()
     if path.is_file():
         return path
-    import zoo
+    from keras_vit import zoo
 
     if zoo.find(str(weights)) is None:
         if str(weights).endswith(".npz"):

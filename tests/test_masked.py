@@ -1,4 +1,4 @@
-"""Masked patch prediction (training.masked_patch, training.pretrain) and the ablation command's pieces."""
+"""Masked patch prediction (keras_vit.training.masked_patch, keras_vit.training.pretrain) and the ablation command's pieces."""
 
 import os
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import keras_vit
-from training.ablation import AblationRow, _runs, table
-from training.data import load_digits
-from training.masked_patch import (
+from keras_vit.training.ablation import AblationRow, _runs, table
+from keras_vit.training.data import load_digits
+from keras_vit.training.masked_patch import (
     KEEP,
     MASK,
     RANDOM,
@@ -21,8 +21,8 @@ from training.masked_patch import (
     patch_grid,
     sample_corruption,
 )
-from training.pipeline import Augment
-from training.pretrain import LoadEncoder, copy_encoder_weights
+from keras_vit.training.pipeline import Augment
+from keras_vit.training.pretrain import LoadEncoder, copy_encoder_weights
 
 ENCODER = dict(image_size=16, patch_size=4, depth=1, hidden_size=32, num_heads=2, mlp_dim=64, num_classes=10)
 
@@ -170,7 +170,7 @@ def test_ablation_runs_and_table():
 
 @pytest.mark.slow
 def test_pretrain_command_end_to_end(tmp_path):
-    from training.pretrain import main
+    from keras_vit.training.pretrain import main
 
     out = os.path.join(tmp_path, "run")
     result = main(["--pretrain-steps", "20", "--steps", "10", "--depth", "1", "--hidden-size", "32",
@@ -183,7 +183,7 @@ def test_pretrain_command_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_ablation_command_trains_each_setting(tmp_path):
-    from training.ablation import main
+    from keras_vit.training.ablation import main
 
     rows = main(["--positions", "learned_2d,none", "--steps", "5", "--depth", "1", "--hidden-size", "32",
                  "--output-dir", str(tmp_path)])

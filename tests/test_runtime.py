@@ -52,4 +52,4 @@ def test_nothing_changes_once_tensorflow_is_loaded():
 
 def test_the_training_command_gets_onednn_too():
     # training/finetune.py imports Keras before keras_vit; the package's __init__ comes first.
-    assert _probe("import training.finetune", None) == {"variable": "1", "onednn": True}
+    assert _probe("import keras_vit.training.finetune", None) == {"variable": "1", "onednn": True}

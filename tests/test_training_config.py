@@ -6,9 +6,9 @@ import math
 import keras
 import pytest
 
-from training.config import TrainConfig, choose_preset, parse_model_name, resolve, run_differences
-from training.schedules import WarmupDecay
-from training.strategy import choose_strategy, get_strategy
+from keras_vit.training.config import TrainConfig, choose_preset, parse_model_name, resolve, run_differences
+from keras_vit.training.schedules import WarmupDecay
+from keras_vit.training.strategy import choose_strategy, get_strategy
 
 
 def formula(t, base, total, warmup, decay, end=0.0):

@@ -9,9 +9,9 @@ import tensorflow as tf
 from PIL import Image
 from training_support import TINY
 
-from training.data import Split, load_digits, load_folder, load_source, load_tfds
-from training.finetune import finetune
-from training.pipeline import Augment, eval_dataset, train_dataset
+from keras_vit.training.data import Split, load_digits, load_folder, load_source, load_tfds
+from keras_vit.training.finetune import finetune
+from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 
 COLOURS = ((220, 30, 30), (30, 220, 30), (30, 30, 220))  # class k is bright in channel k
 

@@ -8,10 +8,10 @@ from training_support import TINY, python_json
 # Runs in a fresh process: the CPU must be split into two logical devices before TensorFlow starts.
 MIRRORED_VS_DEFAULT = """
 import json, tempfile
-from training.strategy import split_cpu
+from keras_vit.training.strategy import split_cpu
 split_cpu(2)
 import keras, numpy as np
-from training.finetune import build_model, finetune
+from keras_vit.training.finetune import build_model, finetune
 
 config = json.loads({config!r})
 weights, replicas, accuracy = {{}}, {{}}, {{}}
@@ -32,7 +32,7 @@ print(json.dumps({{
 
 CASES = {
     # SGD with a global-norm clip that is active on every step: Keras alone clips each replica's share
-    # and fails this (benchmarks/training_replica_clipping.py); training.optimizers clips the sum.
+    # and fails this (benchmarks/training_replica_clipping.py); keras_vit.training.optimizers clips the sum.
     "sgd_clipped": dict(optimizer="sgd", lr=0.1, clip_norm=0.05, weight_decay=0.0),
     "adamw": dict(optimizer="adamw", lr=0.01, clip_norm=0.0, weight_decay=0.1),
 }

@@ -10,7 +10,7 @@ import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
 from training_support import TINY
 
-from training.finetune import finetune, main
+from keras_vit.training.finetune import finetune, main
 
 TINY_ARGS = ["--model", "Ti/4", "--image-size", "8", "--hidden-size", "16", "--depth", "1", "--num-heads", "2",
              "--mlp-dim", "32", "--batch-size", "16", "--eval-every", "2", "--log-every", "1"]
@@ -74,7 +74,7 @@ def test_mixed_precision_trains_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_offline_default_run_reaches_its_stated_accuracy(tmp_path, capsys):
-    """``python -m training.finetune`` with no arguments: the digits preset (README: 0.95+)."""
+    """``python -m keras_vit.training.finetune`` with no arguments: the digits preset (README: 0.95+)."""
     result = main(["--output-dir", str(tmp_path), "--verbose", "2"])
     assert result.metrics["accuracy"] >= 0.93
     assert "held-out accuracy" in capsys.readouterr().out

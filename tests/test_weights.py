@@ -10,7 +10,7 @@ import pytest
 import keras_vit
 from keras_vit.weights import checkpoint_info, load_weights, npz_key_map, read_npz
 from npz_layout import vit_checkpoint, write_checkpoint
-from zoo.__main__ import main as zoo_main
+from keras_vit.zoo.__main__ import main as zoo_main
 
 ARCH = dict(patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64)
 CKPT = dict(patch=8, width=32, depth=2, heads=4, mlp=64, grid=(4, 4))  # the same, as stored; 32 px images

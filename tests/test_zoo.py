@@ -1,4 +1,4 @@
-"""The zoo: the catalogue, ``python -m zoo list``, and downloads from a real HTTP server on 127.0.0.1."""
+"""The zoo: the catalogue, ``python -m keras_vit.zoo list``, and downloads from a real HTTP server on 127.0.0.1."""
 
 import configparser
 import hashlib
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import keras_vit
-import zoo
+from keras_vit import zoo
 from keras_vit.models import parse_variant
 from npz_layout import vit_checkpoint, write_checkpoint
-from zoo.download import DownloadError, download
+from keras_vit.zoo.download import DownloadError, download
 
 GCS = "https://storage.googleapis.com/vit_models/"
 
@@ -60,12 +60,12 @@ def test_catalogue_holds_the_published_files():
 
 
 def test_list_command_prints_the_catalogue():
-    run = subprocess.run([sys.executable, "-m", "zoo", "list"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "keras_vit.zoo", "list"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert len([line for line in lines if line.split()[:1] and zoo.find(line.split()[0])]) == len(zoo.catalogue())
     assert re.search(r"^B_16\.orig_in21k_ft_in1k\s+B/16\s+imagenet21k\s+imagenet2012\s+384\s+84\.62", run.stdout, re.M)
-    as_json = subprocess.run([sys.executable, "-m", "zoo", "list", "--family", "augreg", "--json"],
+    as_json = subprocess.run([sys.executable, "-m", "keras_vit.zoo", "list", "--family", "augreg", "--json"],
                              capture_output=True, text=True, timeout=60)
     rows = json.loads(as_json.stdout)
     assert rows and all(row["family"] == "augreg" and row["url"].startswith(GCS) for row in rows)

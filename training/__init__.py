@@ -5,8 +5,8 @@ sources), ``pipeline`` (tf.data augmentation and preprocessing), ``schedules`` (
 ``optimizers`` (clipping that is correct across replicas), ``loop`` (resumable ``fit``), ``config``
 (settings and presets) and ``finetune`` (the command and :func:`finetune`).
 
-The entry point is ``from training.finetune import finetune`` (``training.finetune`` is the module).
-The names below are loaded on first use, so ``python -m training.finetune`` does not import its
+The entry point is ``from keras_vit.training.finetune import finetune`` (``keras_vit.training.finetune`` is the module).
+The names below are loaded on first use, so ``python -m keras_vit.training.finetune`` does not import its
 own module twice.
 """
 
@@ -15,18 +15,18 @@ import importlib
 import keras_vit  # noqa: F401  (first: it picks TensorFlow's CPU kernels before TensorFlow loads)
 
 _EXPORTS = {
-    "FinetuneResult": "training.finetune",
-    "build_model": "training.finetune",
-    "TrainConfig": "training.config",
-    "PRESETS": "training.config",
-    "get_strategy": "training.strategy",
-    "WarmupDecay": "training.schedules",
-    "build_optimizer": "training.optimizers",
-    "load_source": "training.data",
-    "Augment": "training.pipeline",
-    "train_dataset": "training.pipeline",
-    "eval_dataset": "training.pipeline",
-    "fit": "training.loop",
+    "FinetuneResult": "keras_vit.training.finetune",
+    "build_model": "keras_vit.training.finetune",
+    "TrainConfig": "keras_vit.training.config",
+    "PRESETS": "keras_vit.training.config",
+    "get_strategy": "keras_vit.training.strategy",
+    "WarmupDecay": "keras_vit.training.schedules",
+    "build_optimizer": "keras_vit.training.optimizers",
+    "load_source": "keras_vit.training.data",
+    "Augment": "keras_vit.training.pipeline",
+    "train_dataset": "keras_vit.training.pipeline",
+    "eval_dataset": "keras_vit.training.pipeline",
+    "fit": "keras_vit.training.loop",
 }
 __all__ = sorted(_EXPORTS)
 

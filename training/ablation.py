@@ -1,8 +1,8 @@
-"""The paper's position-embedding ablation (Appendix D.4), and token vs GAP: ``python -m training.ablation``.
+"""The paper's position-embedding ablation (Appendix D.4), and token vs GAP: ``python -m keras_vit.training.ablation``.
 
 Trains one ViT per position embedding of :data:`keras_vit.position.POSITION_EMBEDDINGS` (and per
 classifier, ``token`` or ``gap``) under the same budget -- same data, steps, optimizer, schedule
-and augmentation as ``python -m training.finetune`` would use -- and prints a Markdown table of
+and augmentation as ``python -m keras_vit.training.finetune`` would use -- and prints a Markdown table of
 held-out accuracy (mean and spread over ``--seeds``). Without ``--dataset`` it runs offline on
 scikit-learn's digits with the ``digits`` preset's small ViT. The paper (Table 8: ViT-B/16, ImageNet
 5-shot linear accuracy) found 1-D, 2-D and relative embeddings within 0.2% of each other (64.2%,
@@ -23,14 +23,14 @@ import numpy as np
 
 import keras_vit
 from keras_vit.position import POSITION_EMBEDDINGS, POSITION_VARIABLES, check_position_embedding
-from training import config as config_lib
-from training.config import TrainConfig
-from training.data import Source, load_source
-from training.finetune import augment_of, compile_model
-from training.finetune import parser as finetune_parser
-from training.optimizers import no_decay_variables
-from training.pipeline import eval_dataset, train_dataset
-from training.strategy import accelerator, get_strategy
+from keras_vit.training import config as config_lib
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.data import Source, load_source
+from keras_vit.training.finetune import augment_of, compile_model
+from keras_vit.training.finetune import parser as finetune_parser
+from keras_vit.training.optimizers import no_decay_variables
+from keras_vit.training.pipeline import eval_dataset, train_dataset
+from keras_vit.training.strategy import accelerator, get_strategy
 
 DEFAULT_RUNS = tuple((p, "token") for p in POSITION_EMBEDDINGS) + (("learned_1d", "gap"),)
 DEFAULT_STEPS = 400
@@ -124,9 +124,9 @@ def _runs(positions: str | None, classifiers: str | None) -> tuple[tuple[str, st
 
 
 def parser() -> argparse.ArgumentParser:
-    """``python -m training.finetune``'s options (the shared budget) plus the ablation's."""
+    """``python -m keras_vit.training.finetune``'s options (the shared budget) plus the ablation's."""
     p = finetune_parser()
-    p.prog = "python -m training.ablation"
+    p.prog = "python -m keras_vit.training.ablation"
     p.description = ("Train one ViT per position embedding (and classifier) under the same budget and print "
                      "the held-out accuracies. Without a dataset: scikit-learn's digits, offline.")
     p.set_defaults(steps=DEFAULT_STEPS, output_dir="runs/ablation")

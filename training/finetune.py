@@ -1,10 +1,10 @@
-"""Fine-tune a (pre-trained) ViT on a dataset, or train one from scratch: ``python -m training.finetune``.
+"""Fine-tune a (pre-trained) ViT on a dataset, or train one from scratch: ``python -m keras_vit.training.finetune``.
 
 The command and :func:`finetune` run the same code: load the data, build the strategy, the model,
 the optimizer and the schedule, ``model.fit`` with checkpoints (resuming from ``output_dir`` when it
 holds one), evaluate on held-out data, save ``model.keras`` and ``metrics.json``. With no arguments
 it trains a small ViT on scikit-learn's digits offline and prints the held-out accuracy. See
-``training.config`` for the presets and how the defaults are chosen.
+``keras_vit.training.config`` for the presets and how the defaults are chosen.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import keras
 import tensorflow as tf
 
 import keras_vit
-from training import config as config_lib
-from training.config import TrainConfig
-from training.data import Source, load_source
-from training.loop import fit, save_outputs
-from training.optimizers import OPTIMIZERS, build_optimizer
-from training.pipeline import Augment, eval_dataset, train_dataset
-from training.schedules import DECAYS, WarmupDecay
-from training.strategy import STRATEGIES, accelerator, get_strategy, is_chief, split_cpu
+from keras_vit.training import config as config_lib
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.data import Source, load_source
+from keras_vit.training.loop import fit, save_outputs
+from keras_vit.training.optimizers import OPTIMIZERS, build_optimizer
+from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
+from keras_vit.training.schedules import DECAYS, WarmupDecay
+from keras_vit.training.strategy import STRATEGIES, accelerator, get_strategy, is_chief, split_cpu
 
 
 @dataclasses.dataclass
@@ -118,7 +118,7 @@ def finetune(config: TrainConfig | None = None, *, callbacks: Sequence[keras.cal
              strategy: str | tf.distribute.Strategy | None = None, **fields) -> FinetuneResult:
     """Train as ``config`` (or the :class:`TrainConfig` fields given as keywords) says; see the module docstring.
 
-    ``callbacks`` are added to ``model.fit``; ``strategy`` is a name (see ``training.strategy``) or a
+    ``callbacks`` are added to ``model.fit``; ``strategy`` is a name (see ``keras_vit.training.strategy``) or a
     ready ``tf.distribute.Strategy``.
     """
     if isinstance(strategy, str):
@@ -196,7 +196,7 @@ def _pair(cast):
 def parser() -> argparse.ArgumentParser:
     """The command line; every option maps to a :class:`TrainConfig` field."""
     p = argparse.ArgumentParser(
-        prog="python -m training.finetune",
+        prog="python -m keras_vit.training.finetune",
         description="Fine-tune a (pre-trained) ViT, or train one from scratch, with model.fit. Without a "
                     "dataset: a small ViT on scikit-learn's digits, offline. Unset options come from the preset.")
     a = p.add_argument

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from training.strategy import is_chief
+from keras_vit.training.strategy import is_chief
 
 
 @dataclasses.dataclass(frozen=True)

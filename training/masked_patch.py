@@ -15,7 +15,7 @@ The pieces:
 - :func:`colour_targets` computes the 512-way class of every patch's mean colour.
 - :func:`masked_patch_model` wraps a keras-vit model: ``{images, corruption, sources} -> (B, N, 512)``
   logits, sharing (and so training) the model's own encoder layers.
-- :func:`masked_patch_dataset` turns a ``training.data`` split into training batches
+- :func:`masked_patch_dataset` turns a ``keras_vit.training.data`` split into training batches
   ``(inputs, targets, sample_weight)``.
 """
 
@@ -25,8 +25,8 @@ import keras
 import tensorflow as tf
 from keras import layers, ops
 
-from training.data import Split
-from training.pipeline import Augment, eval_dataset, train_dataset
+from keras_vit.training.data import Split
+from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 
 KEEP, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: corrupted (predicted) but left as it is
 KIND_NAMES = ("keep", "mask", "random", "unchanged")
@@ -188,7 +188,7 @@ def masked_patch_dataset(split: Split, batch_size: int, augment: Augment, patch_
     """Masked-patch batches of ``split``'s images (labels unused): ``({images, corruption, sources},
     targets (B, N), sample_weight (B, N))``.
 
-    ``training``: the endless augmented stream of :func:`training.pipeline.train_dataset` from
+    ``training``: the endless augmented stream of :func:`keras_vit.training.pipeline.train_dataset` from
     ``start_step`` on, each batch corrupted with seed ``(seed, step)``, so a resumed run sees the same
     batches; otherwise the split once, resized, with fixed corruption (for evaluation).
     ``corruption``: ``rate``, ``mask_fraction``, ``random_fraction`` of :func:`sample_corruption`.

@@ -20,7 +20,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit import preprocess_input
-from training.data import Split
+from keras_vit.training.data import Split
 
 AUTOTUNE = tf.data.AUTOTUNE
 

@@ -1,6 +1,6 @@
-"""Self-supervised pre-training by masked patch prediction, then fine-tuning: ``python -m training.pretrain``.
+"""Self-supervised pre-training by masked patch prediction, then fine-tuning: ``python -m keras_vit.training.pretrain``.
 
-The paper's Section 4.6 / Appendix B.1.2 (see :mod:`training.masked_patch`): corrupt 50% of the patch
+The paper's Section 4.6 / Appendix B.1.2 (see :mod:`keras_vit.training.masked_patch`): corrupt 50% of the patch
 embeddings (80% ``[mask]``, 10% another patch, 10% unchanged) and predict each corrupted patch's
 3-bit mean colour (512 classes). The paper pre-trained ViT-B/16 on JFT for 1M steps (batch 4096,
 Adam, lr 2e-4, 10k warmup steps, cosine decay) and reached 79.9% on ImageNet after fine-tuning: 2%
@@ -8,16 +8,16 @@ better than training from scratch, 4% behind supervised pre-training.
 
 One run:
 
-1. builds the ViT that ``training.finetune`` will fine-tune (same options, same presets: without
+1. builds the ViT that ``keras_vit.training.finetune`` will fine-tune (same options, same presets: without
    ``--dataset`` a small ViT on scikit-learn's digits, offline);
 2. pre-trains it by masked patch prediction on the training images (labels unused) with the
-   resumable loop of :mod:`training.loop` (Adam, warmup + cosine; ``OUT/pretrain``);
+   resumable loop of :mod:`keras_vit.training.loop` (Adam, warmup + cosine; ``OUT/pretrain``);
 3. saves the encoder as ``OUT/encoder.keras``;
-4. fine-tunes it with :func:`training.finetune.finetune` (``OUT/finetune``), loading the encoder into
+4. fine-tunes it with :func:`keras_vit.training.finetune.finetune` (``OUT/finetune``), loading the encoder into
    the freshly built model before the first step; ``--compare-scratch`` also trains the same model
    from random initialisation (``OUT/scratch``) and prints both held-out accuracies.
 
-Every option of ``python -m training.finetune`` applies to the fine-tuning (and so chooses the
+Every option of ``python -m keras_vit.training.finetune`` applies to the fine-tuning (and so chooses the
 model and data); the ``--pretrain-*`` options set the pre-training.
 """
 
@@ -32,16 +32,16 @@ from collections.abc import Sequence
 
 import keras
 
-from training import config as config_lib
-from training.config import TrainConfig
-from training.data import load_source
-from training.finetune import FinetuneResult, augment_of, build_model, finetune
-from training.finetune import parser as finetune_parser
-from training.loop import fit
-from training.masked_patch import masked_patch_dataset, masked_patch_model, patch_grid
-from training.optimizers import build_optimizer
-from training.schedules import WarmupDecay
-from training.strategy import accelerator, get_strategy, is_chief, split_cpu
+from keras_vit.training import config as config_lib
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.data import load_source
+from keras_vit.training.finetune import FinetuneResult, augment_of, build_model, finetune
+from keras_vit.training.finetune import parser as finetune_parser
+from keras_vit.training.loop import fit
+from keras_vit.training.masked_patch import masked_patch_dataset, masked_patch_model, patch_grid
+from keras_vit.training.optimizers import build_optimizer
+from keras_vit.training.schedules import WarmupDecay
+from keras_vit.training.strategy import accelerator, get_strategy, is_chief, split_cpu
 
 HEAD_LAYERS = ("head", "pre_logits")
 
@@ -182,11 +182,11 @@ def summary_table(summary: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    """``python -m training.finetune``'s options plus the ``--pretrain-*`` ones."""
+    """``python -m keras_vit.training.finetune``'s options plus the ``--pretrain-*`` ones."""
     p = finetune_parser()
-    p.prog = "python -m training.pretrain"
+    p.prog = "python -m keras_vit.training.pretrain"
     p.description = ("Pre-train a ViT by masked patch prediction (the paper's Section 4.6), then fine-tune it "
-                     "with training.finetune. Without a dataset: a small ViT on scikit-learn's digits, offline.")
+                     "with keras_vit.training.finetune. Without a dataset: a small ViT on scikit-learn's digits, offline.")
     p.set_defaults(output_dir="runs/pretrain")
     g = p.add_argument_group("masked patch prediction")
     defaults = PretrainConfig()

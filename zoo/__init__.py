@@ -1,13 +1,13 @@
 """The zoo: a catalogue of the published ViT checkpoints (``catalogue.json``) and their download cache.
 
-    import zoo
+    from keras_vit import zoo
     zoo.names()                          # every catalogue name, e.g. "B_16.augreg_in21k_ft_in1k_384"
     entry = zoo.get("B_16.orig_in21k")   # a Checkpoint: url, variant, pre-training data, resolution, ...
     path = zoo.fetch("B_16.orig_in21k")  # downloaded (once) into the Keras cache, returns the local path
 
 Files are cached under ``$KERAS_HOME/models/vit_models/`` (``~/.keras/models/vit_models/`` by default)
 at their path in the bucket. ``KERAS_VIT_ZOO_URL`` replaces the base URL (a mirror of
-``https://storage.googleapis.com/vit_models/``). Command line: ``python -m zoo list``.
+``https://storage.googleapis.com/vit_models/``). Command line: ``python -m keras_vit.zoo list``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from zoo.download import DownloadError, download, print_progress
+from keras_vit.zoo.download import DownloadError, download, print_progress
 
 CATALOGUE = Path(__file__).with_name("catalogue.json")
 MIRROR_ENV = "KERAS_VIT_ZOO_URL"
@@ -86,7 +86,7 @@ def get(name: str) -> Checkpoint:
 
         close = difflib.get_close_matches(name, names(), n=5, cutoff=0.5)
         hint = f" Did you mean {close}?" if close else ""
-        raise ValueError(f"No checkpoint {name!r} in the zoo catalogue.{hint} List them with `python -m zoo list`.")
+        raise ValueError(f"No checkpoint {name!r} in the zoo catalogue.{hint} List them with `python -m keras_vit.zoo list`.")
     return entry
 
 

@@ -1,9 +1,9 @@
-"""``python -m zoo`` (or ``keras-vit-zoo``): list, download, inspect and convert the published checkpoints.
+"""``python -m keras_vit.zoo`` (or ``keras-vit-zoo``): list, download, inspect and convert the published checkpoints.
 
-    python -m zoo list [--family augreg] [--json]
-    python -m zoo download B_16.augreg_in21k_ft_in1k_384
-    python -m zoo info B_16.orig_in21k | path/to/file.npz
-    python -m zoo convert B_16.orig_in21k_ft_in1k vit_b16_384.keras [--image-size 512] [--num-classes 10]
+    python -m keras_vit.zoo list [--family augreg] [--json]
+    python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384
+    python -m keras_vit.zoo info B_16.orig_in21k | path/to/file.npz
+    python -m keras_vit.zoo convert B_16.orig_in21k_ft_in1k vit_b16_384.keras [--image-size 512] [--num-classes 10]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-import zoo
+from keras_vit import zoo
 
 
 def _list(args) -> None:
@@ -74,7 +74,7 @@ def _convert(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m zoo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keras_vit.zoo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache-dir", help="cache root (default: $KERAS_HOME or ~/.keras)")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="list the catalogue")

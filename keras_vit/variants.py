@@ -1,0 +1,170 @@
+"""The one table of ViT variants and the architecture record that every part of keras-vit reads.
+
+A variant is a short name: ``"B/16"`` (the size from Table 1 of the paper, then the patch size) or,
+for the paper's hybrids, ``"R50+B/16"`` (a BiT ResNet of 50 layers, then the size and the total
+stride of ResNet and embedding together). :func:`parse_variant` also takes the spellings users type:
+``"ViT-B/16"``, ``"ViT_B16"``, ``"vit-b16"``, ``"R50+ViT-B/16"``, ``"ViT_R50_B16"``.
+
+This module is plain Python (no Keras): the zoo, the checkpoint readers, the model builder and the
+commands all decode names here, so a name means the same everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+__all__ = [
+    "HYBRID_RESNETS",
+    "NAMED_VARIANTS",
+    "SIZES",
+    "Architecture",
+    "constructor_name",
+    "parse_variant",
+    "resnet_depth",
+    "resnet_stride",
+]
+
+# Table 1 of the paper (and "How to train your ViT?" for Ti and S).
+SIZES: dict[str, dict[str, int]] = {
+    "Ti": dict(hidden_size=192, depth=12, num_heads=3, mlp_dim=768),
+    "S": dict(hidden_size=384, depth=12, num_heads=6, mlp_dim=1536),
+    "B": dict(hidden_size=768, depth=12, num_heads=12, mlp_dim=3072),
+    "L": dict(hidden_size=1024, depth=24, num_heads=16, mlp_dim=4096),
+    "H": dict(hidden_size=1280, depth=32, num_heads=16, mlp_dim=5120),
+}
+# The hybrids' ResNets, by (layers, stages): units per stage (vit_jax/configs/models.py). R50 with
+# three stages (stride 16) is R50+B/16's; with four (stride 32) R50+L/32's; R26 is R26+S/32's and R26+B/32's.
+HYBRID_RESNETS: dict[tuple[int, int], tuple[int, ...]] = {
+    (50, 3): (3, 4, 9),
+    (50, 4): (3, 4, 6, 3),
+    (26, 4): (2, 2, 2, 2),
+}
+# The variants with a named constructor (keras_vit.ViT_B16, keras_vit.ViT_R50_B16, ...).
+NAMED_VARIANTS = (
+    "Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14",
+    "R50+B/16", "R50+L/32", "R26+S/32", "R26+B/32",
+)  # fmt: skip
+
+_NAME = re.compile(
+    r"(?:vit[-_ ]?)?"  # optional "ViT-" prefix
+    r"(?:r(?P<resnet>\d+)[-_+ ]?(?:vit[-_ ]?)?)?"  # optional hybrid ResNet "R50+"
+    r"(?P<size>ti|s|b|l|h)[-_/ ]?(?P<stride>\d+)",
+    flags=re.IGNORECASE,
+)
+
+
+def resnet_depth(stages: tuple[int, ...]) -> int:
+    """Layers of a BiT ResNet with ``stages`` bottleneck units per stage: 3 convolutions per unit, plus
+    the root convolution and the (absent) classifier, as ResNet names count them (R50: (3, 4, 6, 3))."""
+    return 2 + 3 * sum(stages)
+
+
+def resnet_stride(stages: tuple[int, ...]) -> int:
+    """How many times smaller than the image a BiT ResNet's feature map is: 4 after the root (conv /2,
+    max-pool /2), times 2 for every stage after the first."""
+    return 4 * 2 ** max(0, len(stages) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """What a ViT is made of: the patch embedding, the encoder's shape and, for a hybrid, its ResNet.
+
+    ``patch_size`` is in the units the embedding sees: pixels for a plain ViT, ResNet feature-map
+    cells for a hybrid (1 for the published ones). ``resnet_stages`` is ``None`` for a plain ViT.
+    """
+
+    patch_size: int
+    hidden_size: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+    resnet_stages: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        for field in ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be a positive int, got {value!r}.")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}.")
+        if self.resnet_stages is not None:
+            stages = tuple(self.resnet_stages)
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in stages):
+                raise ValueError(f"resnet_stages must be positive ints (units per stage), got {self.resnet_stages!r}.")
+            object.__setattr__(self, "resnet_stages", stages)
+
+    @property
+    def stride(self) -> int:
+        """Pixels per token side: the patch size, times the ResNet's stride for a hybrid."""
+        return self.patch_size * (1 if self.resnet_stages is None else resnet_stride(self.resnet_stages))
+
+    @property
+    def size(self) -> str | None:
+        """The named size (``"B"``) whose width, depth, heads and MLP this encoder has, else ``None``."""
+        shape = dict(hidden_size=self.hidden_size, depth=self.depth, num_heads=self.num_heads, mlp_dim=self.mlp_dim)
+        return next((name for name, fields in SIZES.items() if fields == shape), None)
+
+    @property
+    def variant(self) -> str | None:
+        """``"B/16"``, or ``"R50+B/16"`` for a hybrid (``/16`` its total stride); ``None`` for other shapes."""
+        if self.size is None:
+            return None
+        if self.resnet_stages is None:
+            return f"{self.size}/{self.patch_size}"
+        return f"R{resnet_depth(self.resnet_stages)}+{self.size}/{self.stride}"
+
+    @property
+    def model_name(self) -> str:
+        """The Keras model name: ``vit_b16``, ``vit_r50_b16``; ``vit_d<width>...`` for unnamed shapes."""
+        size = (self.size or f"d{self.hidden_size}").lower()
+        if self.resnet_stages is None:
+            return f"vit_{size}{self.patch_size}"
+        return f"vit_r{resnet_depth(self.resnet_stages)}_{size}{self.stride}"
+
+    def replace(self, **fields) -> Architecture:
+        """A copy with ``fields`` changed (e.g. ``depth=2``); unknown names are a ``TypeError``."""
+        unknown = set(fields) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"Unknown architecture fields {sorted(unknown)}; expected {_field_names()}.")
+        return dataclasses.replace(self, **fields)
+
+
+def _field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Architecture)]
+
+
+def parse_variant(name: str) -> Architecture:
+    """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ``"ViT_R26_S32"``, ...).
+
+    A ``ValueError`` names the accepted forms for anything else.
+    """
+    match = _NAME.fullmatch(str(name).strip())
+    if match is None or int(match["stride"]) < 1:
+        raise ValueError(
+            f"Unknown ViT variant {name!r}: expected '<size>/<patch>' (size one of {list(SIZES)}), e.g. 'B/16' "
+            f"or 'ViT_B16', or a hybrid '<ResNet>+<size>/<stride>' such as 'R50+B/16' or 'ViT_R50_B16'. "
+            f"Named variants: {', '.join(NAMED_VARIANTS)}."
+        )
+    size = next(s for s in SIZES if s.lower() == match["size"].lower())
+    stride = int(match["stride"])
+    if match["resnet"] is None:
+        return Architecture(patch_size=stride, **SIZES[size])
+    layers = int(match["resnet"])
+    for (depth, _), stages in HYBRID_RESNETS.items():
+        if depth == layers and resnet_stride(stages) == stride:
+            return Architecture(patch_size=1, resnet_stages=stages, **SIZES[size])
+    known = sorted({f"R{d} (stride {resnet_stride(s)})" for (d, _), s in HYBRID_RESNETS.items()})
+    raise ValueError(
+        f"Unknown hybrid {name!r}: no R{layers} ResNet with total stride {stride} in the table ({', '.join(known)}). "
+        "Build other hybrids with keras_vit.ViT(..., resnet=(units per stage)) and patch_size."
+    )
+
+
+def constructor_name(variant: str) -> str:
+    """The named constructor of a variant: ``"B/16"`` -> ``"ViT_B16"``, ``"R50+B/16"`` -> ``"ViT_R50_B16"``."""
+    arch = parse_variant(variant)
+    size = arch.size or "custom"
+    if arch.resnet_stages is None:
+        return f"ViT_{size}{arch.patch_size}"
+    return f"ViT_R{resnet_depth(arch.resnet_stages)}_{size}{arch.stride}"
