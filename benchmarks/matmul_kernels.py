@@ -19,8 +19,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 WIDTH, MLP, HEADS, TOKENS = 768, 3072, 12, 197
 DENSE = {"qkv": (WIDTH, 3 * WIDTH), "out": (WIDTH, WIDTH), "mlp fc1": (WIDTH, MLP), "mlp fc2": (MLP, WIDTH)}
@@ -56,9 +56,9 @@ def main(argv=None) -> None:
         b_np = np.swapaxes(b, -1, -2) if transpose_b else b
         flops = 2 * np.prod(a_shape) * b_np.shape[-1]
         ta, tb = tf.constant(a), tf.constant(b)
-        product = tf.function(lambda: tf.matmul(ta, tb, transpose_b=transpose_b))
-        tf_s = _median_seconds(lambda: product().numpy(), args.repeats)
-        np_s = _median_seconds(lambda: a @ b_np, args.repeats)
+        product = tf.function(lambda ta=ta, tb=tb, t=transpose_b: tf.matmul(ta, tb, transpose_b=t))
+        tf_s = _median_seconds(lambda f=product: f().numpy(), args.repeats)
+        np_s = _median_seconds(lambda a=a, b=b_np: a @ b, args.repeats)
         shape = f"{'x'.join(map(str, a_shape))} @ {'x'.join(map(str, b_np.shape))}"
         print(f"| {name} | {shape} | {flops / tf_s / 1e9:.0f} | {flops / np_s / 1e9:.0f} |")
 

@@ -7,8 +7,8 @@ Two modes:
   ``--batch`` (32) and a training step (forward + backward + SGD-momentum update, ``--train-batch``
   32; lower it to fit in minutes, and in memory: all workers live at once and B/16 training takes
   about 3 GB per framework at batch 8, an estimated 10 GB at 32) and prints images/s, the paired
-  ratio keras_vit / peer, the FLOP/s reached as a fraction of the peak of a 4096x4096 float32
-  matmul measured in the same run (the best of one per round), and the peak memory of each.
+  ratio keras_vit / peer, the FLOP/s reached as a fraction of the matmul peak of the path's own
+  precision (float32, or bfloat16 for ``+bf16`` workers), and the peak memory of each.
 * ``python benchmarks/throughput.py --predict`` (the simple one): images/s of ``ViT_B16`` at 224,
   batch 8, through the inference paths of one process: ``predict_on_batch`` (Keras' CPU default),
   ``model.predict`` on a ``tf.data.Dataset`` and on a NumPy array, ``jit_compile=True`` (XLA),
@@ -26,6 +26,13 @@ so a later phase's peak includes what the earlier ones kept. FLOPs are counted a
 ``2*m*n*k`` for every matmul of the patch embedding, qkv, attention (q k^T and probs v), output
 projection, MLP and head; a training step counts 3x the forward pass.
 
+The roofline. Every round a ``peak`` worker (TensorFlow with keras_vit's kernels) times a
+4096x4096 ``tf.linalg.matmul`` under ``tf.function`` in float32 and in bfloat16 (best of
+``--peak-repeats``), and numpy's float32 matmul runs in a subprocess with ``OPENBLAS_CORETYPE`` and
+``OPENBLAS_L2_SIZE`` unset (``benchmarks/roofline.py``). Each precision's peak is the best over the
+run (contention only ever lowers a measurement); numpy's is printed beside it, not used: OpenBLAS
+is not what any of the workers runs, and a machine that sets ``OPENBLAS_CORETYPE`` throttles it.
+
 Workers: ``keras_vit`` (``keras_vit.ViT(variant, gelu="exact")``, what timm and keras-hub compute),
 ``keras_hub`` (``keras_hub.models.ViTImageClassifier`` on a ``ViTBackbone`` of the same shape: a
 Dense head on the class token) and ``timm`` (``vit_{tiny,small,base,large}_patch16_224`` on torch
@@ -35,9 +42,9 @@ TensorFlow's own default for keras-hub (Eigen on CPUs without AVX-512); the work
 which ran. A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_compile=True)``),
 ``+onednn`` / ``+eigen`` (``TF_ENABLE_ONEDNN_OPTS=1`` / ``0``), ``+bf16`` (``mixed_bfloat16``),
 e.g. ``--frameworks keras_vit keras_hub keras_hub+onednn keras_vit+eigen timm`` (the same kernels
-side by side). Workers get ``OMP_WAIT_POLICY=PASSIVE``
-(unless set): on a shared, oversubscribed machine torch's spinning OpenMP threads otherwise lose
-3-5x; ``--threads N`` pins every framework to N threads. Keras models run
+side by side); ``timm+bf16`` runs timm under ``torch.autocast("cpu", torch.bfloat16)``. Workers get
+``OMP_WAIT_POLICY=PASSIVE`` (unless set): on a shared, oversubscribed machine torch's spinning
+OpenMP threads otherwise lose 3-5x; ``--threads N`` pins every framework to N threads. Keras models run
 ``predict_on_batch`` / ``train_on_batch`` after ``compile(SGD(0.01, momentum=0.9),
 SparseCategoricalCrossentropy(from_logits=True))``; timm runs ``model(x)`` under
 ``torch.inference_mode()`` and a plain ``loss.backward(); opt.step()``.
@@ -60,9 +67,13 @@ import sys
 import tempfile
 import time
 
+from roofline import numpy_matmul  # benchmarks/roofline.py, beside this script
+
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"  # as keras_vit.runtime; not imported: that loads keras_vit
 FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
 TF_OPTIONS = ("xla", "onednn", "eigen", "bf16")
+TIMM_OPTIONS = ("bf16",)
+PEAK = "peak"  # the worker that measures the matmul peaks
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
 NUM_CLASSES = 1000
 
@@ -73,7 +84,7 @@ NUM_CLASSES = 1000
 
 def forward_flops(variant: str, image_size: int, num_classes: int = NUM_CLASSES) -> float:
     """Matmul FLOPs (``2*m*n*k``) of one image through a class-token ViT, attention included."""
-    from keras_vit.models import parse_variant
+    from keras_vit.variants import parse_variant
 
     c = parse_variant(variant)
     patches = (image_size // c.patch_size) ** 2
@@ -83,15 +94,9 @@ def forward_flops(variant: str, image_size: int, num_classes: int = NUM_CLASSES)
     return float(embed + c.depth * block + 2 * d * num_classes)
 
 
-def matmul_gflops(size: int = 4096) -> float:
-    """GFLOP/s of one ``size x size`` float32 numpy matmul (the BLAS numpy ships, all cores)."""
-    import numpy as np
-
-    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-    a @ a  # first touch
-    start = time.perf_counter()
-    a @ a
-    return 2 * size**3 / (time.perf_counter() - start) / 1e9
+def precision_of(spec: str) -> str:
+    """The matmul precision a worker runs: ``"bfloat16"`` for ``+bf16`` workers, else ``"float32"``."""
+    return "bfloat16" if "bf16" in _split_spec(spec)[1] else "float32"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,11 +131,14 @@ def peak_rss_mb() -> float:
 
 def _split_spec(spec: str) -> tuple[str, set[str]]:
     name, *options = spec.split("+")
+    if name == PEAK and not options:
+        return name, set()
     if name not in FRAMEWORKS:
         raise ValueError(f"Unknown framework {name!r}; expected one of {FRAMEWORKS} (TF ones take +option).")
-    unknown = set(options) - set(TF_OPTIONS)
-    if unknown or (options and name == "timm"):
-        raise ValueError(f"Bad options {sorted(options)} for {name!r}; TF workers take {TF_OPTIONS}.")
+    allowed = TIMM_OPTIONS if name == "timm" else TF_OPTIONS
+    if set(options) - set(allowed):
+        raise ValueError(f"Bad options {sorted(options)} for {name!r}; TF workers take {TF_OPTIONS}, "
+                         f"timm {TIMM_OPTIONS}.")
     if {"onednn", "eigen"} <= set(options):
         raise ValueError(f"{spec!r}: +onednn and +eigen exclude each other.")
     return name, set(options)
@@ -200,7 +208,7 @@ class KerasRunner:
 
 
 class TimmRunner:
-    """timm on torch CPU, eager: ``model(x)`` for inference, one SGD step for training."""
+    """timm on torch CPU, eager: ``model(x)`` for inference, one SGD step for training; ``+bf16``: autocast."""
 
     def __init__(self, name: str, options: set[str], variant: str, image_size: int):
         import timm
@@ -213,6 +221,7 @@ class TimmRunner:
             img_size=image_size,
         )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled="bf16" in options)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.image_size = image_size
 
@@ -223,12 +232,13 @@ class TimmRunner:
 
     def infer(self, x, _):
         self.model.eval()
-        with self.torch.inference_mode():
+        with self.torch.inference_mode(), self.autocast():
             self.model(x)
 
     def train(self, x, y):
         self.model.train()
-        loss = self.torch.nn.functional.cross_entropy(self.model(x), y)
+        with self.autocast():
+            loss = self.torch.nn.functional.cross_entropy(self.model(x), y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -256,6 +266,8 @@ def worker_main(spec: str, variant: str, image_size: int) -> None:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything a library prints goes to the log, not into the protocol
     name, options = _split_spec(spec)
+    if name == PEAK:
+        return peak_worker_main(reply)
     if name == "timm":
         import torch  # noqa: F401  (before anything that might pull TensorFlow in)
     elif name == "keras_vit":
@@ -288,12 +300,24 @@ def worker_main(spec: str, variant: str, image_size: int) -> None:
         reply.write(json.dumps(result) + "\n")
 
 
+def peak_worker_main(reply) -> None:
+    """Serve peak requests: ``{"float32": GFLOP/s, "bfloat16": GFLOP/s}`` of TensorFlow's 4096 matmul."""
+    from roofline import tf_matmul_gflops  # imports TensorFlow only when called
+
+    import keras_vit  # noqa: F401  (before TensorFlow loads: keras_vit's CPU kernels)
+
+    reply.write(json.dumps({"params": 0, "info": _thread_info("keras_vit")}) + "\n")
+    for line in sys.stdin:
+        repeats = json.loads(line)["batch"]
+        reply.write(json.dumps({p: tf_matmul_gflops(p, repeats=repeats) for p in ("float32", "bfloat16")}) + "\n")
+
+
 class Worker:
     """The driver's handle on one worker process."""
 
     def __init__(self, spec: str, variant: str, image_size: int, threads: int | None):
         self.spec = spec
-        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"vit-bench-{spec}-", suffix=".log")
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"vit-bench-{spec}-", suffix=".log")  # noqa: SIM115
         command = [sys.executable, os.path.abspath(__file__), "--worker", spec,
                    "--variants", variant, "--image-size", str(image_size)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -330,12 +354,15 @@ def compare(args) -> dict:
     results = {}
     for variant in args.variants:
         workers = [Worker(spec, variant, args.image_size, args.threads) for spec in args.frameworks]
+        peak_worker = Worker(PEAK, variant, args.image_size, args.threads)
         runs = {w.spec: {_phase_name(p): [] for p in phases} for w in workers}
-        memory, peaks = {w.spec: {} for w in workers}, []
+        memory, peaks, numpy_peaks = {w.spec: {} for w in workers}, {"float32": [], "bfloat16": []}, []
         try:
             for phase in phases:
                 for round_ in range(args.rounds):
-                    peaks.append(matmul_gflops())
+                    for precision, gflops in peak_worker.measure(PEAK, args.peak_repeats, 0).items():
+                        peaks[precision].append(gflops)
+                    numpy_peaks.append(numpy_matmul(unthrottled=True))
                     shift = round_ % len(workers)
                     for worker in workers[shift:] + workers[:shift]:
                         out = worker.measure(*phase, args.min_time)
@@ -346,10 +373,11 @@ def compare(args) -> dict:
                           + ", ".join(f"{s} {v[_phase_name(phase)][-1]:.2f}" for s, v in runs.items()),
                           file=sys.stderr)
         finally:
-            for worker in workers:
+            for worker in [*workers, peak_worker]:
                 worker.close()
         results[variant] = dict(
-            phases=[_phase_name(p) for p in phases], runs=runs, memory=memory, peaks=peaks,
+            phases=[_phase_name(p) for p in phases], runs=runs, memory=memory, peaks=peaks, numpy_peaks=numpy_peaks,
+            numpy_as_is=numpy_matmul(unthrottled=False), precision={w.spec: precision_of(w.spec) for w in workers},
             info={w.spec: w.hello for w in workers},
             flops=forward_flops(variant, args.image_size),
         )
@@ -365,7 +393,7 @@ def report(results: dict, args) -> str:
     lines = []
     for variant, r in results.items():
         phases, runs, first = r["phases"], r["runs"], args.frameworks[0]
-        peak = max(r["peaks"])  # the machine's best; contention only ever lowers a measurement
+        peak = {p: max(v) for p, v in r["peaks"].items()}  # the best: contention only ever lowers a measurement
         lines += [f"### ViT {variant} at {args.image_size}px, {args.rounds} rounds (median)", "",
                   "| framework | params | " + " | ".join(f"{p} img/s" for p in phases)
                   + " | " + " | ".join(f"peak RSS {p}" for p in phases) + " |",
@@ -379,18 +407,34 @@ def report(results: dict, args) -> str:
         for spec in list(runs)[1:]:
             ratios = [statistics.median(a / b for a, b in zip(runs[first][p], runs[spec][p])) for p in phases]
             lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
-        lines += ["", f"FLOP/s reached ({r['flops'] / 1e9:.1f} GFLOP per image forward, 3x for a train step) "
-                  f"as a fraction of the float32 matmul peak: the best of {len(r['peaks'])} 4096x4096 numpy matmuls "
-                  f"in this run, {peak:.0f} GFLOP/s (median {statistics.median(r['peaks']):.0f}):", "",
-                  "| framework | " + " | ".join(phases) + " |", "|---" * (1 + len(phases)) + "|"]
+        lines += ["", *roofline_lines(r), "", f"FLOP/s reached ({r['flops'] / 1e9:.1f} GFLOP per image forward, 3x "
+                  "for a train step) as a fraction of the TensorFlow matmul peak of the path's precision:", "",
+                  "| framework | precision | " + " | ".join(phases) + " |", "|---" * (2 + len(phases)) + "|"]
         for spec, per_phase in runs.items():
-            cells = []
+            cells, precision = [], r["precision"][spec]
             for p in phases:
                 gflops = statistics.median(per_phase[p]) * r["flops"] * (3 if p.startswith("train") else 1) / 1e9
-                cells.append(f"{gflops:.0f} GFLOP/s ({gflops / peak:.0%})")
-            lines.append(f"| {spec} | " + " | ".join(cells) + " |")
+                cells.append(f"{gflops:.0f} GFLOP/s ({gflops / peak[precision]:.0%})")
+            lines.append(f"| {spec} | {precision} | " + " | ".join(cells) + " |")
         lines += ["", "Workers: " + "; ".join(f"{s}: {r['info'][s]['info']}" for s in runs), ""]
     return "\n".join(lines)
+
+
+def roofline_lines(r: dict) -> list[str]:
+    """The peaks of one run: TensorFlow per precision (used), numpy unthrottled and as is (shown)."""
+    rounds = len(r["numpy_peaks"])
+    best_numpy = max(r["numpy_peaks"], key=lambda n: n["gflops"])
+    as_is = r["numpy_as_is"]
+    env = ", ".join(f"{k}={v}" for k, v in as_is["env"].items()) or "no OPENBLAS_CORETYPE/L2_SIZE set"
+    lines = [f"Matmul peaks, 4096x4096, best over {rounds} rounds:", "", "| matmul | GFLOP/s (best) | median |",
+             "|---|---|---|"]
+    for precision, values in r["peaks"].items():
+        lines.append(f"| tf.linalg.matmul {precision} (the peak for {precision} paths) | {max(values):.0f} | "
+                     f"{statistics.median(values):.0f} |")
+    lines += [f"| numpy float32, OPENBLAS_CORETYPE/L2_SIZE unset ({best_numpy['kernel']}) | {best_numpy['gflops']:.0f} "
+              f"| {statistics.median(n['gflops'] for n in r['numpy_peaks']):.0f} |",
+              f"| numpy float32, environment as is ({env}; {as_is['kernel']}), once | {as_is['gflops']:.0f} | |"]
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,6 +446,7 @@ def predict_benchmark(args) -> str:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras_vit  # first, as in a user's program: it picks TF's CPU kernels
 
+    # isort: split
     import keras
     import numpy as np
     import tensorflow as tf
@@ -450,8 +495,9 @@ def predict_benchmark(args) -> str:
 def conditions() -> str:
     import platform
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    with open("/proc/cpuinfo") as info:
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
+                   platform.processor())
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return f"CPU: {cpu}, {os.cpu_count()} cores; load average {load}; python {platform.python_version()}"
 
@@ -461,12 +507,14 @@ def parse_args(argv=None):
     parser.add_argument("--variants", nargs="+", default=["B/16"], help="e.g. B/16 Ti/16 L/16")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS),
-                        help="first one is compared with the others; TF ones take +xla, +onednn, +eigen, +bf16")
+                        help="first one is compared with the others; TF ones take +xla, +onednn, +eigen, +bf16; "
+                             "timm +bf16")
     parser.add_argument("--batch", type=int, default=None, help="inference batch (default 32; 8 with --predict)")
     parser.add_argument("--train-batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
     parser.add_argument("--min-time", type=float, default=2.0, help="seconds of calls per measurement")
     parser.add_argument("--threads", type=int, help="threads per framework (default: all cores)")
+    parser.add_argument("--peak-repeats", type=int, default=3, help="matmuls per precision per round (best kept)")
     parser.add_argument("--predict", action="store_true", help="the simple predict benchmark instead")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

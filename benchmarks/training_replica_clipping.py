@@ -49,7 +49,8 @@ def main() -> None:
     print(f"| optimizer | max weight difference, MirroredStrategy x2 vs default "
           f"({args.steps} steps, clip {args.clip}) |")
     print("|---|---:|")
-    for name, cls in (("keras.optimizers.SGD", keras.optimizers.SGD), ("keras_vit.training.optimizers.SGD", optimizers.SGD)):
+    for name, cls in (("keras.optimizers.SGD", keras.optimizers.SGD),
+                      ("keras_vit.training.optimizers.SGD", optimizers.SGD)):
         one = train(tf.distribute.get_strategy(), cls, args)
         two = train(mirrored, cls, args)
         print(f"| `{name}` | {max(float(np.abs(a - b).max()) for a, b in zip(one, two)):.2e} |")

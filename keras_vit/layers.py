@@ -1,11 +1,12 @@
 """The Vision Transformer's layers, one per line of the paper's equations (Dosovitskiy et al., 2021, Eq. 1-4).
 
-    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos      PatchEmbed, ClassToken, AddPositionEmbs
+    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos      PatchEmbed, ClassToken (E_pos: position.py)
     z'_l = MSA(LN(z_{l-1})) + z_{l-1}                     TransformerBlock (MultiHeadSelfAttention)
     z_l = MLP(LN(z'_l)) + z'_l                            TransformerBlock (MlpBlock)
     y = LN(z_L^0)                                         encoder_norm in models.py
 
-Every layer serialises with ``get_config`` so models save and load as ``.keras`` files.
+Every layer serialises with ``get_config`` so models save and load as ``.keras`` files. The position
+embeddings ``E_pos``, of every kind, are in :mod:`keras_vit.position`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,20 @@ from keras import layers, ops
 
 LAYER_NORM_EPSILON = 1e-6  # the published models' value, not Keras' 1e-3
 GELU_VARIANTS = ("tanh", "exact")
+
+__all__ = [
+    "GELU_VARIANTS",
+    "LAYER_NORM_EPSILON",
+    "ClassToken",
+    "DropPath",
+    "MlpBlock",
+    "MultiHeadSelfAttention",
+    "PatchEmbed",
+    "TokenPooling",
+    "TransformerBlock",
+    "fused_attention_available",
+    "layer_norm",
+]
 
 
 def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
@@ -69,9 +84,7 @@ class PatchEmbed(layers.Layer):
         height, width = images.shape[1], images.shape[2]
         ph, pw = self.patch_size
         if height is not None and width is not None and (height % ph or width % pw):
-            raise ValueError(
-                f"Image size {height}x{width} is not divisible by the patch size {ph}x{pw}."
-            )
+            raise ValueError(f"Image size {height}x{width} is not divisible by the patch size {ph}x{pw}.")
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid") + self.bias
         return ops.reshape(x, (ops.shape(x)[0], -1, self.hidden_size))
 
@@ -98,45 +111,6 @@ class ClassToken(layers.Layer):
     def compute_output_shape(self, input_shape):
         b, n, d = input_shape
         return (b, None if n is None else n + 1, d)
-
-
-@keras.saving.register_keras_serializable(package="keras_vit")
-class AddPositionEmbs(layers.Layer):
-    """Adds learnable 1-D position embeddings ``E_pos`` (normal(0.02) initialised).
-
-    ``grid_size`` is the patch grid the embeddings belong to and ``num_prefix_tokens`` the tokens
-    before it (1 for the class token), so the grid part can be resized for another image size.
-    """
-
-    def __init__(self, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = _pair(grid_size, "grid_size")
-        self.num_prefix_tokens = int(num_prefix_tokens)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-
-    def build(self, input_shape):
-        self.pos_embedding = self.add_weight(
-            name="pos_embedding",
-            shape=(1, self.num_tokens, input_shape[-1]),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-        )
-
-    def call(self, tokens):
-        n = tokens.shape[1]
-        if n is not None and n != self.num_tokens:
-            gh, gw = self.grid_size
-            raise ValueError(
-                f"Got {n} tokens but the position embeddings were built for {self.num_tokens} "
-                f"({self.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
-                "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
-            )
-        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
-
-    def get_config(self):
-        return {**super().get_config(), "grid_size": list(self.grid_size), "num_prefix_tokens": self.num_prefix_tokens}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -305,7 +279,9 @@ class TransformerBlock(layers.Layer):
         self.gelu = gelu
         policy = self.dtype_policy
         self.norm1 = layer_norm("LayerNorm_0", dtype=policy)
-        self.attn = MultiHeadSelfAttention(num_heads, attention_dropout, name="MultiHeadDotProductAttention_1", dtype=policy)
+        self.attn = MultiHeadSelfAttention(
+            num_heads, attention_dropout, name="MultiHeadDotProductAttention_1", dtype=policy
+        )
         self.norm2 = layer_norm("LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(mlp_dim, dropout, gelu, name="MlpBlock_3", dtype=policy)
         self.dropout = layers.Dropout(self.dropout_rate, dtype=policy)
@@ -316,8 +292,12 @@ class TransformerBlock(layers.Layer):
             sublayer.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None):
-        y = self.attn(self.norm1(x), training=training, return_attention_scores=return_attention_scores,
-                      attention_bias=attention_bias)
+        y = self.attn(
+            self.norm1(x),
+            training=training,
+            return_attention_scores=return_attention_scores,
+            attention_bias=attention_bias,
+        )
         if return_attention_scores:
             y, probs = y
         x = x + self.drop_path(self.dropout(y, training=training), training=training)

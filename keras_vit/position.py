@@ -1,9 +1,10 @@
-"""Position-embedding variants: the ablation of the paper's Appendix D.4, plus fixed 2-D sin-cos.
+"""Position embeddings, all of them: the learned 1-D ones the paper publishes, the variants of its
+Appendix D.4 ablation, fixed 2-D sin-cos, and resizing any of them for another image size.
 
-Pass one by name as ``ViT(..., position_embedding=...)``:
+Pass a kind by name as ``ViT(..., position_embedding=...)``:
 
-- ``"learned_1d"`` (default, the published models): one learned ``D``-vector per token,
-  :class:`keras_vit.layers.AddPositionEmbs`.
+- ``"learned_1d"`` (default, the published models): one learned ``D``-vector per token, ``E_pos`` of
+  Eq. 1 (:class:`AddPositionEmbs`).
 - ``"learned_2d"``: a learned row (Y) and column (X) embedding of ``D/2`` each; patch ``(i, j)`` gets
   ``concat(row_i, col_j)`` and the class token its own learned ``D``-vector (:class:`AddPositionEmbs2D`).
 - ``"sincos_2d"``: fixed 2-D sin-cos embeddings as in MoCo v3 and MAE, ``D/4`` frequencies per axis;
@@ -13,24 +14,128 @@ Pass one by name as ``ViT(..., position_embedding=...)``:
   per-head biases for class-token rows and columns (:class:`RelativeTransformerBlock`).
 - ``"none"``: no position information at all.
 
-Every layer here knows its patch grid and has ``resized_weights(grid_size, method)``, so
-:func:`keras_vit.posembed.resize_position_embeddings` runs a model at another image size: learned 2-D
-rows and columns and the relative offset table are interpolated, sin-cos is recomputed.
+Resizing (fine-tune or run a model at another image size): the embeddings are ``(1, prefix + gh * gw, D)``,
+``prefix`` tokens (the class token's) then one per patch of a ``gh x gw`` grid; the grid part is
+resized by 2-D interpolation, the prefix part kept. Every layer here knows its patch grid and has
+``resized_weights(grid_size, method)``, which :func:`resize_position_embeddings` calls to run a whole
+model at another size. Methods (:data:`METHODS`), by name:
+
+- ``"zoom_linear"`` (default): ``scipy.ndimage.zoom(order=1)`` on the grid, corner aligned: what the
+  original code (``vit_jax/checkpoint.py``) does when it fine-tunes at a higher resolution.
+- ``"bilinear"``: bilinear with half-pixel centres and no antialiasing: what timm's ``.npz`` loader does.
+- ``"bicubic"``: bicubic with antialiasing: timm's default elsewhere (``resample_abs_pos_embed``).
 """
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
+import scipy.ndimage
 from keras import layers, ops
 
-from keras_vit.layers import AddPositionEmbs, TransformerBlock, _pair
-from keras_vit.posembed import resize_grid
+from keras_vit.layers import PatchEmbed, TransformerBlock, _pair
+
+__all__ = [
+    "METHODS",
+    "POSITION_EMBEDDINGS",
+    "POSITION_VARIABLES",
+    "AddPositionEmbs",
+    "AddPositionEmbs2D",
+    "RelativePositionBias",
+    "RelativeTransformerBlock",
+    "SinCosPositionEmbs",
+    "check_method",
+    "check_position_embedding",
+    "position_embedding_layer",
+    "relative_position_index",
+    "resample_position_embeddings",
+    "resize_grid",
+    "resize_position_embeddings",
+    "sincos_2d_embedding",
+    "square_grid",
+    "transformer_block",
+]
 
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
 # Names of the position parameters of every kind (conventionally spared weight decay).
-POSITION_VARIABLES = ("pos_embedding", "row_embedding", "col_embedding", "prefix_embedding", "relative_table",
-                      "prefix_bias")
+POSITION_VARIABLES = (
+    "pos_embedding",
+    "row_embedding",
+    "col_embedding",
+    "prefix_embedding",
+    "relative_table",
+    "prefix_bias",
+)
+METHODS = ("zoom_linear", "bilinear", "bicubic")
+
+
+# --- resizing grids of embeddings ------------------------------------------------------------------
+
+
+def check_method(method: str) -> str:
+    """``method`` if it is one of :data:`METHODS`; a ``ValueError`` naming the choices otherwise."""
+    if method not in METHODS:
+        raise ValueError(f"Unknown position-embedding resize method {method!r}; expected one of {METHODS}.")
+    return method
+
+
+def resize_grid(grid: np.ndarray, new_size: tuple[int, int], method: str = "zoom_linear") -> np.ndarray:
+    """Resize a ``(h, w, D)`` grid of embeddings to ``(*new_size, D)`` with one of :data:`METHODS`."""
+    check_method(method)
+    grid = np.asarray(grid, dtype="float32")
+    (h, w), (nh, nw) = grid.shape[:2], new_size
+    if (h, w) == (nh, nw):
+        return grid
+    if method == "zoom_linear":
+        out = scipy.ndimage.zoom(grid, (nh / h, nw / w, 1), order=1)
+        if out.shape[:2] != (nh, nw):  # scipy rounds the output size; guard against float round-off
+            raise ValueError(f"scipy.ndimage.zoom returned a {out.shape[:2]} grid, expected {(nh, nw)}.")
+        return out
+    resized = ops.image.resize(
+        grid[None], (nh, nw), interpolation=method, antialias=method == "bicubic", data_format="channels_last"
+    )
+    return np.asarray(ops.convert_to_numpy(resized)[0], dtype="float32")
+
+
+def square_grid(num_grid_tokens: int) -> tuple[int, int]:
+    """The ``(g, g)`` grid of ``num_grid_tokens`` patches; a named error if it is not a square."""
+    side = math.isqrt(num_grid_tokens)
+    if side * side != num_grid_tokens:
+        raise ValueError(
+            f"Cannot infer the patch grid of {num_grid_tokens} position embeddings: not a square number. "
+            "Pass old_grid=(h, w)."
+        )
+    return (side, side)
+
+
+def resample_position_embeddings(
+    posemb: np.ndarray,
+    new_grid: int | tuple[int, int],
+    *,
+    num_prefix_tokens: int = 1,
+    old_grid: int | tuple[int, int] | None = None,
+    method: str = "zoom_linear",
+) -> np.ndarray:
+    """Resize ``(1, prefix + gh * gw, D)`` position embeddings to a ``new_grid`` patch grid.
+
+    The first ``num_prefix_tokens`` embeddings (the class token's) are kept unchanged; ``old_grid``
+    defaults to the square grid the remaining embeddings form.
+    """
+    posemb = np.asarray(posemb)
+    if posemb.ndim != 3 or posemb.shape[0] != 1:
+        raise ValueError(f"Position embeddings must have shape (1, tokens, width), got {posemb.shape}.")
+    prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
+    old = square_grid(len(grid)) if old_grid is None else _pair(old_grid, "old_grid")
+    if old[0] * old[1] != len(grid):
+        raise ValueError(f"old_grid {old} does not hold the {len(grid)} grid embeddings of shape {posemb.shape}.")
+    new = _pair(new_grid, "new_grid")
+    resized = resize_grid(grid.reshape(*old, -1), new, method).reshape(1, new[0] * new[1], -1)
+    return np.concatenate([prefix.astype(resized.dtype), resized], axis=1).astype(posemb.dtype)
+
+
+# --- the kinds ------------------------------------------------------------------------------------
 
 
 def check_position_embedding(name: str) -> str:
@@ -43,6 +148,54 @@ def check_position_embedding(name: str) -> str:
 def _resize_axis(table: np.ndarray, length: int, method: str) -> np.ndarray:
     """Resize ``(n, D)`` along its first axis to ``(length, D)`` (a ``(n, 1)`` grid for :func:`resize_grid`)."""
     return resize_grid(table[:, None, :], (length, 1), method)[:, 0, :]
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AddPositionEmbs(layers.Layer):
+    """Adds learnable 1-D position embeddings ``E_pos`` of Eq. 1 (normal(0.02) initialised), as published.
+
+    ``grid_size`` is the patch grid the embeddings belong to and ``num_prefix_tokens`` the tokens
+    before it (1 for the class token), so the grid part can be resized for another image size.
+    """
+
+    def __init__(self, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = _pair(grid_size, "grid_size")
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        self.pos_embedding = self.add_weight(
+            name="pos_embedding",
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+
+    def call(self, tokens):
+        n = tokens.shape[1]
+        if n is not None and n != self.num_tokens:
+            gh, gw = self.grid_size
+            raise ValueError(
+                f"Got {n} tokens but the position embeddings were built for {self.num_tokens} "
+                f"({self.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
+                "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
+            )
+        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+
+    def resized_weights(self, grid_size, method: str = "zoom_linear") -> list[np.ndarray]:
+        """The weights for a ``grid_size`` patch grid: the grid part interpolated, the prefix kept."""
+        posemb = ops.convert_to_numpy(self.pos_embedding)
+        return [
+            resample_position_embeddings(
+                posemb, grid_size, num_prefix_tokens=self.num_prefix_tokens, old_grid=self.grid_size, method=method
+            )
+        ]
+
+    def get_config(self):
+        return {**super().get_config(), "grid_size": list(self.grid_size), "num_prefix_tokens": self.num_prefix_tokens}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -204,8 +357,12 @@ class RelativePositionBias(layers.Layer):
         return [table, *prefix]
 
     def get_config(self):
-        return {**super().get_config(), "num_heads": self.num_heads, "grid_size": list(self.grid_size),
-                "num_prefix_tokens": self.num_prefix_tokens}
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "grid_size": list(self.grid_size),
+            "num_prefix_tokens": self.num_prefix_tokens,
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -232,31 +389,91 @@ class RelativeTransformerBlock(TransformerBlock):
         self.relative_bias.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores: bool = False):
-        return super().call(x, training=training, return_attention_scores=return_attention_scores,
-                            attention_bias=self.relative_bias(x))
+        return super().call(
+            x, training=training, return_attention_scores=return_attention_scores, attention_bias=self.relative_bias(x)
+        )
 
     def resized_weights(self, grid_size, method: str = "zoom_linear") -> list[np.ndarray]:
         """The block's weights (in ``self.weights`` order) with the relative table resized to ``grid_size``."""
-        resized = dict(zip((id(v) for v in self.relative_bias.weights),
-                           self.relative_bias.resized_weights(grid_size, method)))
+        resized = dict(
+            zip((id(v) for v in self.relative_bias.weights), self.relative_bias.resized_weights(grid_size, method))
+        )
         return [resized[id(v)] if id(v) in resized else ops.convert_to_numpy(v) for v in self.weights]
 
     def get_config(self):
         return {**super().get_config(), "grid_size": list(self.grid_size), "num_prefix_tokens": self.num_prefix_tokens}
 
 
-def position_embedding_layer(position_embedding: str, grid_size, num_prefix_tokens: int,
-                             name: str = "posembed_input") -> AddPositionEmbs | None:
+def position_embedding_layer(
+    position_embedding: str, grid_size, num_prefix_tokens: int, name: str = "posembed_input"
+) -> AddPositionEmbs | None:
     """The layer adding absolute position embeddings of that kind, or ``None`` (``"relative"``, ``"none"``)."""
-    cls = {"learned_1d": AddPositionEmbs, "learned_2d": AddPositionEmbs2D,
-           "sincos_2d": SinCosPositionEmbs}.get(check_position_embedding(position_embedding))
+    cls = {"learned_1d": AddPositionEmbs, "learned_2d": AddPositionEmbs2D, "sincos_2d": SinCosPositionEmbs}.get(
+        check_position_embedding(position_embedding)
+    )
     return None if cls is None else cls(grid_size, num_prefix_tokens=num_prefix_tokens, name=name)
 
 
-def transformer_block(position_embedding: str, grid_size, num_prefix_tokens: int, num_heads: int, mlp_dim: int,
-                      **kwargs) -> TransformerBlock:
+def transformer_block(
+    position_embedding: str, grid_size, num_prefix_tokens: int, num_heads: int, mlp_dim: int, **kwargs
+) -> TransformerBlock:
     """An encoder block: a :class:`RelativeTransformerBlock` for ``"relative"``, else a plain one."""
     if check_position_embedding(position_embedding) == "relative":
-        return RelativeTransformerBlock(num_heads, mlp_dim, grid_size=grid_size,
-                                        num_prefix_tokens=num_prefix_tokens, **kwargs)
+        return RelativeTransformerBlock(
+            num_heads, mlp_dim, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens, **kwargs
+        )
     return TransformerBlock(num_heads, mlp_dim, **kwargs)
+
+
+# --- a whole model at another image size ----------------------------------------------------------
+
+
+def _grid_layers(model: keras.Model) -> list:
+    """The layers that know the patch grid (``grid_size`` in their config): position embeddings of
+    every kind, relative-position blocks. Each resizes its own weights (``resized_weights``)."""
+    grid_layers = [layer for layer in model.layers if "grid_size" in layer.get_config()]
+    for layer in grid_layers:
+        if not callable(getattr(layer, "resized_weights", None)):
+            raise ValueError(f"Layer {layer.name!r} has a grid_size but no resized_weights(grid_size, method) method.")
+    return grid_layers
+
+
+def resize_position_embeddings(
+    model: keras.Model, image_size: int | tuple[int, int], method: str = "zoom_linear"
+) -> keras.Model:
+    """A copy of ``model`` for ``image_size`` inputs: same layers and weights, resized position embeddings.
+
+    ``model`` is a functional keras-vit model (plain or hybrid). Every layer with a ``grid_size`` in its
+    config gets the new patch grid and its weights resized by its own ``resized_weights(grid_size, method)``.
+    ``image_size`` must be a multiple of the model's stride (the patch size of a plain ViT).
+    """
+    check_method(method)
+    inputs = getattr(model, "inputs", None) or []
+    if not isinstance(model, keras.Model) or len(inputs) != 1 or len(inputs[0].shape) != 4:
+        raise ValueError("resize_position_embeddings needs a functional keras.Model with one (batch, h, w, c) input.")
+    height, width, channels = inputs[0].shape[1:]
+    new_h, new_w = _pair(image_size, "image_size")
+    grids = {}
+    for layer in _grid_layers(model):
+        (gh, gw), (sh, sw) = layer.grid_size, (height // layer.grid_size[0], width // layer.grid_size[1])
+        if new_h % sh or new_w % sw:
+            raise ValueError(
+                f"image_size {new_h}x{new_w} is not a multiple of the model's stride {sh}x{sw} "
+                f"({height}x{width} images give a {gh}x{gw} grid)."
+            )
+        grids[layer.name] = (new_h // sh, new_w // sw)
+    if not grids and not any(isinstance(layer, PatchEmbed) for layer in model.layers):  # "none" has no grid layer
+        raise ValueError(f"Model {model.name!r} has no layer with a patch grid (no position embeddings) to resize.")
+
+    def clone(layer):
+        config = layer.get_config()
+        if layer.name in grids:
+            config["grid_size"] = list(grids[layer.name])
+        return layer.__class__.from_config(config)
+
+    new_input = keras.Input((new_h, new_w, channels), name=inputs[0].name, dtype=inputs[0].dtype)
+    resized = keras.models.clone_model(model, input_tensors=new_input, clone_function=clone)
+    for old, new in zip(model.layers, resized.layers, strict=True):
+        weights = old.resized_weights(grids[old.name], method) if old.name in grids else old.get_weights()
+        new.set_weights(weights)
+    return resized

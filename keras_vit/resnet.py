@@ -9,18 +9,30 @@ bottleneck units with the stride on the 3x3 convolution, and the usual 7x7 root 
                       relu(shortcut + branch)                          BottleneckUnit
 
 Names follow the Flax checkpoints, so :meth:`ResNetStem.npz_key_map` tells
-:func:`keras_vit.weights.load_weights` where every ``.npz`` array goes.
+:func:`keras_vit.checkpoints.load.load_weights` where every ``.npz`` array goes. Which stages make which
+hybrid (R50, R26) is in :mod:`keras_vit.variants`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
 from keras import layers, ops
 
 from keras_vit.layers import _pair, add_conv_kernel
+from keras_vit.variants import resnet_stride
+
+__all__ = [
+    "GROUP_NORM_EPSILON",
+    "STD_CONV_EPSILON",
+    "TIMM_RESNET",
+    "BottleneckUnit",
+    "ResNetStem",
+    "StdConv2D",
+    "standardize_kernel",
+]
 
 STD_CONV_EPSILON = 1e-5  # the Flax code's weight-standardisation epsilon; timm's hybrids use 1e-8
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's; timm's GroupNormAct uses 1e-5
@@ -153,7 +165,9 @@ class BottleneckUnit(layers.Layer):
     ):
         super().__init__(**kwargs)
         if int(features) < 1 or int(features) % GROUP_NORM_GROUPS:
-            raise ValueError(f"BottleneckUnit features must be a positive multiple of {GROUP_NORM_GROUPS}, got {features!r}.")
+            raise ValueError(
+                f"BottleneckUnit features must be a positive multiple of {GROUP_NORM_GROUPS}, got {features!r}."
+            )
         if int(strides) < 1:
             raise ValueError(f"BottleneckUnit strides must be >= 1, got {strides!r}.")
         self.features = int(features)
@@ -175,8 +189,15 @@ class BottleneckUnit(layers.Layer):
         out_channels = 4 * self.features
         if input_shape[-1] != out_channels or self.strides != 1:
             policy = self.dtype_policy
-            self.conv_proj = StdConv2D(out_channels, 1, strides=self.strides, epsilon=self.std_conv_epsilon,
-                                       standardization=self.weight_standardization, name="conv_proj", dtype=policy)
+            self.conv_proj = StdConv2D(
+                out_channels,
+                1,
+                strides=self.strides,
+                epsilon=self.std_conv_epsilon,
+                standardization=self.weight_standardization,
+                name="conv_proj",
+                dtype=policy,
+            )
             self.gn_proj = group_norm("gn_proj", self.group_norm_epsilon, dtype=policy)
             self.conv_proj.build(input_shape)
             self.gn_proj.build(self.conv_proj.compute_output_shape(input_shape))
@@ -246,20 +267,31 @@ class ResNetStem(layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(num_layers, (str, bytes)) or not isinstance(num_layers, Sequence) or not all(
-            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in num_layers
+        if (
+            isinstance(num_layers, (str, bytes))
+            or not isinstance(num_layers, Sequence)
+            or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in num_layers)
         ):
             raise ValueError(f"num_layers must be a sequence of positive ints (units per stage), got {num_layers!r}.")
         if not isinstance(width, int) or width < 1 or width % GROUP_NORM_GROUPS:
-            raise ValueError(f"width must be a positive multiple of {GROUP_NORM_GROUPS} (GroupNorm groups), got {width!r}.")
+            raise ValueError(
+                f"width must be a positive multiple of {GROUP_NORM_GROUPS} (GroupNorm groups), got {width!r}."
+            )
         self.num_layers = tuple(int(n) for n in num_layers)
         self.width = width
         self.std_conv_epsilon = float(std_conv_epsilon)
         self.group_norm_epsilon = float(group_norm_epsilon)
         self.weight_standardization = _check_standardization(weight_standardization)
         policy = self.dtype_policy
-        self.conv_root = StdConv2D(width, 7, strides=2, epsilon=self.std_conv_epsilon,
-                                   standardization=self.weight_standardization, name="conv_root", dtype=policy)
+        self.conv_root = StdConv2D(
+            width,
+            7,
+            strides=2,
+            epsilon=self.std_conv_epsilon,
+            standardization=self.weight_standardization,
+            name="conv_root",
+            dtype=policy,
+        )
         self.gn_root = group_norm("gn_root", self.group_norm_epsilon, dtype=policy)
         self.unit_prefixes = []
         self.units = []
@@ -281,7 +313,7 @@ class ResNetStem(layers.Layer):
     @property
     def stride(self) -> int:
         """How many times smaller than the image the output map is."""
-        return 4 * 2 ** max(0, len(self.num_layers) - 1)
+        return resnet_stride(self.num_layers)
 
     @property
     def output_channels(self) -> int:
@@ -326,13 +358,3 @@ class ResNetStem(layers.Layer):
             "group_norm_epsilon": self.group_norm_epsilon,
             "weight_standardization": self.weight_standardization,
         }
-
-
-def resnet_stem(spec: Sequence[int] | Mapping[str, Any], name: str = "resnet") -> ResNetStem:
-    """A :class:`ResNetStem` from units per stage (``(3, 4, 9)``) or a mapping of its arguments
-    (``{"num_layers": (3, 4, 9), "std_conv_epsilon": 1e-8}``)."""
-    if isinstance(spec, Mapping):
-        if "num_layers" not in spec:
-            raise ValueError(f"A resnet mapping needs 'num_layers' (units per stage), got keys {sorted(spec)}.")
-        return ResNetStem(name=name, **spec)
-    return ResNetStem(spec, name=name)

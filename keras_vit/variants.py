@@ -12,7 +12,9 @@ commands all decode names here, so a name means the same everywhere.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
+from collections.abc import Sequence
 
 __all__ = [
     "HYBRID_RESNETS",
@@ -89,10 +91,14 @@ class Architecture:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}.")
         if self.resnet_stages is not None:
-            stages = tuple(self.resnet_stages)
-            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in stages):
-                raise ValueError(f"resnet_stages must be positive ints (units per stage), got {self.resnet_stages!r}.")
-            object.__setattr__(self, "resnet_stages", stages)
+            stages = self.resnet_stages
+            if (
+                isinstance(stages, (str, bytes))
+                or not isinstance(stages, Sequence)
+                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1 for n in stages)
+            ):
+                raise ValueError(f"resnet_stages must be positive ints (units per stage), got {stages!r}.")
+            object.__setattr__(self, "resnet_stages", tuple(int(n) for n in stages))
 
     @property
     def stride(self) -> int:

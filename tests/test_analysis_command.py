@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from keras_vit import datasets
 from keras_vit.analysis import data, filter_components, plots
-from keras_vit.analysis.__main__ import main
+from keras_vit.analysis.__main__ import main, model_input
 
 TINY_ARGS = ["Ti/16", "--image-size", "32", "--patch-size", "8", "--hidden-size", "32", "--depth", "2",
              "--num-heads", "2", "--mlp-dim", "64"]
@@ -45,11 +46,14 @@ def test_mosaic_lays_tiles_out_in_rows_with_padding():
 @pytest.mark.parametrize(
     "draw, figsize, dpi",
     [
-        (lambda p, **k: plots.plot_attention_maps(np.random.rand(3, 8, 8, 3), np.random.rand(3, 8, 8, 3), p, **k), (6, 4), 50),
+        (lambda p, **k: plots.plot_attention_maps(np.random.rand(3, 8, 8, 3), np.random.rand(3, 8, 8, 3), p, **k),
+         (6, 4), 50),
         (lambda p, **k: plots.plot_attention_distance(np.random.rand(4, 3) * 20, p, **k), (4, 3), 80),
         (lambda p, **k: plots.plot_position_similarity(np.random.uniform(-1, 1, (3, 4, 3, 4)), p, **k), (5, 4), 60),
-        (lambda p, **k: plots.plot_filter_components(np.random.rand(6, 4, 4, 3), p, explained=np.full(6, 0.1), **k), (3, 2), 100),
-        (lambda p, **k: plots.plot_few_shot({1: np.array([0.2, 0.3]), 5: np.array([0.6, 0.7])}, p, chance=0.1, **k), (4, 3), 70),
+        (lambda p, **k: plots.plot_filter_components(np.random.rand(6, 4, 4, 3), p, explained=np.full(6, 0.1), **k),
+         (3, 2), 100),
+        (lambda p, **k: plots.plot_few_shot({1: np.array([0.2, 0.3]), 5: np.array([0.6, 0.7])}, p, chance=0.1, **k),
+         (4, 3), 70),
     ],
     ids=["attention_maps", "attention_distance", "position_similarity", "filter_components", "few_shot"],
 )
@@ -75,13 +79,17 @@ def test_resize_images_centre_crops_and_makes_grey_rgb():
     assert out.shape == (2, 6, 6, 3) and out.dtype == np.uint8
     assert out[0].min() == 255 and np.all(out[1] == 100)
     assert data.resize_images([wide], (4, 12)).shape == (1, 4, 12, 3)
-    np.testing.assert_allclose(data.to_model_input(np.array([0, 255], np.uint8)), [-1.0, 1.0])
+    scaled = model_input(np.array([0, 255], np.uint8))
+    assert isinstance(scaled, np.ndarray) and scaled.dtype == np.float32
+    np.testing.assert_allclose(scaled, [-1.0, 1.0])
 
 
 def test_datasets_load_from_scikit_learn_npz_and_tfds(tmp_path):
     digits = data.load_fewshot_dataset("digits")
     assert digits.images.shape == (1797, 8, 8) and digits.images.max() == 255 and digits.test_images is None
     assert set(digits.labels) == set(range(10))
+    images, labels = datasets.load_digits()
+    assert np.array_equal(digits.images, images) and np.array_equal(digits.labels, labels)
     path = str(tmp_path / "set.npz")
     np.savez(path, images=np.zeros((4, 5, 5, 3), np.uint8), labels=[0, 1, 0, 1])
     assert data.load_fewshot_dataset(path).images.shape == (4, 5, 5, 3)
@@ -95,6 +103,8 @@ def test_datasets_load_from_scikit_learn_npz_and_tfds(tmp_path):
         mocked = data.load_fewshot_dataset("tfds:mnist")
     assert mocked.images.shape == (6, 28, 28, 1) and mocked.test_labels.shape == (6,)
     assert data.sample_image("flower.jpg").shape == (427, 640, 3)
+    with pytest.raises(ValueError, match=r"Unknown sample image 'cat\.jpg'"):
+        data.sample_image("cat.jpg")
 
 
 def test_command_end_to_end_on_a_tiny_model(tmp_path, capsys):
@@ -140,6 +150,17 @@ def test_command_rejects_bad_input(tmp_path, capsys):
     assert main([*TINY_ARGS, "--analyses", "position", "--images", "missing.jpg", "--output-dir", str(tmp_path)]) == 0
     assert main([*TINY_ARGS, "--analyses", "attention", "--images", "missing.jpg", "--output-dir", str(tmp_path)]) == 2
     assert "No image file 'missing.jpg'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant, heads", [("R50+B/16", 12), ("ViT_R26_S32", 6)])
+def test_command_takes_hybrid_variants_in_any_spelling(tmp_path, variant, heads):
+    out = tmp_path / "hybrid"
+    assert main([variant, "--image-size", "32", "--depth", "1", "--analyses", "attention", "distance",
+                 "--output-dir", str(out)]) == 0
+    for name in ("attention_maps.png", "attention_distance.png", "results.json"):
+        assert (out / name).is_file()
+    results = json.loads((out / "results.json").read_text())
+    assert results["variant"] == variant and np.shape(results["mean_attention_distance"]) == (1, heads)
 
 
 def test_command_skips_what_does_not_apply_to_relative_position_embeddings(tmp_path, capsys):

@@ -5,7 +5,6 @@ import itertools
 import keras
 import numpy as np
 import pytest
-from sklearn.decomposition import PCA
 
 import keras_vit
 from keras_vit.analysis import embeddings
@@ -22,8 +21,8 @@ def row_column_code(gh, gw, prefix_rows=()):
 def expected_row_column_similarity(gh, gw):
     """cos((i, j), (k, l)) = ([i == k] + [j == l]) / 2 for the row-column code, by loops."""
     out = np.zeros((gh, gw, gh, gw))
-    for i, j, k, l in itertools.product(range(gh), range(gw), range(gh), range(gw)):
-        out[i, j, k, l] = ((i == k) + (j == l)) / 2
+    for i, j, k, m in itertools.product(range(gh), range(gw), range(gh), range(gw)):
+        out[i, j, k, m] = ((i == k) + (j == m)) / 2
     return out
 
 
@@ -43,7 +42,8 @@ def test_model_position_similarity_reads_the_posembed_input_layer():
     layer = model.get_layer("posembed_input")
     code = row_column_code(3, 3, prefix_rows=[np.ones(6)])
     layer.pos_embedding.assign(np.pad(code, ((0, 0), (0, 26)))[None].astype("float32"))
-    np.testing.assert_allclose(embeddings.model_position_similarity(model), expected_row_column_similarity(3, 3), atol=1e-6)
+    expected = expected_row_column_similarity(3, 3)
+    np.testing.assert_allclose(embeddings.model_position_similarity(model), expected, atol=1e-6)
 
 
 def test_model_position_similarity_of_learned_2d_embeddings_set_to_one_hot_rows_and_columns():
@@ -51,7 +51,8 @@ def test_model_position_similarity_of_learned_2d_embeddings_set_to_one_hot_rows_
     layer = model.get_layer("posembed_input")
     layer.row_embedding.assign(np.eye(3, 16, dtype="float32"))
     layer.col_embedding.assign(np.eye(3, 16, dtype="float32"))
-    np.testing.assert_allclose(embeddings.model_position_similarity(model), expected_row_column_similarity(3, 3), atol=1e-6)
+    expected = expected_row_column_similarity(3, 3)
+    np.testing.assert_allclose(embeddings.model_position_similarity(model), expected, atol=1e-6)
 
 
 def test_position_similarity_rejects_mismatched_shapes():
@@ -85,13 +86,22 @@ def test_filter_components_recover_planted_directions_and_variances():
     assert np.all(flat[np.arange(2), np.abs(flat).argmax(1)] > 0)  # sign convention
 
 
-def test_filter_components_agree_with_scikit_learn_pca():
-    kernel = np.random.default_rng(1).normal(size=(2, 2, 3, 40))
-    components, ratio = embeddings.filter_components(kernel, num_components=5)
-    pca = PCA(n_components=5).fit(kernel.reshape(-1, 40).T)
-    flat = components.reshape(5, -1)
-    np.testing.assert_allclose(np.abs(np.sum(flat * pca.components_, axis=1)), 1.0, atol=1e-8)
-    np.testing.assert_allclose(ratio, pca.explained_variance_ratio_, rtol=1e-8)
+@pytest.mark.parametrize("seed, k", [(1, 5), (2, 11), (3, 1)])
+def test_filter_components_equal_the_svd_of_the_centred_filters_signed_by_their_peak(seed, k):
+    kernel = np.random.default_rng(seed).normal(size=(2, 2, 3, 40)) * np.arange(1, 13).reshape(2, 2, 3, 1)
+    filters = kernel.reshape(-1, 40).T
+    _, singular, axes = np.linalg.svd(filters - filters.mean(axis=0), full_matrices=False)
+    axes = axes[:k] * np.sign(axes[np.arange(k), np.abs(axes[:k]).argmax(axis=1)])[:, None]
+    components, ratio = embeddings.filter_components(kernel, num_components=k)
+    np.testing.assert_allclose(components.reshape(k, -1), axes, atol=1e-12)
+    np.testing.assert_allclose(ratio, singular[:k] ** 2 / np.sum(singular**2), rtol=1e-12)
+
+
+@pytest.mark.filterwarnings("error")
+def test_filter_components_of_identical_filters_explain_nothing():
+    components, ratio = embeddings.filter_components(np.ones((2, 2, 3, 8)), num_components=3)
+    assert components.shape == (3, 2, 2, 3)
+    np.testing.assert_array_equal(ratio, 0.0)
 
 
 def test_model_filter_components_and_rgb_tiles():

@@ -9,11 +9,11 @@ float32: bfloat16 keeps 8 significant bits (relative rounding 2^-9), so after tw
 magnitude ~3 agree to a few 1e-2; the test allows 0.1 absolute and a cosine similarity of 0.999.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 import keras_vit
 from keras_vit.layers import MultiHeadSelfAttention, PatchEmbed, TransformerBlock
 
@@ -113,8 +113,11 @@ def test_jit_compile_predict_matches_graph_and_eager():
 def test_jit_compile_train_step_matches_plain_train_step():
     plain, xla = _twin_models(depth=1)
     for model, jit in ((plain, False), (xla, True)):
-        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit,
+        )
     images, labels = _images(batch=4), np.array([0, 1, 2, 3])
     before = plain.get_weights()
     losses = [m.train_on_batch(images, labels) for m in (plain, xla)]

@@ -9,14 +9,19 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-
-import keras_vit
-from keras_vit.resnet import TIMM_RESNET
-from keras_vit.weights import load_weights
 from npz_layout import vit_checkpoint
 
+import keras_vit
+from keras_vit.checkpoints.load import load_weights
+from keras_vit.resnet import TIMM_RESNET
+
 REFERENCE = Path(__file__).parent / "reference" / "timm_hybrid.py"
-CONSTRUCTORS = {"R50+B/16": keras_vit.ViT_R50_B16, "R50+L/32": keras_vit.ViT_R50_L32, "R26+S/32": keras_vit.ViT_R26_S32}
+CONSTRUCTORS = {
+    "R50+B/16": keras_vit.ViT_R50_B16,
+    "R50+L/32": keras_vit.ViT_R50_L32,
+    "R26+S/32": keras_vit.ViT_R26_S32,
+    "R26+B/32": keras_vit.ViT_R26_B32,
+}
 
 
 def flax_hybrid_checkpoint(seed, *, num_layers, width, hidden, depth, heads, mlp, grid, num_classes, kernel_scale=None):
@@ -38,8 +43,8 @@ def flax_hybrid_checkpoint(seed, *, num_layers, width, hidden, depth, heads, mlp
             arrays[f"{conv}/kernel"] = normal((size, size, cin, cout), offset=0.1)  # standardised anyway
         else:
             arrays[f"{conv}/kernel"] = normal((size, size, cin, cout)) * kernel_scale * rng.uniform(0.3, 3.0, cout)
-        arrays[f"{norm}/scale"] = normal(norm_shape + (cout,), 0.2, 1.0)
-        arrays[f"{norm}/bias"] = normal(norm_shape + (cout,), 0.2)
+        arrays[f"{norm}/scale"] = normal((*norm_shape, cout), 0.2, 1.0)
+        arrays[f"{norm}/bias"] = normal((*norm_shape, cout), 0.2)
 
     conv_norm("conv_root", "gn_root", 7, 3, width, norm_shape=(1, 1, 1))
     channels = width
@@ -53,8 +58,19 @@ def flax_hybrid_checkpoint(seed, *, num_layers, width, hidden, depth, heads, mlp
             conv_norm(prefix + "conv2", prefix + "gn2", 3, features, features)
             conv_norm(prefix + "conv3", prefix + "gn3", 1, features, 4 * features)
             channels = 4 * features
-    arrays.update(vit_checkpoint(patch=1, channels=channels, width=hidden, depth=depth, heads=heads, mlp=mlp,
-                                 grid=(grid, grid), num_classes=num_classes, seed=seed))
+    arrays.update(
+        vit_checkpoint(
+            patch=1,
+            channels=channels,
+            width=hidden,
+            depth=depth,
+            heads=heads,
+            mlp=mlp,
+            grid=(grid, grid),
+            num_classes=num_classes,
+            seed=seed,
+        )
+    )
     return arrays
 
 
@@ -76,17 +92,27 @@ TIMM_PARAMS = {
     ("R50+L/32", 224): 328_994_856,
     ("R50+L/32", 384): 329_092_136,
 }
-_SLOW_SIZES = {("R26+S/32", 384), ("R50+B/16", 384), ("R50+L/32", 224), ("R50+L/32", 384)}
+_FAST_FULL_BUILDS = {("R26+S/32", 224)}  # the others take up to a minute to build: slow tier
 
 
 @pytest.mark.parametrize(
     "name, image_size",
-    [pytest.param(*key, marks=[pytest.mark.slow] if key in _SLOW_SIZES else []) for key in TIMM_PARAMS],
+    [pytest.param(*key, marks=[] if key in _FAST_FULL_BUILDS else [pytest.mark.slow]) for key in TIMM_PARAMS],
 )
 def test_parameter_count_equals_timms(name, image_size):
     model = CONSTRUCTORS[name](image_size)
     assert model.count_params() == TIMM_PARAMS[(name, image_size)]
     assert model.name == "vit_" + name.lower().replace("+", "_").replace("/", "")  # e.g. vit_r50_b16
+
+
+@pytest.mark.parametrize("name, image_size", list(TIMM_PARAMS))
+def test_parameter_count_equals_timms_from_a_one_block_build(name, image_size):
+    """Fast for every hybrid: the model with one block, plus ``depth - 1`` more blocks of the same size."""
+    one_block = CONSTRUCTORS[name](image_size, depth=1)
+    block = one_block.get_layer("encoderblock_0").count_params()
+    depth = keras_vit.parse_variant(name).depth
+    assert one_block.count_params() + (depth - 1) * block == TIMM_PARAMS[(name, image_size)]
+    keras.backend.clear_session()
 
 
 def test_resnet_parameter_count_of_r50_b16():
@@ -118,7 +144,9 @@ def _check_shapes(name, stride, channels, hidden, image_size, run):
 
 
 @pytest.mark.parametrize("image_size", [224, 384])
-@pytest.mark.parametrize("name, stride, channels, hidden", SHAPES[:2] + [pytest.param(*SHAPES[2], marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name, stride, channels, hidden", [*SHAPES[:2], pytest.param(*SHAPES[2], marks=pytest.mark.slow)]
+)
 def test_output_shapes(name, stride, channels, hidden, image_size):
     """Symbolic shapes at 224 and 384, and a real run at 224 (runs at 384: the slow test below)."""
     _check_shapes(name, stride, channels, hidden, image_size, run=image_size == 224)
@@ -132,8 +160,19 @@ def test_output_shapes_of_a_run_at_384(name, stride, channels, hidden):
 
 def test_constructors_accept_every_vit_option():
     model = keras_vit.ViT_R26_S32(
-        64, num_classes=7, classifier="gap", representation_size=16, dropout=0.1, attention_dropout=0.1,
-        drop_path=0.1, gelu="exact", depth=2, hidden_size=32, num_heads=2, mlp_dim=64, name="small_hybrid",
+        64,
+        num_classes=7,
+        classifier="gap",
+        representation_size=16,
+        dropout=0.1,
+        attention_dropout=0.1,
+        drop_path=0.1,
+        gelu="exact",
+        depth=2,
+        hidden_size=32,
+        num_heads=2,
+        mlp_dim=64,
+        name="small_hybrid",
         classifier_activation="softmax",
     )
     assert model.name == "small_hybrid"
@@ -141,7 +180,9 @@ def test_constructors_accept_every_vit_option():
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, 4, 32)  # gap: no class token, 2x2 grid
     probs = np.asarray(model(np.zeros((2, 64, 64, 3), "float32")))
     np.testing.assert_allclose(probs.sum(axis=-1), 1.0, atol=1e-5)
-    features = keras_vit.ViT_R26_S32(128, include_top=False, pooling="avg", depth=1, hidden_size=32, num_heads=2, mlp_dim=64)
+    features = keras_vit.ViT_R26_S32(
+        128, include_top=False, pooling="avg", depth=1, hidden_size=32, num_heads=2, mlp_dim=64
+    )
     assert features.output.shape == (None, 32)
     attention = keras_vit.attention_model(features)
     assert [tuple(a.shape) for a in attention.outputs] == [(None, 2, 17, 17)]  # class token + a 4x4 grid
@@ -154,6 +195,79 @@ def test_vit_builder_makes_hybrids_from_any_resnet():
     assert model.get_layer("embedding").kernel.shape == (2, 2, 32, 192)
     assert model.get_layer("posembed_input").grid_size == (8, 8)  # 64 / (4 * 2)
     assert model(np.zeros((1, 64, 64, 3), "float32")).shape == (1, 1000)
+
+
+# --- the variants table --------------------------------------------------------------------------
+
+# variant -> (ResNet units per stage, channels of its map, encoder width, heads, MLP), from the paper and vit_jax
+HYBRIDS = {
+    "R50+B/16": ((3, 4, 9), 1024, 768, 12, 3072),
+    "R50+L/32": ((3, 4, 6, 3), 2048, 1024, 16, 4096),
+    "R26+S/32": ((2, 2, 2, 2), 2048, 384, 6, 1536),
+    "R26+B/32": ((2, 2, 2, 2), 2048, 768, 12, 3072),
+}
+
+
+def _check_hybrid(model, variant, image_size=64):
+    stages, channels, width, heads, mlp = HYBRIDS[variant]
+    stem, block = model.get_layer("resnet"), model.get_layer("encoderblock_0")
+    assert stem.num_layers == stages and stem.output_channels == channels
+    assert model.get_layer("embedding").kernel.shape == (1, 1, channels, width)  # patch size 1 on the map
+    assert (block.num_heads, block.mlp_dim) == (heads, mlp)
+    grid = image_size // int(variant.rpartition("/")[2])
+    assert model.get_layer("posembed_input").grid_size == (grid, grid)
+    assert model.name == "vit_" + variant.lower().replace("+", "_").replace("/", "")
+
+
+@pytest.mark.parametrize("variant", list(HYBRIDS))
+def test_the_named_hybrid_constructors_build_the_tables_hybrids(variant):
+    _check_hybrid(CONSTRUCTORS[variant](64, depth=1), variant)
+    keras.backend.clear_session()
+
+
+@pytest.mark.parametrize(
+    "name, variant",
+    [("R50+B/16", "R50+B/16"), ("ViT_R26_S32", "R26+S/32"), ("R50+ViT-L/32", "R50+L/32"), ("vit_r26_b32", "R26+B/32")],
+)
+def test_vit_builds_hybrids_by_name(name, variant):
+    """``ViT("R50+B/16")``: the ResNet's stages from the table, patch size 1; every spelling of the name."""
+    assert keras_vit.parse_variant(name) == keras_vit.parse_variant(variant)
+    if name in ("R50+B/16", "ViT_R26_S32"):  # building each spelling again would only repeat the above
+        _check_hybrid(keras_vit.ViT(name, image_size=64, depth=1), variant)
+
+
+def test_the_hybrid_constructors_keep_their_resnet_numerics():
+    model = keras_vit.ViT_R26_B32(64, depth=1, **TIMM_RESNET)
+    stem = model.get_layer("resnet")
+    assert (stem.std_conv_epsilon, stem.group_norm_epsilon, stem.weight_standardization) == (1e-8, 1e-5, "timm")
+    stem = keras_vit.ViT_R26_B32(64, depth=1).get_layer("resnet")
+    assert (stem.std_conv_epsilon, stem.group_norm_epsilon, stem.weight_standardization) == (1e-5, 1e-6, "flax")
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        keras_vit.ViT_B32(64, std_conv_epsilon=1e-8)  # a plain ViT has no ResNet
+
+
+def test_vit_resnet_argument_sets_the_stem():
+    """``resnet=`` as units per stage or as ResNetStem arguments; a hybrid variant's stages are the default."""
+    small = dict(image_size=32, patch_size=1, depth=1, hidden_size=32, num_heads=2, mlp_dim=64)
+    assert keras_vit.ViT("S/32", resnet=(1, 2), **small).get_layer("resnet").num_layers == (1, 2)
+    stem = keras_vit.ViT(
+        "S/32", resnet={"num_layers": [1], "std_conv_epsilon": 1e-8, "width": 32}, **{**small, "image_size": 16}
+    ).get_layer("resnet")
+    assert stem.std_conv_epsilon == 1e-8 and stem.num_layers == (1,)
+    stem = keras_vit.ViT("R26+S/32", resnet={"width": 32}, **small).get_layer("resnet")
+    assert stem.num_layers == (2, 2, 2, 2) and stem.width == 32
+    with pytest.raises(ValueError, match="needs 'num_layers'"):
+        keras_vit.ViT("S/16", resnet={"width": 32}, **small)
+
+
+def test_model_from_checkpoint_names_hybrids_from_the_table():
+    """An R26 ResNet and a Ti encoder (12 blocks, 192 wide): named from the table's ResNet depth and size."""
+    arrays = flax_hybrid_checkpoint(
+        9, num_layers=(2, 2, 2, 2), width=64, hidden=192, depth=12, heads=3, mlp=768, grid=2, num_classes=3
+    )
+    model = keras_vit.model_from_checkpoint(arrays)
+    assert model.name == "vit_r26_ti32" and model.input_shape == (None, 64, 64, 3)
+    assert model.get_layer("resnet").num_layers == (2, 2, 2, 2)
 
 
 @pytest.mark.parametrize(
@@ -183,8 +297,15 @@ SMALL = dict(num_layers=(1, 2), width=32, hidden=32, depth=1, heads=2, mlp=64, n
 def _small_hybrid(image_size, **kwargs):
     kwargs.setdefault("num_classes", 5)
     return keras_vit.ViT(
-        "S/32", image_size=image_size, patch_size=1, depth=1, hidden_size=32, num_heads=2, mlp_dim=64,
-        resnet={"num_layers": (1, 2), "width": 32}, **kwargs,
+        "S/32",
+        image_size=image_size,
+        patch_size=1,
+        depth=1,
+        hidden_size=32,
+        num_heads=2,
+        mlp_dim=64,
+        resnet={"num_layers": (1, 2), "width": 32},
+        **kwargs,
     )
 
 
@@ -209,8 +330,9 @@ def test_loader_resizes_position_embeddings_of_a_hybrid():
     pos = np.asarray(model.get_layer("posembed_input").pos_embedding)
     assert pos.shape == (1, 65, 32)
     np.testing.assert_array_equal(pos[0, 0], arrays["Transformer/posembed_input/pos_embedding"][0, 0])
-    np.testing.assert_array_equal(np.asarray(model.get_layer("resnet").units[-1].conv2.kernel),
-                                  arrays["block2/unit2/conv2/kernel"])
+    np.testing.assert_array_equal(
+        np.asarray(model.get_layer("resnet").units[-1].conv2.kernel), arrays["block2/unit2/conv2/kernel"]
+    )
 
 
 def test_loader_names_missing_and_unexpected_resnet_keys():
@@ -219,7 +341,9 @@ def test_loader_names_missing_and_unexpected_resnet_keys():
     arrays["block3/unit1/conv1/kernel"] = np.zeros((1, 1, 128, 128), "float32")
     model = _small_hybrid(32)
     before = [np.asarray(w) for w in model.weights]
-    with pytest.raises(ValueError, match=r"(?s)missing.*block2/unit2/conv2/kernel.*unexpected.*block3/unit1/conv1/kernel"):
+    with pytest.raises(
+        ValueError, match=r"(?s)missing.*block2/unit2/conv2/kernel.*unexpected.*block3/unit1/conv1/kernel"
+    ):
         load_weights(model, arrays)
     assert all(np.array_equal(a, np.asarray(w)) for a, w in zip(before, model.weights))
 
@@ -232,8 +356,9 @@ def test_constructor_loads_weights_by_path(tmp_path):
     # the checkpoint's resolution (a 2x2 grid at the ResNet's stride 8) and classes
     assert model.input_shape == (None, 16, 16, 3) and model.output_shape == (None, 5)
     np.testing.assert_array_equal(np.asarray(model.get_layer("head").bias), arrays["head/bias"])
-    np.testing.assert_array_equal(np.asarray(model.get_layer("resnet").units[0].gn_proj.gamma),
-                                  arrays["block1/unit1/gn_proj/scale"])
+    np.testing.assert_array_equal(
+        np.asarray(model.get_layer("resnet").units[0].gn_proj.gamma), arrays["block1/unit1/gn_proj/scale"]
+    )
 
 
 # --- saving ---------------------------------------------------------------------------------------
@@ -264,8 +389,14 @@ PARITY = dict(image_size=64, hidden=64, depth=2, heads=2, mlp=128, num_classes=1
 
 def _our_parity_model(name, **resnet_numerics):
     return CONSTRUCTORS[name](
-        PARITY["image_size"], num_classes=PARITY["num_classes"], depth=PARITY["depth"], hidden_size=PARITY["hidden"],
-        num_heads=PARITY["heads"], mlp_dim=PARITY["mlp"], gelu="exact", **resnet_numerics,
+        PARITY["image_size"],
+        num_classes=PARITY["num_classes"],
+        depth=PARITY["depth"],
+        hidden_size=PARITY["hidden"],
+        num_heads=PARITY["heads"],
+        mlp_dim=PARITY["mlp"],
+        gelu="exact",
+        **resnet_numerics,
     )
 
 
@@ -275,21 +406,39 @@ def timm_parity(tmp_path_factory):
     if importlib.util.find_spec("timm") is None:
         pytest.skip("timm is not installed (pip install -e '.[reference]')")
     folder = tmp_path_factory.mktemp("timm_hybrid")
-    images = np.random.default_rng(8).uniform(-1, 1, (2, PARITY["image_size"], PARITY["image_size"], 3)).astype("float32")
+    size = PARITY["image_size"]
+    images = np.random.default_rng(8).uniform(-1, 1, (2, size, size, 3)).astype("float32")
     np.savez(folder / "images.npz", images=images)
     jobs, cases = [], {}
     for i, (name, case) in enumerate({**PARITY_CASES, SMALL_KERNELS: dict(R26, kernel_scale=1e-3)}.items()):
         grid = PARITY["image_size"] // case["stride"]
         arrays = flax_hybrid_checkpoint(
-            10 + i, num_layers=case["num_layers"], width=64, grid=grid, kernel_scale=case.get("kernel_scale"),
+            10 + i,
+            num_layers=case["num_layers"],
+            width=64,
+            grid=grid,
+            kernel_scale=case.get("kernel_scale"),
             **{k: PARITY[k] for k in ("hidden", "depth", "heads", "mlp", "num_classes")},
         )
         checkpoint, output = folder / f"checkpoint_{i}.npz", folder / f"timm_{i}.npz"
         np.savez(checkpoint, **arrays)
-        kwargs = dict(img_size=PARITY["image_size"], num_classes=PARITY["num_classes"], embed_dim=PARITY["hidden"],
-                      depth=PARITY["depth"], num_heads=PARITY["heads"], mlp_ratio=PARITY["mlp"] / PARITY["hidden"])
-        jobs.append(dict(model=case["timm"], kwargs=kwargs, checkpoint=str(checkpoint), images=str(folder / "images.npz"),
-                         output=str(output)))
+        kwargs = dict(
+            img_size=PARITY["image_size"],
+            num_classes=PARITY["num_classes"],
+            embed_dim=PARITY["hidden"],
+            depth=PARITY["depth"],
+            num_heads=PARITY["heads"],
+            mlp_ratio=PARITY["mlp"] / PARITY["hidden"],
+        )
+        jobs.append(
+            dict(
+                model=case["timm"],
+                kwargs=kwargs,
+                checkpoint=str(checkpoint),
+                images=str(folder / "images.npz"),
+                output=str(output),
+            )
+        )
         cases[name] = (checkpoint, output)
     (folder / "jobs.json").write_text(json.dumps(jobs))
     subprocess.run([sys.executable, str(REFERENCE), str(folder / "jobs.json")], check=True, timeout=600)
@@ -321,7 +470,11 @@ def test_published_numerics_differ_measurably_from_timms(timm_parity):
     images, cases = timm_parity
     checkpoint, reference = cases[SMALL_KERNELS]
     arrays = dict(np.load(checkpoint))
-    settings = {"timm": TIMM_RESNET, "published": {}, "flax formula, timm epsilons": dict(TIMM_RESNET, weight_standardization="flax")}
+    settings = {
+        "timm": TIMM_RESNET,
+        "published": {},
+        "flax formula, timm epsilons": dict(TIMM_RESNET, weight_standardization="flax"),
+    }
     errors = {}
     for label, numerics in settings.items():
         stem = keras_vit.ResNetStem(R26["num_layers"], **numerics)

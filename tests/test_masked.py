@@ -1,4 +1,4 @@
-"""Masked patch prediction (keras_vit.training.masked_patch, keras_vit.training.pretrain) and the ablation command's pieces."""
+"""Masked patch prediction (keras_vit.training.masked_patch, keras_vit.training.pretrain) and the ablation's pieces."""
 
 import os
 

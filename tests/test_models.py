@@ -1,10 +1,13 @@
 """The core model family: shapes, parameter counts, serialisation, training, bad input."""
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.variants import NAMED_VARIANTS, constructor_name
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
 
@@ -31,17 +34,38 @@ def vit_params(width, depth, mlp, patch, image=224, classes=1000):
     """The parameter count from the paper's equations, term by term."""
     tokens = (image // patch) ** 2 + 1
     embed = patch * patch * 3 * width + width
-    block = 2 * 2 * width + (width * 3 * width + 3 * width) + (width * width + width) + (width * mlp + mlp) + (mlp * width + width)
+    norms, attention = 2 * 2 * width, (width * 3 * width + 3 * width) + (width * width + width)
+    block = norms + attention + (width * mlp + mlp) + (mlp * width + width)
     return embed + width + tokens * width + depth * block + 2 * width + width * classes + classes
 
 
-@pytest.mark.parametrize("name", list(TIMM_PARAMS))
-def test_parameter_counts_match_table_1(name):
+FAST_FULL_BUILDS = ("ViT_Ti16", "ViT_S16", "ViT_S32")  # the others take 3-18 s each to build: slow tier
+
+
+def _variant_of(name):
     size, patch = name[4:].rstrip("0123456789"), int(name[4:].lstrip("TiSBLH"))
-    cfg = keras_vit.SIZES[size]
+    return keras_vit.SIZES[size], patch
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[] if n in FAST_FULL_BUILDS else [pytest.mark.slow]) for n in TIMM_PARAMS]
+)
+def test_parameter_counts_match_table_1(name):
+    cfg, patch = _variant_of(name)
     model = getattr(keras_vit, name)()
     assert model.count_params() == TIMM_PARAMS[name]
     assert model.count_params() == vit_params(cfg["hidden_size"], cfg["depth"], cfg["mlp_dim"], patch)
+    keras.backend.clear_session()
+
+
+@pytest.mark.parametrize("name", list(TIMM_PARAMS))
+def test_parameter_counts_of_every_variant_from_a_one_block_build(name):
+    """Fast for every size: the model with one block, plus ``depth - 1`` more blocks of the same size."""
+    cfg, patch = _variant_of(name)
+    one_block = getattr(keras_vit, name)(depth=1)
+    block = one_block.get_layer("encoderblock_0").count_params()
+    assert one_block.count_params() + (cfg["depth"] - 1) * block == TIMM_PARAMS[name]
+    assert TIMM_PARAMS[name] == vit_params(cfg["hidden_size"], cfg["depth"], cfg["mlp_dim"], patch)
     keras.backend.clear_session()
 
 
@@ -143,15 +167,93 @@ def test_save_and_load_round_trip_is_bit_identical(tmp_path):
     assert [layer.get_config() for layer in restored.layers] == [layer.get_config() for layer in model.layers]
 
 
-def test_layer_configs_round_trip():
-    for layer in [
-        keras_vit.PatchEmbed((4, 2), 8),
-        keras_vit.AddPositionEmbs((3, 5), num_prefix_tokens=1),
-        keras_vit.TransformerBlock(2, 16, dropout=0.1, attention_dropout=0.2, drop_path=0.3, gelu="exact"),
-        keras_vit.TokenPooling("avg", num_prefix_tokens=1),
-    ]:
-        clone = type(layer).from_config(layer.get_config())
-        assert clone.get_config() == layer.get_config()
+# Every serialisable layer of keras_vit, with a NON-default value for every constructor argument.
+NON_DEFAULT_ARGUMENTS = {
+    "PatchEmbed": dict(patch_size=(4, 2), hidden_size=8),
+    "ClassToken": dict(),
+    "AddPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=2),
+    "AddPositionEmbs2D": dict(grid_size=(3, 5), num_prefix_tokens=2),
+    "SinCosPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=0, temperature=100.0),
+    "RelativePositionBias": dict(num_heads=3, grid_size=(3, 5), num_prefix_tokens=0),
+    "RelativeTransformerBlock": dict(
+        num_heads=2,
+        mlp_dim=16,
+        grid_size=(3, 5),
+        num_prefix_tokens=0,
+        dropout=0.1,
+        attention_dropout=0.2,
+        drop_path=0.3,
+        gelu="exact",
+    ),
+    "TokenPooling": dict(mode="avg", num_prefix_tokens=2),
+    "MultiHeadSelfAttention": dict(num_heads=3, attention_dropout=0.2),
+    "MlpBlock": dict(mlp_dim=16, dropout=0.1, gelu="exact"),
+    "DropPath": dict(rate=0.3, seed=7),
+    "TransformerBlock": dict(num_heads=2, mlp_dim=16, dropout=0.1, attention_dropout=0.2, drop_path=0.3, gelu="exact"),
+    "StdConv2D": dict(filters=8, kernel_size=(3, 5), strides=(2, 1), epsilon=1e-8, standardization="timm"),
+    "BottleneckUnit": dict(
+        features=64, strides=2, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
+    ),
+    "ResNetStem": dict(
+        num_layers=(1, 2), width=96, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
+    ),
+}
+
+
+def _keras_vit_layers() -> dict[str, type]:
+    """Every layer class registered for serialisation under the ``keras_vit`` package."""
+    return {
+        name.partition(">")[2]: cls
+        for name, cls in keras.saving.get_custom_objects().items()
+        if name.startswith("keras_vit>") and issubclass(cls, keras.layers.Layer)
+    }
+
+
+def _constructor_arguments(cls) -> dict[str, inspect.Parameter]:
+    """The named arguments of ``cls(...)``, including those its ``**kwargs`` pass to a keras_vit base class."""
+    arguments = {}
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("keras_vit") or "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]  # without self
+        arguments.update(
+            {
+                p.name: p
+                for p in parameters
+                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in arguments
+            }
+        )
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return arguments
+
+
+def _plain(value):
+    """Tuples as lists, as configs store them."""
+    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def test_every_layer_class_is_in_the_round_trip_table():
+    assert set(_keras_vit_layers()) == set(NON_DEFAULT_ARGUMENTS)
+
+
+@pytest.mark.parametrize("name", sorted(NON_DEFAULT_ARGUMENTS))
+def test_layer_config_keeps_every_constructor_argument(name):
+    """Built with a non-default value for every argument, a layer's config holds each of them, and
+    ``from_config(get_config())`` gives the same config: an argument left out of ``get_config`` fails here."""
+    cls, arguments = _keras_vit_layers()[name], NON_DEFAULT_ARGUMENTS[name]
+    parameters = _constructor_arguments(cls)
+    assert set(arguments) == set(parameters), f"{name}: give a non-default value for every constructor argument"
+    for argument, value in arguments.items():
+        default = parameters[argument].default
+        assert default is inspect.Parameter.empty or _plain(value) != _plain(default), f"{name}.{argument} is default"
+    layer = cls(**arguments, name="layer")
+    config = layer.get_config()
+    for argument, value in arguments.items():
+        assert argument in config, f"{name}.get_config() drops {argument!r}"
+        assert _plain(config[argument]) == _plain(value), f"{name}.get_config()[{argument!r}]"
+    clone = cls.from_config(config)
+    assert clone.get_config() == config
 
 
 def test_tiny_vit_overfits_a_small_batch():
@@ -215,10 +317,32 @@ def test_bad_arguments_raise_clear_errors(kwargs, message):
         keras_vit.ViT(None, **{**TINY, **kwargs})
 
 
-@pytest.mark.parametrize("variant", ["X/16", "B/0", "B16", "B/sixteen", ""])
+@pytest.mark.parametrize("variant", ["X/16", "B/0", "B/16/2", "B/sixteen", ""])
 def test_unknown_variant(variant):
     with pytest.raises(ValueError, match="Unknown ViT variant"):
         keras_vit.ViT(variant)
+
+
+def test_variant_spellings_build_the_same_model():
+    for spelling in ("ViT_B16", "ViT-B/16", "vit-b16", "B16"):
+        assert keras_vit.parse_variant(spelling) == keras_vit.parse_variant("B/16")
+    model = keras_vit.ViT("ViT_B16", image_size=32, depth=1)
+    assert model.name == "vit_b16" and model.get_layer("embedding").kernel.shape == (16, 16, 3, 768)
+
+
+def test_every_named_variant_has_its_exported_constructor():
+    exported = {name for name in keras_vit.__all__ if name.startswith("ViT_")}
+    assert exported == {constructor_name(variant) for variant in NAMED_VARIANTS}
+    for variant in NAMED_VARIANTS:
+        constructor = getattr(keras_vit, constructor_name(variant))
+        assert constructor.__name__ == constructor_name(variant) and variant in constructor.__doc__
+
+
+def test_overrides_are_checked():
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['width'\]"):
+        keras_vit.ViT("B/16", width=3)
+    with pytest.raises(ValueError, match=r"variant=None needs \['depth'\]"):
+        keras_vit.ViT(None, **{k: v for k, v in TINY.items() if k != "depth"})
 
 
 def test_wrong_input_at_call_time():

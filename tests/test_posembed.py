@@ -6,7 +6,7 @@ import pytest
 import scipy.ndimage
 
 import keras_vit
-from keras_vit.posembed import resample_position_embeddings, resize_grid
+from keras_vit.position import resample_position_embeddings, resize_grid
 
 TINY = dict(patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3)
 
@@ -74,7 +74,7 @@ def test_resize_position_embeddings_returns_a_model_at_the_new_size_with_the_sam
         else:
             np.testing.assert_array_equal(new.numpy(), old.numpy())
     # Same config apart from the image size.
-    configs = [{l["name"]: l["config"] for l in m.get_config()["layers"]} for m in (model, resized)]
+    configs = [{layer["name"]: layer["config"] for layer in m.get_config()["layers"]} for m in (model, resized)]
     changed = {name for name in configs[0] if configs[0][name] != configs[1][name]}
     assert changed == {"images", "posembed_input"}
     images = np.random.default_rng(0).uniform(-1, 1, (2, 48, 24, 3)).astype("float32")
@@ -87,8 +87,9 @@ def test_resize_with_a_method_by_name_and_back_to_the_same_size():
     images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     np.testing.assert_allclose(same.predict(images, verbose=0), model.predict(images, verbose=0), atol=1e-6)
     bilinear = keras_vit.resize_position_embeddings(model, 64, method="bilinear")
-    expected = resample_position_embeddings(model.get_layer("posembed_input").pos_embedding.numpy(), 8,
-                                            method="bilinear")
+    expected = resample_position_embeddings(
+        model.get_layer("posembed_input").pos_embedding.numpy(), 8, method="bilinear"
+    )
     np.testing.assert_allclose(bilinear.get_layer("posembed_input").pos_embedding.numpy(), expected, atol=1e-6)
 
 
@@ -99,7 +100,7 @@ def test_resize_position_embeddings_rejects_bad_sizes():
     with pytest.raises(ValueError, match="resize method"):
         keras_vit.resize_position_embeddings(model, 64, method="area")
     plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    with pytest.raises(ValueError, match="one \(batch, h, w, c\) input"):
+    with pytest.raises(ValueError, match=r"one \(batch, h, w, c\) input"):
         keras_vit.resize_position_embeddings(plain, 64)
     conv = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(2, 3)])
     with pytest.raises(ValueError, match="no layer with a patch grid"):

@@ -136,8 +136,7 @@ def test_attention_bias_is_added_to_the_logits_on_both_paths():
     q, k, _ = np.split(keras.ops.convert_to_numpy(layer.qkv(x)).reshape(2, 5, 3, 2, 4), 3, axis=2)
     logits = np.einsum("bqhd,bkhd->bhqk", q[:, :, 0], k[:, :, 0]) / 2.0 + bias
     expected = np.exp(logits - logits.max(-1, keepdims=True))
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(probs), expected / expected.sum(-1, keepdims=True),
-                               atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(probs), expected / expected.sum(-1, keepdims=True), atol=1e-5)
 
 
 def test_relative_bias_steers_attention():
@@ -159,8 +158,9 @@ def test_resizing_each_variant():
         model = tiny(name)
         randomise(model)
         same = keras_vit.resize_position_embeddings(model, 32)
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(same(images())),
-                                      keras.ops.convert_to_numpy(model(images())))
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(same(images())), keras.ops.convert_to_numpy(model(images()))
+        )
         bigger = keras_vit.resize_position_embeddings(model, 48)
         assert bigger(x).shape == (2, 5), name
 
@@ -178,14 +178,16 @@ def test_resized_learned_2d_interpolates_rows_and_columns():
     np.testing.assert_allclose(new_rows[[0, -1]], rows[[0, -1]], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(new_rows[1], 0.4 * rows[0] + 0.6 * rows[1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(new_cols[[0, -1]], cols[[0, -1]], rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(new.prefix_embedding),
-                                  keras.ops.convert_to_numpy(old.prefix_embedding))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(new.prefix_embedding), keras.ops.convert_to_numpy(old.prefix_embedding)
+    )
 
 
 def test_resized_sincos_is_recomputed_and_relative_table_interpolated():
     sincos = keras_vit.resize_position_embeddings(tiny("sincos_2d"), 48).get_layer("posembed_input")
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(sincos.pos_embedding)[0, 1:], sincos_2d_embedding(6, 32),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(sincos.pos_embedding)[0, 1:], sincos_2d_embedding(6, 32), rtol=1e-6
+    )
     model = tiny("relative", depth=2)
     randomise(model)
     old = keras.ops.convert_to_numpy(model.get_layer("encoderblock_1").relative_bias.relative_table)
@@ -225,8 +227,10 @@ def test_published_checkpoints_load_into_learned_1d_only():
     arrays = vit_checkpoint(patch=8, width=32, depth=1, heads=2, mlp=64, grid=(4, 4), num_classes=5)
     model = tiny("learned_1d")
     keras_vit.load_weights(model, arrays)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.get_layer("posembed_input").pos_embedding),
-                                  arrays["Transformer/posembed_input/pos_embedding"])
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(model.get_layer("posembed_input").pos_embedding),
+        arrays["Transformer/posembed_input/pos_embedding"],
+    )
     for name in ("learned_2d", "sincos_2d", "relative", "none"):
         with pytest.raises(ValueError, match="posembed_input/pos_embedding"):
             keras_vit.load_weights(tiny(name), arrays)

@@ -16,10 +16,10 @@ import keras
 import numpy as np
 import pytest
 import scipy.ndimage
+from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
-from keras_vit.weights import load_weights
-from npz_layout import vit_checkpoint, write_checkpoint
+from keras_vit.checkpoints.load import load_weights
 
 pytestmark = [
     pytest.mark.reference,
@@ -29,14 +29,29 @@ pytestmark = [
 REFERENCE = Path(__file__).with_name("reference") / "timm_vit.py"
 B16 = dict(patch_size=16, hidden_size=768, depth=2, num_heads=12, mlp_dim=3072)  # B/16, 2 blocks
 TOLERANCE = 1e-4
-RESAMPLES = [((24, 24), "bilinear"), ((24, 24), "bicubic"), ((7, 7), "bilinear"), ((7, 7), "bicubic"),
-             ((20, 12), "bilinear"), ((20, 12), "bicubic")]
+RESAMPLES = [
+    ((24, 24), "bilinear"),
+    ((24, 24), "bicubic"),
+    ((7, 7), "bilinear"),
+    ((7, 7), "bicubic"),
+    ((20, 12), "bilinear"),
+    ((20, 12), "bicubic"),
+]
 
 
 def timm_model(image_size, classifier, num_classes):
-    return dict(img_size=image_size, patch_size=16, embed_dim=768, depth=2, num_heads=12, mlp_ratio=4.0,
-                num_classes=num_classes, class_token=classifier == "token",
-                global_pool="token" if classifier == "token" else "avg", fc_norm=False)
+    return dict(
+        img_size=image_size,
+        patch_size=16,
+        embed_dim=768,
+        depth=2,
+        num_heads=12,
+        mlp_ratio=4.0,
+        num_classes=num_classes,
+        class_token=classifier == "token",
+        global_pool="token" if classifier == "token" else "avg",
+        fc_norm=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,26 +63,50 @@ def timm_runs(tmp_path_factory):
     for size, array in images.items():
         np.savez(tmp / f"images{size}.npz", images=array)
     cases = {
-        "token": (vit_checkpoint(patch=16, width=768, heads=12, mlp=3072, grid=(14, 14), representation_size=768,
-                                 seed=2), 224, "token", 0),
-        "gap": (vit_checkpoint(patch=16, width=768, heads=12, mlp=3072, grid=(14, 14), classifier="gap", seed=3),
-                224, "gap", 10),
+        "token": (
+            vit_checkpoint(patch=16, width=768, heads=12, mlp=3072, grid=(14, 14), representation_size=768, seed=2),
+            224,
+            "token",
+            0,
+        ),
+        "gap": (
+            vit_checkpoint(patch=16, width=768, heads=12, mlp=3072, grid=(14, 14), classifier="gap", seed=3),
+            224,
+            "gap",
+            10,
+        ),
         "resized": (vit_checkpoint(patch=16, width=768, heads=12, mlp=3072, grid=(14, 14), seed=4), 384, "token", 10),
     }
     jobs = []
     for name, (arrays, size, classifier, classes) in cases.items():
         write_checkpoint(tmp / f"{name}.npz", arrays)
-        jobs.append(dict(kind="vit", checkpoint=str(tmp / f"{name}.npz"), images=str(tmp / f"images{size}.npz"),
-                         output=str(tmp / f"{name}_out.npz"), model=timm_model(size, classifier, classes)))
+        jobs.append(
+            dict(
+                kind="vit",
+                checkpoint=str(tmp / f"{name}.npz"),
+                images=str(tmp / f"images{size}.npz"),
+                output=str(tmp / f"{name}_out.npz"),
+                model=timm_model(size, classifier, classes),
+            )
+        )
     posemb = rng.normal(size=(1, 1 + 14 * 14, 16)).astype("float32")
     np.savez(tmp / "posemb.npz", posemb=posemb)
     for i, (size, method) in enumerate(RESAMPLES):
-        jobs.append(dict(kind="resample", input=str(tmp / "posemb.npz"), output=str(tmp / f"resample{i}.npz"),
-                         new_size=list(size), num_prefix_tokens=1, interpolation=method,
-                         antialias=method == "bicubic"))
+        jobs.append(
+            dict(
+                kind="resample",
+                input=str(tmp / "posemb.npz"),
+                output=str(tmp / f"resample{i}.npz"),
+                new_size=list(size),
+                num_prefix_tokens=1,
+                interpolation=method,
+                antialias=method == "bicubic",
+            )
+        )
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    run = subprocess.run([sys.executable, str(REFERENCE), str(tmp / "jobs.json")], capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(REFERENCE), str(tmp / "jobs.json")], capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     outputs = {name: dict(np.load(tmp / f"{name}_out.npz")) for name in cases}
     resampled = [np.load(tmp / f"resample{i}.npz")["posemb"] for i in range(len(RESAMPLES))]

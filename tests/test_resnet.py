@@ -9,9 +9,9 @@ from keras_vit.resnet import (
     BottleneckUnit,
     ResNetStem,
     StdConv2D,
-    resnet_stem,
     standardize_kernel,
 )
+from keras_vit.variants import resnet_depth, resnet_stride
 
 RNG = np.random.default_rng(0)
 
@@ -129,8 +129,17 @@ def test_stem_npz_key_map_names_every_variable_once():
     stem = ResNetStem((2, 1), width=32)
     stem.build((None, 32, 32, 3))
     entries = stem.npz_key_map()
-    unit = ["conv1/kernel", "gn1/scale", "gn1/bias", "conv2/kernel", "gn2/scale", "gn2/bias",
-            "conv3/kernel", "gn3/scale", "gn3/bias"]
+    unit = [
+        "conv1/kernel",
+        "gn1/scale",
+        "gn1/bias",
+        "conv2/kernel",
+        "gn2/scale",
+        "gn2/bias",
+        "conv3/kernel",
+        "gn3/scale",
+        "gn3/bias",
+    ]
     proj = ["conv_proj/kernel", "gn_proj/scale", "gn_proj/bias"]
     expected = {"conv_root/kernel", "gn_root/scale", "gn_root/bias"}
     expected |= {f"block1/unit1/{k}" for k in unit + proj}  # 32 -> 128 channels
@@ -172,17 +181,22 @@ def test_stem_rejects_bad_arguments(kwargs, message):
         ResNetStem(**kwargs)
 
 
-def test_bad_unit_stem_and_spec_arguments_raise():
+def test_bad_unit_and_stem_arguments_raise():
+    """(``ViT(resnet=...)``, which builds the stem from units per stage or arguments: tests/test_hybrid.py.)"""
     with pytest.raises(ValueError, match="multiple of 32"):
         BottleneckUnit(40)
     with pytest.raises(ValueError, match="Unknown weight standardization 'torch'"):
         ResNetStem((1,), weight_standardization="torch")
     with pytest.raises(ValueError, match="must be built"):
         ResNetStem((1,), width=32).npz_key_map()
-    with pytest.raises(ValueError, match="needs 'num_layers'"):
-        resnet_stem({"width": 32})
-    assert resnet_stem((1, 2)).num_layers == (1, 2)
-    assert resnet_stem({"num_layers": [1], "std_conv_epsilon": 1e-8}).std_conv_epsilon == 1e-8
+
+
+@pytest.mark.parametrize("stages", [(), (1,), (3, 4, 9), (3, 4, 6, 3), (2, 2, 2, 2)])
+def test_stem_stride_and_depth_are_the_variants_table(stages):
+    stem = ResNetStem(stages, width=32)
+    assert stem.stride == resnet_stride(stages) == 4 * 2 ** max(0, len(stages) - 1)
+    assert resnet_depth(stages) == 2 + 3 * sum(stages)
+    assert (resnet_depth((3, 4, 6, 3)), resnet_depth((3, 4, 9)), resnet_depth((2, 2, 2, 2))) == (50, 50, 26)
 
 
 def test_epsilons_reach_every_sublayer():

@@ -1,5 +1,6 @@
 """Data sources (digits, image folder, TFDS via mock_data) and the tf.data pipelines."""
 
+import hashlib
 import json
 import os
 
@@ -13,6 +14,9 @@ from keras_vit.training.data import Split, load_digits, load_folder, load_source
 from keras_vit.training.finetune import finetune
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 
+# sha256 of (images, labels) of the digits' splits as training/data.py made them before keras_vit.datasets.
+DIGITS_HELD_OUT = "ef74cf7408b16ebc5c0dbab65af78704cafa3e7bd13212cc1d0ae7e2a3ec6954"
+DIGITS_TRAIN = "1c03aaba7a606b1d7d85fd65b122ac89d0f9863d066cd10ded39757a2bbf0799"
 COLOURS = ((220, 30, 30), (30, 220, 30), (30, 30, 220))  # class k is bright in channel k
 
 
@@ -34,6 +38,8 @@ def test_digits_split_is_held_out_and_stratified():
     source = load_digits()
     assert (source.num_classes, source.train.num_examples + source.eval.num_examples) == (10, 1797)
     assert source.eval.num_examples == 359
+    for split, digest in ((source.eval, DIGITS_HELD_OUT), (source.train, DIGITS_TRAIN)):  # the same images as always
+        assert hashlib.sha256(split.items.tobytes() + split.labels.tobytes()).hexdigest() == digest
     assert source.train.items.shape[1:] == (8, 8, 3) and source.train.items.dtype == np.uint8
     assert source.train.items.max() == 255
     eval_counts = np.bincount(source.eval.labels, minlength=10)

@@ -11,7 +11,8 @@ import json, tempfile
 from keras_vit.training.strategy import split_cpu
 split_cpu(2)
 import keras, numpy as np
-from keras_vit.training.finetune import build_model, finetune
+from keras_vit.training.finetune import finetune
+from keras_vit.training.steps import build_model
 
 config = json.loads({config!r})
 weights, replicas, accuracy = {{}}, {{}}, {{}}
@@ -19,7 +20,7 @@ for strategy in ("default", "mirrored"):
     result = finetune(strategy=strategy, output_dir=tempfile.mkdtemp(), **config)
     weights[strategy], accuracy[strategy] = result.model.get_weights(), result.metrics["accuracy"]
     replicas[strategy] = json.load(open(result.output_dir + "/metrics.json"))["replicas"]
-keras.utils.set_random_seed(result.config.seed)
+keras.utils.set_random_seed(result.config.optim.seed)
 initial = build_model(result.config, 10).get_weights()
 print(json.dumps({{
     "replicas": replicas,

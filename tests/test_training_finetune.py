@@ -38,10 +38,11 @@ def test_command_trains_and_writes_every_output(tmp_path, capsys):
 
 
 def test_command_rejects_bad_options(tmp_path):
-    with pytest.raises(SystemExit):
-        main(["--strategy", "horovod"])
-    with pytest.raises(ValueError, match="Unknown model 'R50"):
-        main([*TINY_ARGS, "--model", "R50+B/16", "--output-dir", str(tmp_path)])
+    for bad in (["--strategy", "horovod"], ["--model", "X/16"], ["--model", "R51+B/16"]):
+        with pytest.raises(SystemExit):
+            main(bad)
+    with pytest.raises(ValueError, match="Unknown ViT variant 'X/16'"):
+        finetune(**{**TINY, "model": "X/16"}, output_dir=str(tmp_path))
 
 
 def test_pretrained_weights_are_loaded_resized_and_fine_tuned(tmp_path):
@@ -53,7 +54,7 @@ def test_pretrained_weights_are_loaded_resized_and_fine_tuned(tmp_path):
     with pytest.warns(UserWarning, match="head"):
         result = finetune(weights=path, image_size=16, steps=2, lr=0.0, output_dir=str(tmp_path / "run"),
                           **{k: v for k, v in TINY.items() if k not in ("image_size",)})
-    assert result.config.preset == "finetune" and result.config.optimizer == "sgd"
+    assert result.config.preset == "finetune" and result.config.optim.optimizer == "sgd"
     model = result.model
     np.testing.assert_allclose(model.get_layer("embedding").kernel.numpy(), arrays["embedding/kernel"], atol=1e-6)
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, 1 + 4 * 4, 16)

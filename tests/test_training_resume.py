@@ -65,7 +65,7 @@ def test_crash_and_resume_continues_the_run_exactly(tmp_path):
     assert [e["step"] for e in read_log(crashed_dir)] == list(range(1, 8))  # it logged past its checkpoint
 
     resumed = finetune(output_dir=crashed_dir, **RUN)
-    metrics = json.loads(open(os.path.join(crashed_dir, "metrics.json")).read())
+    metrics = json.loads((tmp_path / "crashed" / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == 4
     assert int(resumed.model.optimizer.iterations) == 12
     log, reference = read_log(crashed_dir), read_log(str(tmp_path / "whole"))
@@ -108,9 +108,9 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
 def test_killed_command_resumes_from_its_last_checkpoint(tmp_path):
     """Really SIGKILL the command mid-run, start it again: it restarts from the last checkpoint."""
     out = str(tmp_path / "run")
-    args = [sys.executable, "-m", "keras_vit.training.finetune", "--model", "Ti/4", "--image-size", "8", "--hidden-size", "16",
-            "--depth", "1", "--num-heads", "2", "--mlp-dim", "32", "--batch-size", "16", "--steps", "3000",
-            "--checkpoint-every", "50", "--log-every", "1", "--eval-every", "1000", "--verbose", "0",
+    args = [sys.executable, "-m", "keras_vit.training.finetune", "--model", "Ti/4", "--image-size", "8",
+            "--hidden-size", "16", "--depth", "1", "--num-heads", "2", "--mlp-dim", "32", "--batch-size", "16",
+            "--steps", "3000", "--checkpoint-every", "50", "--log-every", "1", "--eval-every", "1000", "--verbose", "0",
             "--output-dir", out]
     env = {**os.environ, "PYTHONPATH": REPO}
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -130,7 +130,7 @@ def test_killed_command_resumes_from_its_last_checkpoint(tmp_path):
     args[args.index("--verbose") + 1] = "2"  # how a run reports may change between restarts
     done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    metrics = json.loads(open(os.path.join(out, "metrics.json")).read())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == checkpoint
     assert [e["step"] for e in read_log(out)] == list(range(1, 3001))
     assert f"held-out accuracy: {metrics['eval']['accuracy']:.4f}" in done.stdout

@@ -6,10 +6,13 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
-from keras_vit.weights import checkpoint_info, load_weights, npz_key_map, read_npz
-from npz_layout import vit_checkpoint, write_checkpoint
+from keras_vit.checkpoints.inspect import checkpoint_info
+from keras_vit.checkpoints.keymap import npz_key_map
+from keras_vit.checkpoints.load import load_weights
+from keras_vit.checkpoints.read import read_npz
 from keras_vit.zoo.__main__ import main as zoo_main
 
 ARCH = dict(patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64)
@@ -39,12 +42,14 @@ def flax_forward(a, x):
     if "cls" in a:
         x = np.concatenate([np.broadcast_to(a["cls"], (b, 1, width)), x], axis=1)
     x = x + a["Transformer/posembed_input/pos_embedding"]
-    for i in range(checkpoint_info(a).depth):
+    for i in range(checkpoint_info(a).architecture.depth):
         blk = f"Transformer/encoderblock_{i}"
         att = f"{blk}/MultiHeadDotProductAttention_1"
         y = layer_norm(x, a[f"{blk}/LayerNorm_0/scale"], a[f"{blk}/LayerNorm_0/bias"])
-        q, k, v = (np.einsum("bnd,dhk->bnhk", y, a[f"{att}/{n}/kernel"]) + a[f"{att}/{n}/bias"]
-                   for n in ("query", "key", "value"))
+        q, k, v = (
+            np.einsum("bnd,dhk->bnhk", y, a[f"{att}/{n}/kernel"]) + a[f"{att}/{n}/bias"]
+            for n in ("query", "key", "value")
+        )
         logits = np.einsum("bqhk,bthk->bhqt", q, k) / np.sqrt(q.shape[-1])
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
@@ -97,10 +102,14 @@ def test_b16_checkpoint_into_s16_fails_naming_keys_and_shapes_and_changes_nothin
     message = str(info.value)
     assert "shape mismatches" in message
     assert "embedding/kernel (16, 16, 3, 768): the model's embedding/kernel is (16, 16, 3, 384)" in message
-    assert "encoderblock_0/MlpBlock_3/Dense_0/kernel (768, 3072): the model's " \
-           "encoderblock_0/MlpBlock_3/Dense_0/kernel is (384, 1536)" in message
-    assert "MultiHeadDotProductAttention_1/query/kernel: shape (768, 12, 64) does not split into the model's 6 " \
-           "heads" in message
+    assert (
+        "encoderblock_0/MlpBlock_3/Dense_0/kernel (768, 3072): the model's "
+        "encoderblock_0/MlpBlock_3/Dense_0/kernel is (384, 1536)" in message
+    )
+    assert (
+        "MultiHeadDotProductAttention_1/query/kernel: shape (768, 12, 64) does not split into the model's 6 "
+        "heads" in message
+    )
     assert "looks like custom: patch 16, width 768, depth 1, heads 12, mlp 3072" in message
     assert all(np.array_equal(v.numpy(), b) for v, b in zip(model.weights, before))
     path = write_checkpoint(tmp_path / "b16.npz", arrays)
@@ -118,8 +127,10 @@ def test_missing_and_unexpected_keys_are_listed_by_name(token_ckpt):
         load_weights(model, arrays)
     message = str(info.value)
     assert "missing from the checkpoint (1):\n    Transformer/encoderblock_1/LayerNorm_2/scale" in message
-    assert "unexpected in the checkpoint (no such variable in the model) (1):\n    " \
-           "Transformer/encoderblock_7/LayerNorm_0/scale" in message
+    assert (
+        "unexpected in the checkpoint (no such variable in the model) (1):\n    "
+        "Transformer/encoderblock_7/LayerNorm_0/scale" in message
+    )
 
 
 def test_a_deeper_checkpoint_reports_its_extra_blocks(token_ckpt):
@@ -130,9 +141,12 @@ def test_a_deeper_checkpoint_reports_its_extra_blocks(token_ckpt):
 
 
 def test_include_top_false_skips_the_head_on_purpose_and_says_so(token_ckpt):
-    path, arrays = token_ckpt
-    with pytest.warns(UserWarning, match=r"without head/bias, head/kernel, pre_logits/bias, pre_logits/kernel: "
-                                         r"the model has no classification head \(include_top=False\)"):
+    path, _ = token_ckpt
+    with pytest.warns(
+        UserWarning,
+        match=r"without head/bias, head/kernel, pre_logits/bias, pre_logits/kernel: "
+        r"the model has no classification head \(include_top=False\)",
+    ):
         features = keras_vit.ViT(None, weights=path, include_top=False, pooling="token", **ARCH)
     full = keras_vit.ViT(None, weights=path, **ARCH)
     expected = run(keras.Model(full.input, full.get_layer("token_pool").output), images())
@@ -167,8 +181,10 @@ def test_checkpoint_defaults_fill_image_size_classes_and_pre_logits(token_ckpt):
     larger = keras_vit.ViT(None, weights=path, image_size=(48, 64), **ARCH)
     expected = keras_vit.resample_position_embeddings(arrays["Transformer/posembed_input/pos_embedding"], (6, 8))
     np.testing.assert_allclose(larger.get_layer("posembed_input").pos_embedding.numpy(), expected, atol=1e-6)
-    np.testing.assert_array_equal(larger.get_layer("posembed_input").pos_embedding.numpy()[:, 0],
-                                  arrays["Transformer/posembed_input/pos_embedding"][:, 0])
+    np.testing.assert_array_equal(
+        larger.get_layer("posembed_input").pos_embedding.numpy()[:, 0],
+        arrays["Transformer/posembed_input/pos_embedding"][:, 0],
+    )
 
 
 def test_without_weights_the_defaults_are_unchanged():
@@ -179,7 +195,7 @@ def test_without_weights_the_defaults_are_unchanged():
 
 
 def test_corrupt_truncated_and_foreign_files_fail_clearly(tmp_path, token_ckpt):
-    path, arrays = token_ckpt
+    path, _ = token_ckpt
     data = path.read_bytes()
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(data[: len(data) // 2])
@@ -187,7 +203,7 @@ def test_corrupt_truncated_and_foreign_files_fail_clearly(tmp_path, token_ckpt):
         read_npz(truncated)
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 8)
-    with pytest.raises(ValueError, match="garbage.npz is not a readable .npz checkpoint"):
+    with pytest.raises(ValueError, match=r"garbage\.npz is not a readable \.npz checkpoint"):
         keras_vit.ViT(None, weights=garbage, **ARCH)
     single = tmp_path / "single.npy"
     np.save(single, np.zeros(3))
@@ -230,21 +246,33 @@ def test_convert_command_infers_the_architecture_and_writes_keras_files(tmp_path
     assert "-> " in capsys.readouterr().out and not list(tmp_path.glob("*.partial*"))
     converted = keras.models.load_model(tmp_path / "out.keras")
     assert converted.input_shape == (None, 32, 32, 3) and converted.get_layer("pre_logits").units == 16
-    np.testing.assert_allclose(run(converted, images()), flax_forward(arrays, images().astype("float64")),
-                               atol=1e-4)
+    np.testing.assert_allclose(run(converted, images()), flax_forward(arrays, images().astype("float64")), atol=1e-4)
     with pytest.warns(UserWarning, match="include_top=False"):
-        zoo_main(["convert", str(path), str(tmp_path / "features.weights.h5"), "--no-top", "--image-size", "48",
-                  "--resize-method", "bicubic"])
+        zoo_main(
+            [
+                "convert",
+                str(path),
+                str(tmp_path / "features.weights.h5"),
+                "--no-top",
+                "--image-size",
+                "48",
+                "--resize-method",
+                "bicubic",
+            ]
+        )
     features = keras_vit.ViT(None, image_size=48, include_top=False, **ARCH)
     features.load_weights(tmp_path / "features.weights.h5")
-    expected = keras_vit.resample_position_embeddings(arrays["Transformer/posembed_input/pos_embedding"], 6,
-                                                      method="bicubic")
+    expected = keras_vit.resample_position_embeddings(
+        arrays["Transformer/posembed_input/pos_embedding"], 6, method="bicubic"
+    )
     np.testing.assert_allclose(features.get_layer("posembed_input").pos_embedding.numpy(), expected, atol=1e-6)
     with pytest.raises(SystemExit):
         zoo_main(["convert", str(path), str(tmp_path / "out.h5")])
     zoo_main(["info", str(path)])
-    assert "patch 8, width 32, depth 2, heads 4, mlp 64, classifier 'token', grid (4, 4), image size 32" \
-           in capsys.readouterr().out
+    assert (
+        "patch 8, width 32, depth 2, heads 4, mlp 64, classifier 'token', grid (4, 4), image size 32"
+        in capsys.readouterr().out
+    )
 
 
 def hybrid_arrays(model):
@@ -256,21 +284,36 @@ def hybrid_arrays(model):
         value = np.random.default_rng(len(arrays)).normal(0, 0.1, variable.shape).astype("float32")
         arrays[key] = value.reshape(1, 1, 1, -1) if key.startswith("gn") or "/gn" in key else value
     channels = resnet.output_channels
-    arrays.update(vit_checkpoint(patch=1, width=32, depth=1, heads=2, mlp=64, grid=(4, 4), channels=channels,
-                                 num_classes=3))
+    arrays.update(
+        vit_checkpoint(patch=1, width=32, depth=1, heads=2, mlp=64, grid=(4, 4), channels=channels, num_classes=3)
+    )
     return arrays
 
 
 def test_hybrid_layers_contribute_their_own_keys_and_a_hybrid_converts():
-    model = keras_vit.ViT(None, resnet=(1, 1), image_size=32, num_classes=3, patch_size=1, hidden_size=32, depth=1,
-                          num_heads=2, mlp_dim=64)
+    model = keras_vit.ViT(
+        None,
+        resnet=(1, 1),
+        image_size=32,
+        num_classes=3,
+        patch_size=1,
+        hidden_size=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+    )
     key_map = npz_key_map(model)
-    assert {"conv_root/kernel", "gn_root/scale", "block1/unit1/conv1/kernel", "block2/unit1/conv_proj/kernel",
-            "embedding/kernel"} <= set(key_map)
+    assert {
+        "conv_root/kernel",
+        "gn_root/scale",
+        "block1/unit1/conv1/kernel",
+        "block2/unit1/conv_proj/kernel",
+        "embedding/kernel",
+    } <= set(key_map)
     assert {id(variable) for variable, _ in key_map.values()} == {id(v) for v in model.weights}
     arrays = hybrid_arrays(model)
     info = checkpoint_info(arrays)
-    assert info.resnet_stages == (1, 1) and info.stride == 8 and info.image_size == 32
+    assert info.architecture.resnet_stages == (1, 1) and info.architecture.stride == 8 and info.image_size == 32
     load_weights(model, arrays)
     built = keras_vit.model_from_checkpoint(arrays)
     assert built.get_layer("resnet").num_layers == (1, 1) and built.input_shape == (None, 32, 32, 3)
@@ -278,11 +321,25 @@ def test_hybrid_layers_contribute_their_own_keys_and_a_hybrid_converts():
 
 
 def test_checkpoint_info_names_published_variants():
-    b16 = vit_checkpoint(patch=16, width=768, depth=12, heads=12, mlp=3072, grid=(24, 24), num_classes=1000,
-                         zeros=True)
+    b16 = vit_checkpoint(patch=16, width=768, depth=12, heads=12, mlp=3072, grid=(24, 24), num_classes=1000, zeros=True)
     info = checkpoint_info(b16)
     assert (info.variant, info.image_size, info.num_classes, info.representation_size) == ("B/16", 384, 1000, None)
-    shapes = {k: np.zeros((1, 1, 1, 1)) for k in ("conv_root/kernel", "block1/unit1/conv1/kernel",
-                                                   "block1/unit2/conv1/kernel", "block2/unit1/conv1/kernel")}
+    shapes = {
+        k: np.zeros((1, 1, 1, 1))
+        for k in (
+            "conv_root/kernel",
+            "block1/unit1/conv1/kernel",
+            "block1/unit2/conv1/kernel",
+            "block2/unit1/conv1/kernel",
+        )
+    }
     with pytest.raises(ValueError, match="Not a ViT checkpoint in the published layout"):
         checkpoint_info(shapes)
+
+
+def test_model_from_checkpoint_names_models_from_the_table():
+    ti16 = vit_checkpoint(patch=16, width=192, depth=12, heads=3, mlp=768, grid=(2, 2), num_classes=4)
+    model = keras_vit.model_from_checkpoint(ti16)
+    assert model.name == "vit_ti16" and model.input_shape == (None, 32, 32, 3) and model.output_shape == (None, 4)
+    custom = keras_vit.model_from_checkpoint(vit_checkpoint(**CKPT))  # no size of the table: width and patch
+    assert custom.name == "vit_d328"

@@ -1,25 +1,24 @@
-"""The zoo: the catalogue, ``python -m keras_vit.zoo list``, and downloads from a real HTTP server on 127.0.0.1."""
+"""The zoo: the catalogue and the command line (``list``, ``verify``, errors). Downloads: ``test_download.py``."""
 
 import configparser
-import hashlib
-import http.server
 import importlib
+import io
 import json
+import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
-import threading
+import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
-
-import keras_vit
-from keras_vit import zoo
-from keras_vit.models import parse_variant
 from npz_layout import vit_checkpoint, write_checkpoint
-from keras_vit.zoo.download import DownloadError, download
+
+from keras_vit import zoo
+from keras_vit.variants import parse_variant
+from keras_vit.zoo.__main__ import main as zoo_main
 
 GCS = "https://storage.googleapis.com/vit_models/"
 
@@ -59,15 +58,14 @@ def test_catalogue_holds_the_published_files():
         zoo.get("B_16.orig_in21")
 
 
-def test_list_command_prints_the_catalogue():
+def test_list_command_prints_the_catalogue(capsys):
     run = subprocess.run([sys.executable, "-m", "keras_vit.zoo", "list"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert len([line for line in lines if line.split()[:1] and zoo.find(line.split()[0])]) == len(zoo.catalogue())
     assert re.search(r"^B_16\.orig_in21k_ft_in1k\s+B/16\s+imagenet21k\s+imagenet2012\s+384\s+84\.62", run.stdout, re.M)
-    as_json = subprocess.run([sys.executable, "-m", "keras_vit.zoo", "list", "--family", "augreg", "--json"],
-                             capture_output=True, text=True, timeout=60)
-    rows = json.loads(as_json.stdout)
+    zoo_main(["list", "--family", "augreg", "--json"])  # in-process: one interpreter start (TensorFlow) is enough
+    rows = json.loads(capsys.readouterr().out)
     assert rows and all(row["family"] == "augreg" and row["url"].startswith(GCS) for row in rows)
 
 
@@ -80,157 +78,93 @@ def test_console_script_entry_point_resolves(capsys):
     assert "B_16.orig_in21k_ft_in1k_224" in capsys.readouterr().out
 
 
-# --- downloads --------------------------------------------------------------------------------------
+# --- the cache, on the command line ---------------------------------------------------------------
 
 
-class Server:
-    """``http.server`` in a thread serving ``files`` with Range support; ``cuts`` drops the connection
-    halfway through that many first responses; ``ranges=False`` ignores Range headers."""
-
-    def __init__(self, files, cuts=0, ranges=True):
-        self.files, self.cuts, self.ranges, self.requests = files, cuts, ranges, []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                server.requests.append((self.path, self.headers.get("Range")))
-                data = server.files.get(self.path)
-                if data is None:
-                    self.send_error(404)
-                    return
-                start = 0
-                match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
-                if match and server.ranges:
-                    start = int(match.group(1))
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                else:
-                    self.send_response(200)
-                self.send_header("Content-Length", str(len(data) - start))
-                self.end_headers()
-                body = data[start:]
-                if server.cuts > 0:
-                    server.cuts -= 1
-                    self.wfile.write(body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def test_verify_command_reports_ok_unrecorded_and_corrupt_files(tmp_path, capsys):
+    cache = ["--cache-dir", str(tmp_path)]
+    first, second = zoo.get("Ti_16.augreg_in21k"), zoo.get("S_16.augreg_in21k")
+    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2))
+    for entry in (first, second):
+        zoo.cache_path(entry, tmp_path).parent.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(zoo.cache_path(entry, tmp_path), arrays)
+    zoo_main([*cache, "verify"])
+    out = capsys.readouterr().out
+    assert re.search(r"^unrecorded +Ti_16.augreg_in21k: .*no sha256 recorded, structure OK", out, re.M)
+    assert "2 cached files checked, 0 corrupt" in out
+    assert zoo.fetch(first, tmp_path) == zoo.cache_path(first, tmp_path)  # checked and recorded
+    path = zoo.cache_path(second, tmp_path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))  # unrecorded and damaged: the structural check finds it
+    with pytest.raises(SystemExit) as exit_:
+        zoo_main([*cache, "verify"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 1 and re.search(r"^OK +Ti_16.augreg_in21k: .*sha256 [0-9a-f]{64}", out, re.M)
+    assert re.search(r"^corrupt +S_16.augreg_in21k: .*CRC-32", out, re.M) and "1 corrupt" in out
+    path = zoo.cache_path(first, tmp_path)
+    path.write_bytes(path.read_bytes() + b"\0")  # recorded and changed
+    with pytest.raises(SystemExit):
+        zoo_main([*cache, "verify", first.name, "B_16.orig_in21k"])
+    out = capsys.readouterr().out
+    assert re.search(r"^corrupt +Ti_16.augreg_in21k: .*recorded when it was downloaded", out, re.M)
+    assert re.search(r"^missing +B_16.orig_in21k: not cached", out, re.M) and "S_16" not in out
 
 
-@pytest.fixture
-def payload():
-    return np.random.default_rng(0).bytes(300_000)
+def _as_another_user(function) -> tuple[int, str]:
+    """``function()`` in a child process without root's rights (permissions mean nothing to root):
+    its exit status and what it printed on stderr."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: everything it needs is imported already
+        code = 99
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            sys.stderr = io.StringIO()
+            try:
+                function()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            os.write(write, sys.stderr.getvalue().encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        printed = f.read()
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), printed
 
 
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(files, **kwargs):
-        servers.append(Server(files, **kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-def test_download_writes_the_file_and_no_partial(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload})
-    sha = hashlib.sha256(payload).hexdigest()
-    path = download(server.url + "/a.npz", tmp_path / "cache" / "a.npz", sha256=sha, backoff=0)
-    assert path.read_bytes() == payload and sorted(p.name for p in path.parent.iterdir()) == ["a.npz"]
-    assert server.requests == [("/a.npz", None)]
-
-
-def test_a_cut_connection_resumes_with_a_range_request(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload}, cuts=1)
-    path = download(server.url + "/a.npz", tmp_path / "a.npz", backoff=0)
-    assert path.read_bytes() == payload
-    (first, no_range), (second, resumed) = server.requests
-    assert no_range is None and re.fullmatch(r"bytes=(\d+)-", resumed)
-    assert 0 < int(resumed[6:-1]) < len(payload)
-    assert not (tmp_path / "a.npz.part").exists()
-
-
-def test_a_server_ignoring_range_restarts_the_file(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload}, cuts=1, ranges=False)
-    assert download(server.url + "/a.npz", tmp_path / "a.npz", backoff=0).read_bytes() == payload
-    assert len(server.requests) == 2 and server.requests[1][1] is not None
-
-
-def test_too_many_cuts_keep_the_partial_file_for_later(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload}, cuts=5)
-    kept = r"(?s)connection closed after .* The partial download .*a\.npz\.part is kept"
-    with pytest.raises(DownloadError, match=kept):
-        download(server.url + "/a.npz", tmp_path / "a.npz", retries=2, backoff=0)
-    assert not (tmp_path / "a.npz").exists() and 0 < (tmp_path / "a.npz.part").stat().st_size < len(payload)
-    server.cuts = 0
-    assert download(server.url + "/a.npz", tmp_path / "a.npz", backoff=0).read_bytes() == payload
-
-
-def test_a_hash_mismatch_is_an_error_and_leaves_no_file(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload})
-    with pytest.raises(DownloadError, match="sha256 mismatch .* expected 0000.*the file was deleted"):
-        download(server.url + "/a.npz", tmp_path / "a.npz", sha256="0" * 64, backoff=0)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_unreachable_and_missing_urls_say_which_url_and_where_to_put_the_file(tmp_path, serve):
-    with socket.socket() as s:  # a port nothing listens on
+def test_a_read_only_cache_is_a_clear_one_line_error(monkeypatch, capsys):
+    with socket.socket() as s:  # were it taken for a network problem, the message would say connection refused
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/imagenet21k/ViT-B_16.npz"
-    with pytest.raises(DownloadError) as info:
-        download(url, tmp_path / "ViT-B_16.npz", retries=2, backoff=0, timeout=5)
-    message = str(info.value)
-    assert f"Could not download {url}" in message and "Connection refused" in message
-    assert f"put it at {tmp_path / 'ViT-B_16.npz'}" in message and "weights='/path/to/file.npz'" in message
-    server = serve({})
-    with pytest.raises(DownloadError, match=r"HTTP 404"):
-        download(server.url + "/absent.npz", tmp_path / "absent.npz", retries=3, backoff=0)
-    assert len(server.requests) == 1  # not found: no retries
+        monkeypatch.setenv(zoo.MIRROR_ENV, f"http://127.0.0.1:{s.getsockname()[1]}/")
+    folder = Path(tempfile.mkdtemp(prefix="read-only-cache-"))  # not under pytest's root-only tmp_path
+    try:
+        (folder / "models").mkdir()
+        for path in (folder / "models", folder):
+            path.chmod(0o555)
+        argv = ["--cache-dir", str(folder), "download", "Ti_16.augreg_in21k", "--timeout", "1"]
+        if os.geteuid() == 0:
+            status, printed = _as_another_user(lambda: zoo_main(argv))
+        else:
+            with pytest.raises(SystemExit) as exit_:
+                zoo_main(argv)
+            status, printed = exit_.value.code, capsys.readouterr().err
+    finally:
+        for path in (folder, folder / "models"):
+            path.chmod(0o755)
+        shutil.rmtree(folder)
+    assert status == 1 and printed.count("\n") == 1 and "Traceback" not in printed
+    assert printed.startswith(f"error: Cannot write to the cache folder {folder / 'models' / 'vit_models'}")
+    assert "Permission denied" in printed and "refused" not in printed
 
 
-def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path, serve, monkeypatch):
-    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=21843)
-    entry = zoo.get("Ti_16.augreg_in21k")
-    data = write_checkpoint(tmp_path / "source.npz", arrays).read_bytes()
-    server = serve({"/" + entry.path: data}, cuts=1)
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
-    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
-    tiny = dict(hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
-    model = keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", **tiny)
-    cached = tmp_path / "keras_home" / "models" / "vit_models" / entry.path
-    assert cached.read_bytes() == data and model.input_shape == (None, 32, 32, 3)
-    assert model.output_shape == (None, 21843)
-    np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
-    requests = len(server.requests)
-    with pytest.warns(UserWarning, match="include_top=False"):
-        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", include_top=False, **tiny)
-    assert len(server.requests) == requests  # served from the cache
-
-
-def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path, monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv(zoo.MIRROR_ENV, f"http://127.0.0.1:{port}/vit_models")
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    entry = zoo.get("B_16.orig_in21k")
-    with pytest.raises(DownloadError) as info:
-        zoo.fetch(entry, retries=1, backoff=0)
-    assert f"http://127.0.0.1:{port}/vit_models/imagenet21k/ViT-B_16.npz" in str(info.value)
-    assert str(tmp_path / "models" / "vit_models" / "imagenet21k" / "ViT-B_16.npz") in str(info.value)
+def test_command_line_errors_are_one_line(capsys):
+    for argv in (["download", "B_16.orig_in21"], ["verify", "nothing-like-it"]):
+        with pytest.raises(SystemExit) as exit_:
+            zoo_main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 1 and err.startswith("error: No checkpoint") and err.count("\n") == 1

@@ -1,9 +1,12 @@
 """Training ViTs with ``model.fit`` under any ``tf.distribute`` strategy, resumable from checkpoints.
 
-Modules: ``strategy`` (choose a tf.distribute strategy), ``data`` (digits / image folder / TFDS
-sources), ``pipeline`` (tf.data augmentation and preprocessing), ``schedules`` (warmup + decay),
-``optimizers`` (clipping that is correct across replicas), ``loop`` (resumable ``fit``), ``config``
-(settings and presets) and ``finetune`` (the command and :func:`finetune`).
+Modules: ``config`` (the settings, their sections and presets), ``fields`` (settings declared once, with
+the command-line options generated from them), ``strategy`` (choose a tf.distribute strategy), ``data``
+(digits / image folder / TFDS sources), ``pipeline`` (tf.data augmentation and preprocessing),
+``schedules`` (warmup + decay from Keras' schedules), ``optimizers`` (clipping that is correct across
+replicas), ``loop`` (resumable ``fit``), ``steps`` (what every command does: data, strategy, resolve,
+build, compile), ``supervised`` (the fine-tuning run), ``masked_patch`` (masked patch prediction); and
+the commands ``finetune``, ``pretrain`` and ``ablation``.
 
 The entry point is ``from keras_vit.training.finetune import finetune`` (``keras_vit.training.finetune`` is the module).
 The names below are loaded on first use, so ``python -m keras_vit.training.finetune`` does not import its
@@ -15,8 +18,11 @@ import importlib
 import keras_vit  # noqa: F401  (first: it picks TensorFlow's CPU kernels before TensorFlow loads)
 
 _EXPORTS = {
-    "FinetuneResult": "keras_vit.training.finetune",
-    "build_model": "keras_vit.training.finetune",
+    "FinetuneResult": "keras_vit.training.supervised",
+    "train_classifier": "keras_vit.training.supervised",
+    "build_model": "keras_vit.training.steps",
+    "compile_model": "keras_vit.training.steps",
+    "prepare": "keras_vit.training.steps",
     "TrainConfig": "keras_vit.training.config",
     "PRESETS": "keras_vit.training.config",
     "get_strategy": "keras_vit.training.strategy",

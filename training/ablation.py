@@ -21,19 +21,34 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
-import keras_vit
 from keras_vit.position import POSITION_EMBEDDINGS, POSITION_VARIABLES, check_position_embedding
 from keras_vit.training import config as config_lib
+from keras_vit.training import fields, steps
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.data import Source, load_source
-from keras_vit.training.finetune import augment_of, compile_model
-from keras_vit.training.finetune import parser as finetune_parser
+from keras_vit.training.data import Source
+from keras_vit.training.fields import option
 from keras_vit.training.optimizers import no_decay_variables
 from keras_vit.training.pipeline import eval_dataset, train_dataset
-from keras_vit.training.strategy import accelerator, get_strategy
 
-DEFAULT_RUNS = tuple((p, "token") for p in POSITION_EMBEDDINGS) + (("learned_1d", "gap"),)
-DEFAULT_STEPS = 400
+__all__ = ["DEFAULT_RUNS", "AblationOptions", "AblationRow", "main", "parser", "run_ablation", "table", "train_one"]
+
+DEFAULT_RUNS = (*((p, "token") for p in POSITION_EMBEDDINGS), ("learned_1d", "gap"))
+BASE = TrainConfig().replace(steps=400, output_dir="runs/ablation", verbose=0)  # the command's defaults
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationOptions:
+    """Which settings to train, and how often."""
+
+    positions: str | None = option("comma-separated position embeddings", unset=", ".join(POSITION_EMBEDDINGS))
+    classifiers: str | None = option("comma-separated classifiers (token, gap) crossed with --positions",
+                                     unset="token; with neither option: every position embedding with token, "
+                                           "plus learned_1d with gap")
+    seeds: int = option("runs per setting (seeds 0..N-1)", 1)
+
+    def runs(self) -> tuple[tuple[str, str], ...]:
+        """The ``(position_embedding, classifier)`` settings."""
+        return _runs(self.positions, self.classifiers)
 
 
 @dataclasses.dataclass
@@ -58,22 +73,19 @@ class AblationRow:
 
 def train_one(config: TrainConfig, source: Source, position_embedding: str, classifier: str,
               seed: int) -> tuple[keras.Model, float]:
-    """Train one model of the resolved ``config`` for ``config.steps`` steps; return it and its held-out accuracy."""
+    """Train one model of the resolved ``config`` for its steps; return it and its held-out accuracy."""
     keras.utils.set_random_seed(seed)
-    model = keras_vit.ViT(config_lib.parse_model_name(config.model), image_size=config.image_size,
-                          num_classes=source.num_classes, dropout=config.dropout, drop_path=config.drop_path,
-                          classifier=classifier, position_embedding=position_embedding, **config.architecture())
-    compile_model(model, config)
-    if config.weight_decay:  # spare the position parameters of every kind, as the 1-D ones are spared
+    model = steps.build_model(config, source.num_classes, classifier=classifier, position_embedding=position_embedding)
+    steps.compile_model(model, config)
+    if config.optim.weight_decay:  # spare the position parameters of every kind, as the 1-D ones are spared
         variables = model.trainable_variables
         model.optimizer.exclude_from_weight_decay(
             var_list=no_decay_variables(variables) + [v for v in variables if v.name in POSITION_VARIABLES])
-    augment = augment_of(config)
-    model.fit(train_dataset(source.train, source.num_classes, config.batch_size, augment, seed=seed,
-                            shuffle_buffer=config.shuffle_buffer),
-              steps_per_epoch=config.steps, epochs=1, verbose=0)
-    scores = model.evaluate(eval_dataset(source.eval, source.num_classes, config.batch_size, augment),
-                            return_dict=True, verbose=0)
+    augment, batch = steps.augment_of(config), config.optim.batch_size
+    model.fit(train_dataset(source.train, source.num_classes, batch, augment, seed=seed,
+                            shuffle_buffer=config.data.shuffle_buffer),
+              steps_per_epoch=config.optim.steps, epochs=1, verbose=0)
+    scores = model.evaluate(eval_dataset(source.eval, source.num_classes, batch, augment), return_dict=True, verbose=0)
     return model, float(scores["accuracy"])
 
 
@@ -84,13 +96,10 @@ def run_ablation(config: TrainConfig, runs: Sequence[tuple[str, str]] = DEFAULT_
         check_position_embedding(position_embedding)
         if classifier not in ("token", "gap"):
             raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
-    source = load_source(config.dataset, data_dir=config.data_dir, manual_dir=config.manual_dir,
-                         train_split=config.train_split, eval_split=config.eval_split,
-                         eval_fraction=config.eval_fraction, seed=config.seed)
-    config = config_lib.resolve(config, train_examples=source.train.num_examples,
-                                accelerator=accelerator(get_strategy(config.strategy, config.tpu)))
-    log(f"{source.name}: ViT {config.model} {config.architecture()} at {config.image_size}px, {config.steps} steps "
-        f"of {config.batch_size}, {config.optimizer} lr {config.lr:g}; seeds {list(seeds)}")
+    setup = steps.prepare(config)
+    config, source, optim = setup.config, setup.source, setup.config.optim
+    log(f"{source.name}: ViT {config.model.name} {config.architecture()} at {config.model.image_size}px, "
+        f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}; seeds {list(seeds)}")
     rows = []
     for position_embedding, classifier in runs:
         accuracies, started = [], time.time()
@@ -125,37 +134,30 @@ def _runs(positions: str | None, classifiers: str | None) -> tuple[tuple[str, st
 
 def parser() -> argparse.ArgumentParser:
     """``python -m keras_vit.training.finetune``'s options (the shared budget) plus the ablation's."""
-    p = finetune_parser()
-    p.prog = "python -m keras_vit.training.ablation"
-    p.description = ("Train one ViT per position embedding (and classifier) under the same budget and print "
-                     "the held-out accuracies. Without a dataset: scikit-learn's digits, offline.")
-    p.set_defaults(steps=DEFAULT_STEPS, output_dir="runs/ablation")
-    g = p.add_argument_group("ablation")
-    g.add_argument("--positions", help=f"comma-separated position embeddings (default: {', '.join(POSITION_EMBEDDINGS)})")
-    g.add_argument("--classifiers", help="comma-separated classifiers (token, gap) crossed with --positions "
-                                          "(default: token; with neither option: every position embedding "
-                                          "with token, plus learned_1d with gap)")
-    g.add_argument("--seeds", type=int, default=1, help="runs per setting (seeds 0..N-1)")
+    p = argparse.ArgumentParser(
+        prog="python -m keras_vit.training.ablation",
+        description="Train one ViT per position embedding (and classifier) under the same budget and print "
+                    "the held-out accuracies. Without a dataset: scikit-learn's digits, offline.")
+    config_lib.add_arguments(p, BASE)
+    fields.add_arguments(p.add_argument_group("ablation"), AblationOptions())
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> list[AblationRow]:
     """Parse the command line, run the ablation, print the table and write it to ``OUTPUT_DIR``."""
     p = parser()
-    args = vars(p.parse_args(argv))
-    if args["weights"]:
+    args = p.parse_args(argv)
+    config, options = config_lib.from_args(args, BASE), AblationOptions(**fields.given(args, AblationOptions))
+    if config.model.weights:
         p.error("the ablation trains from scratch; --weights does not apply.")
-    runs, seeds = _runs(args.pop("positions"), args.pop("classifiers")), range(args.pop("seeds"))
-    args.pop("cpu_devices")
-    args["verbose"] = 0
-    config = TrainConfig(**args)
-    rows = run_ablation(config, runs, seeds)
+    rows = run_ablation(config, options.runs(), range(options.seeds))
     text = table(rows)
     print(text, flush=True)
-    os.makedirs(config.output_dir, exist_ok=True)
-    with open(os.path.join(config.output_dir, "ablation.md"), "w") as file:
+    out = config.run.output_dir
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "ablation.md"), "w") as file:
         file.write(text + "\n")
-    with open(os.path.join(config.output_dir, "ablation.json"), "w") as file:
+    with open(os.path.join(out, "ablation.json"), "w") as file:
         json.dump([dataclasses.asdict(r) for r in rows], file, indent=2)
     return rows
 

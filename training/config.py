@@ -1,6 +1,10 @@
 """A training run's settings (:class:`TrainConfig`), its presets, and how the defaults are chosen.
 
-Every field left ``None`` comes from a preset:
+A config has four sections -- ``model`` (:class:`ModelConfig`), ``data`` (:class:`DataConfig`),
+``optim`` (:class:`OptimConfig`) and ``run`` (:class:`RunConfig`: how a run runs, which a resumed run
+may change) -- and a ``preset``. Each field is declared once with its default and help text (see
+:mod:`keras_vit.training.fields`; the command-line options are generated from them). Fields whose
+default is ``None`` and that a preset names come from the preset (:func:`resolve`):
 
 * ``finetune`` -- the paper's fine-tuning recipe (Dosovitskiy et al. 2021, App. B.1.1): SGD momentum
   0.9, base lr 0.03 (0.01 for B/16 on CIFAR-10), 500 warmup steps then cosine decay, global-norm
@@ -12,120 +16,233 @@ Every field left ``None`` comes from a preset:
 * ``digits`` -- the offline default: a 4-block ViT on scikit-learn's digits, tuned to finish in a few
   minutes on 2 CPU cores.
 
+A preset is a partial override of the sections; what the user sets overrides the preset.
 ``preset="auto"`` picks ``digits`` when no dataset is named, ``finetune`` when weights are given,
-and ``scratch`` otherwise. Machine rule: when ``batch_size`` is not given and no accelerator is
-present, the finetune and scratch presets' batch of 512 becomes 32 and (unless ``lr`` is given) the
-learning rate is scaled by the same factor, 1/16 (linear scaling rule). ``accumulation_steps`` keeps
-a large batch with less memory.
+and ``scratch`` otherwise. A named model brings its own architecture (the preset's width, depth, ...
+are dropped), and given ``steps`` or ``epochs`` replace the preset's length. Machine rule: when
+``batch_size`` is not given and no accelerator is present, the finetune and scratch presets' batch of
+512 becomes 32 and (unless ``lr`` is given) the learning rate is scaled by the same factor, 1/16
+(linear scaling rule). ``accumulation_steps`` keeps a large batch with less memory.
+
+The flat names (``lr``, ``batch_size``, ``model``, ...) are the command-line options, the keywords of
+:meth:`TrainConfig.replace` and the keys of ``run.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
-import re
+from collections.abc import Mapping
 from typing import Any
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "finetune": dict(
-        model="B/16", image_size=384, batch_size=512, steps=10_000, lr=0.03, warmup=500, schedule="cosine",
-        end_lr=0.0, optimizer="sgd", weight_decay=0.0, clip_norm=1.0, label_smoothing=0.0, dropout=0.0,
-        drop_path=0.0, crop_area=(0.05, 1.0), flip=True, randaugment=(0, 0.0), mixup=0.0, cutmix=0.0,
-        eval_crop=1.0),
-    "scratch": dict(
-        model="B/16", image_size=224, batch_size=512, epochs=300, lr=1e-3, warmup=0.05, schedule="cosine",
-        end_lr=0.0, optimizer="adamw", weight_decay=0.1, clip_norm=1.0, label_smoothing=0.1, dropout=0.0,
-        drop_path=0.1, crop_area=(0.08, 1.0), flip=True, randaugment=(2, 0.5), mixup=0.8, cutmix=1.0,
-        eval_crop=0.875),
-    "digits": dict(
-        model="Ti/4", hidden_size=64, depth=4, num_heads=4, mlp_dim=128, image_size=16, batch_size=64,
-        steps=2000, lr=2e-3, warmup=100, schedule="cosine", end_lr=0.0, optimizer="adamw", weight_decay=0.05,
-        clip_norm=1.0, label_smoothing=0.1, dropout=0.0, drop_path=0.0, crop_area=(0.6, 1.0), flip=False,
-        randaugment=(0, 0.0), mixup=0.0, cutmix=0.0, eval_crop=1.0),
-}
-# Per-dataset (and per-model) changes to the fine-tuning recipe, from the paper.
-FINETUNE_ADJUSTMENTS: dict[tuple[str, str | None], dict[str, Any]] = {
-    ("imagenet2012", None): dict(steps=20_000),
-    ("cifar10", "B/16"): dict(lr=0.01),
-}
-CPU_BATCH = 32
-CPU_SCALED_PRESETS = ("finetune", "scratch")  # their batch of 512 becomes CPU_BATCH on a CPU-only machine
+from keras_vit.training import fields
+from keras_vit.training.fields import flag_name, option, option_fields
+from keras_vit.training.optimizers import OPTIMIZERS
+from keras_vit.training.schedules import DECAYS
+from keras_vit.training.strategy import STRATEGIES
+from keras_vit.variants import parse_variant
+
+__all__ = [
+    "ARCHITECTURE_FIELDS",
+    "FINETUNE_ADJUSTMENTS",
+    "FLAT_NAMES",
+    "PRESET",
+    "PRESETS",
+    "RUN_ONLY_FIELDS",
+    "SECTIONS",
+    "DataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "TrainConfig",
+    "add_arguments",
+    "choose_preset",
+    "from_args",
+    "from_json",
+    "json_ready",
+    "parse_model_name",
+    "resolve",
+    "run_differences",
+]
+
+PRESET = "the preset's"  # what None means for the fields a preset sets
+MIXED_PRECISION = ("auto", "none", "float16", "bfloat16")
 ARCHITECTURE_FIELDS = ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim")
-# Fields a resumed run may change (how it runs, not what it trains).
-RUN_ONLY_FIELDS = ("strategy", "tpu", "verbose", "output_dir", "log_every", "checkpoint_every", "keep_checkpoints",
-                   "steps_per_execution", "overwrite")
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    """Everything a run needs; ``None`` means "from the preset" (see the module docstring)."""
-
-    preset: str = "auto"
-    # The model: a variant ("B/16", "ViT_B16") with optional architecture overrides, and weights.
-    model: str | None = None
-    patch_size: int | None = None
-    hidden_size: int | None = None
-    depth: int | None = None
-    num_heads: int | None = None
-    mlp_dim: int | None = None
-    weights: str | None = None
-    dropout: float | None = None
-    drop_path: float | None = None
-    # The data.
-    dataset: str | None = None
-    data_dir: str | None = None
-    manual_dir: str | None = None
-    train_split: str = "train"
-    eval_split: str | None = None
-    eval_fraction: float | None = None
-    image_size: int | None = None
-    crop_area: tuple[float, float] | None = None  # (1, 1): no random crop
-    flip: bool | None = None
-    randaugment: tuple[int, float] | None = None  # (num_ops, factor); num_ops 0: off
-    mixup: float | None = None
-    cutmix: float | None = None
-    eval_crop: float | None = None
-    shuffle_buffer: int = 10_000
-    # The optimisation.
-    batch_size: int | None = None
-    accumulation_steps: int = 1
-    steps: int | None = None
-    epochs: int | None = None
-    eval_every: int | None = None
-    lr: float | None = None
-    warmup: float | None = None  # steps, or a fraction of the steps when < 1
-    schedule: str | None = None
-    end_lr: float | None = None
-    optimizer: str | None = None
-    momentum: float = 0.9
-    weight_decay: float | None = None
-    clip_norm: float | None = None  # 0: no clipping
-    label_smoothing: float | None = None
-    mixed_precision: str = "auto"  # auto (bfloat16 on TPU, float16 on GPU, none on CPU) | none | float16 | bfloat16
-    seed: int = 0
-    # Running.
-    strategy: str = "auto"
-    tpu: str | None = None
-    output_dir: str = "runs/finetune"
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 3
-    log_every: int = 10
-    steps_per_execution: int = 1
-    verbose: int | str = "auto"
-    overwrite: bool = False
-
-    def architecture(self) -> dict[str, int]:
-        """The architecture overrides that are set."""
-        return {k: getattr(self, k) for k in ARCHITECTURE_FIELDS if getattr(self, k) is not None}
 
 
 def parse_model_name(name: str) -> str:
-    """``"B/16"``, ``"ViT_B16"``, ``"vit-b16"``, ``"ViT-Ti/16"`` -> the variant string ``"B/16"``."""
-    match = re.fullmatch(r"(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)", str(name).strip(), flags=re.IGNORECASE)
-    if match is None:
-        raise ValueError(f"Unknown model {name!r}; expected a ViT variant like 'B/16', 'ViT_B16' or 'Ti/16'.")
-    size = match.group(1).capitalize()
-    return f"{size}/{int(match.group(2))}"
+    """Check a model name against the variant table (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ...); return it."""
+    parse_variant(name)
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The model: a variant with optional architecture overrides, its weights and regularisation."""
+
+    name: str | None = option("variant of keras_vit.variants: B/16, ViT_B16, Ti/16, R50+B/16, ViT_R26_S32, ...",
+                              unset=PRESET, flag="model", parse=parse_model_name)
+    patch_size: int | None = option("override the variant's patch size (feature-map cells for a hybrid)",
+                                    unset="the variant's")
+    hidden_size: int | None = option("override the variant's width", unset="the variant's")
+    depth: int | None = option("override the variant's number of blocks", unset="the variant's")
+    num_heads: int | None = option("override the variant's attention heads", unset="the variant's")
+    mlp_dim: int | None = option("override the variant's MLP width", unset="the variant's")
+    image_size: int | None = option("input resolution (position embeddings are resized to it)", unset=PRESET)
+    weights: str | None = option("a zoo catalogue name or a checkpoint path", unset="random initialisation")
+    dropout: float | None = option("dropout rate", unset=PRESET)
+    drop_path: float | None = option("stochastic depth rate", unset=PRESET)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The data: where it comes from, how it is split, augmented and evaluated."""
+
+    dataset: str | None = option("a TFDS name (cifar10, oxford_iiit_pet, imagenet2012, ...) or an image folder "
+                                 "(one sub-folder per class)", unset="scikit-learn's digits")
+    data_dir: str | None = option("TFDS data directory", unset="TFDS's")
+    manual_dir: str | None = option("TFDS manual download directory (imagenet2012)")
+    train_split: str = option("training split", "train")
+    eval_split: str | None = option("held-out split", unset="validation for ImageNet, else test")
+    eval_fraction: float | None = option("fraction held out when the data has no held-out split",
+                                         unset="0.2 of digits, 0.1 of a folder")
+    crop_area: tuple[float, float] | None = option("inception crop area range (1,1: no random crop)", unset=PRESET)
+    flip: bool | None = option("random horizontal flips", unset=PRESET)
+    randaugment: tuple[int, float] | None = option("RandAugment num_ops,factor (0,0: off)", unset=PRESET)
+    mixup: float | None = option("MixUp alpha (0: off)", unset=PRESET)
+    cutmix: float | None = option("CutMix factor (0: off)", unset=PRESET)
+    eval_crop: float | None = option("central crop fraction for evaluation (1: plain resize)", unset=PRESET)
+    shuffle_buffer: int = option("shuffle buffer of streamed (TFDS) data", 10_000)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """The optimisation: batch, length, learning-rate schedule, optimizer, loss, precision, seed."""
+
+    batch_size: int | None = option("global batch (per optimizer update)", unset=PRESET)
+    accumulation_steps: int = option("micro-batches accumulated per update", 1)
+    steps: int | None = option("optimizer updates", unset=PRESET)
+    epochs: int | None = option("passes over the training data (instead of --steps)", unset=PRESET)
+    eval_every: int | None = option("steps between evaluations (an 'epoch' in the logs)",
+                                    unset="one pass with --epochs, else a tenth of the steps")
+    lr: float | None = option("base learning rate", unset=PRESET)
+    warmup: float | None = option("warmup steps (or a fraction of the steps when < 1)", unset=PRESET)
+    schedule: str | None = option("decay after the warmup", unset=PRESET, choices=DECAYS)
+    end_lr: float | None = option("learning rate at the last step", unset=PRESET)
+    optimizer: str | None = option("optimizer", unset=PRESET, choices=OPTIMIZERS)
+    momentum: float = option("SGD momentum", 0.9)
+    weight_decay: float | None = option("decoupled weight decay", unset=PRESET)
+    clip_norm: float | None = option("global gradient-norm clip (0: off)", unset=PRESET)
+    label_smoothing: float | None = option("label smoothing", unset=PRESET)
+    mixed_precision: str = option("auto: bfloat16 on TPU, float16 on GPU, none on CPU", "auto",
+                                  choices=MIXED_PRECISION)
+    seed: int = option("random seed (initialisation, data order, augmentation)", 0)
+
+
+def _verbosity(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """How a run runs: devices, outputs, checkpoints, logs (a resumed run may change these)."""
+
+    strategy: str = option("tf.distribute strategy", "auto", choices=STRATEGIES)
+    tpu: str | None = option("TPU name or address", unset="TPU_NAME or the local TPU VM")
+    cpu_devices: int | None = option("split the CPU into N logical devices (to try --strategy mirrored without "
+                                     "GPUs)", unset="no split")
+    output_dir: str = option("where checkpoints, logs, the model and metrics go", "runs/finetune")
+    checkpoint_every: int = option("steps between checkpoints", 500)
+    keep_checkpoints: int = option("checkpoints kept", 3)
+    log_every: int = option("steps between train_log.jsonl / TensorBoard entries", 10)
+    steps_per_execution: int = option("batches per compiled call of model.fit", 1)
+    verbose: int | str = option("0 silent, 1 progress bars, 2 one line per epoch, auto: Keras' choice", "auto",
+                                choices=(0, 1, 2, "auto"), parse=_verbosity)
+    overwrite: bool = option("delete output-dir first instead of resuming from it", False)
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
+# Flat name (option, keyword, run.json key) -> (section, field).
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    flag_name(f): (section, f.name) for section, cls in SECTIONS.items() for f in option_fields(cls)}
+RUN_ONLY_FIELDS = tuple(flag_name(f) for f in option_fields(RunConfig))
+
+
+# Plain augmentation: no random crop, flip, RandAugment, MixUp or CutMix; evaluation by resizing.
+_PLAIN = dict(crop_area=(1.0, 1.0), flip=False, randaugment=(0, 0.0), mixup=0.0, cutmix=0.0, eval_crop=1.0)
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "finetune": dict(
+        model=dict(name="B/16", image_size=384, dropout=0.0, drop_path=0.0),
+        data=dict(_PLAIN, crop_area=(0.05, 1.0), flip=True),
+        optim=dict(batch_size=512, steps=10_000, lr=0.03, warmup=500, schedule="cosine", end_lr=0.0, optimizer="sgd",
+                   weight_decay=0.0, clip_norm=1.0, label_smoothing=0.0)),
+    "scratch": dict(
+        model=dict(name="B/16", image_size=224, dropout=0.0, drop_path=0.1),
+        data=dict(crop_area=(0.08, 1.0), flip=True, randaugment=(2, 0.5), mixup=0.8, cutmix=1.0, eval_crop=0.875),
+        optim=dict(batch_size=512, epochs=300, lr=1e-3, warmup=0.05, schedule="cosine", end_lr=0.0,
+                   optimizer="adamw", weight_decay=0.1, clip_norm=1.0, label_smoothing=0.1)),
+    "digits": dict(
+        model=dict(name="Ti/4", hidden_size=64, depth=4, num_heads=4, mlp_dim=128, image_size=16, dropout=0.0,
+                   drop_path=0.0),
+        data=dict(_PLAIN, crop_area=(0.6, 1.0)),
+        optim=dict(batch_size=64, steps=2000, lr=2e-3, warmup=100, schedule="cosine", end_lr=0.0, optimizer="adamw",
+                   weight_decay=0.05, clip_norm=1.0, label_smoothing=0.1)),
+}
+# Per-dataset (and per-model) changes to the fine-tuning recipe, from the paper.
+FINETUNE_ADJUSTMENTS: dict[tuple[str, str | None], dict[str, dict[str, Any]]] = {
+    ("imagenet2012", None): dict(optim=dict(steps=20_000)),
+    ("cifar10", "B/16"): dict(optim=dict(lr=0.01)),
+}
+CPU_BATCH = 32
+CPU_SCALED_PRESETS = ("finetune", "scratch")  # their batch of 512 becomes CPU_BATCH on a CPU-only machine
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run needs; ``None`` fields come from the preset (see the module docstring)."""
+
+    preset: str = option("the recipe unset options come from (auto: digits without a dataset, finetune with "
+                         "weights, else scratch)", "auto", choices=("auto", *PRESETS))
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """A config from flat names (``{"lr": 0.1, "model": "B/16"}``); the rest default."""
+        return cls().replace(**values)
+
+    def replace(self, **values: Any) -> TrainConfig:
+        """A copy with fields changed by their flat names (``lr=0.1``, ``model="S/16"``, ``preset="scratch"``)."""
+        preset = values.pop("preset", self.preset)
+        unknown = sorted(set(values) - set(FLAT_NAMES))
+        if unknown:
+            raise TypeError(f"Unknown TrainConfig fields {unknown}; expected {sorted(['preset', *FLAT_NAMES])}.")
+        changes: dict[str, dict[str, Any]] = {}
+        for flat, value in values.items():
+            section, name = FLAT_NAMES[flat]
+            changes.setdefault(section, {})[name] = value
+        return self.update(changes, preset=preset)
+
+    def update(self, changes: Mapping[str, Mapping[str, Any]], preset: str | None = None) -> TrainConfig:
+        """A copy with ``{section: {field: value}}`` applied."""
+        sections = {s: dataclasses.replace(getattr(self, s), **changes.get(s, {})) for s in SECTIONS}
+        return TrainConfig(preset=preset or self.preset, **sections)
+
+    def flat(self) -> dict[str, Any]:
+        """``{flat name: value}`` of every field, ``preset`` first."""
+        return {"preset": self.preset,
+                **{flat: getattr(getattr(self, s), name) for flat, (s, name) in FLAT_NAMES.items()}}
+
+    def set_fields(self) -> dict[str, dict[str, Any]]:
+        """``{section: {field: value}}`` of the fields that are not ``None``."""
+        return {s: {k: v for k, v in dataclasses.asdict(getattr(self, s)).items() if v is not None} for s in SECTIONS}
+
+    def architecture(self) -> dict[str, int]:
+        """The architecture overrides that are set."""
+        return {k: getattr(self.model, k) for k in ARCHITECTURE_FIELDS if getattr(self.model, k) is not None}
 
 
 def choose_preset(config: TrainConfig) -> str:
@@ -134,80 +251,106 @@ def choose_preset(config: TrainConfig) -> str:
         if config.preset not in PRESETS:
             raise ValueError(f"Unknown preset {config.preset!r}; expected 'auto' or one of {sorted(PRESETS)}.")
         return config.preset
-    if config.weights is not None:
+    if config.model.weights is not None:
         return "finetune"
-    return "digits" if config.dataset in (None, "digits") else "scratch"
+    return "digits" if config.data.dataset in (None, "digits") else "scratch"
 
 
-def preset_values(config: TrainConfig, preset: str) -> dict[str, Any]:
-    """The preset's values, with the fine-tuning recipe's per-dataset adjustments."""
-    values = dict(PRESETS[preset])
+def preset_values(config: TrainConfig, preset: str) -> dict[str, dict[str, Any]]:
+    """``{section: {field: value}}`` of the preset, with the fine-tuning recipe's per-dataset adjustments and the
+    rules of the module docstring applied for what ``config`` sets."""
+    values = {section: dict(fields) for section, fields in PRESETS[preset].items()}
+    model, optim = values["model"], values["optim"]
     if preset == "finetune":
-        dataset = (config.dataset or "").split("/")[0].split(":")[0]
-        variant = parse_model_name(config.model or values["model"])
-        for (name, model), change in FINETUNE_ADJUSTMENTS.items():
-            if name == dataset and model in (None, variant):
-                values.update(change)
+        dataset = (config.data.dataset or "").split("/")[0].split(":")[0]
+        variant = parse_variant(config.model.name or model["name"]).variant
+        for (name, adjusted), change in FINETUNE_ADJUSTMENTS.items():
+            if name == dataset and adjusted in (None, variant):
+                for section, fields in change.items():
+                    values[section].update(fields)
+    if config.model.name is not None:  # a named model brings its own architecture
+        for name in ARCHITECTURE_FIELDS:
+            model.pop(name, None)
+    if config.optim.steps is not None or config.optim.epochs is not None:
+        optim.pop("steps", None), optim.pop("epochs", None)
     return values
 
 
 def resolve(config: TrainConfig, *, train_examples: int | None, accelerator: str, replicas: int = 1) -> TrainConfig:
-    """Fill every ``None`` field from the preset and the machine rule; check the result."""
+    """Fill every unset field from the preset and the machine rule; check the result."""
     preset = choose_preset(config)
     values = preset_values(config, preset)
-    given = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if getattr(config, f.name) is not None}
-    if config.model is not None:  # a named model brings its own architecture
-        values = {k: v for k, v in values.items() if k not in ARCHITECTURE_FIELDS}
-    if config.steps is not None or config.epochs is not None:
-        values.pop("steps", None), values.pop("epochs", None)
-    if config.batch_size is None and accelerator == "cpu" and preset in CPU_SCALED_PRESETS:
-        factor = CPU_BATCH / values["batch_size"]
-        values["batch_size"] = CPU_BATCH
-        values["lr"] = values["lr"] * factor
-    unset = {f.name: None for f in dataclasses.fields(config)}
-    resolved = TrainConfig(**{**unset, **values, **given, "preset": preset})
-    if resolved.epochs is not None and resolved.steps is not None:
+    if config.optim.batch_size is None and accelerator == "cpu" and preset in CPU_SCALED_PRESETS:
+        optim = values["optim"]
+        optim["lr"] *= CPU_BATCH / optim["batch_size"]
+        optim["batch_size"] = CPU_BATCH
+    resolved = TrainConfig().update(values).update(config.set_fields(), preset=preset)
+    optim = resolved.optim
+    steps, eval_every = optim.steps, optim.eval_every
+    if optim.epochs is not None and steps is not None:
         raise ValueError("Give steps or epochs, not both.")
-    if resolved.epochs is not None:
+    if optim.epochs is not None:
         if not train_examples:
             raise ValueError("epochs needs the number of training examples, which this dataset does not report; "
                              "give steps instead.")
-        per_pass = math.ceil(train_examples / resolved.batch_size)
-        resolved.steps, resolved.eval_every = resolved.epochs * per_pass, resolved.eval_every or per_pass
-    resolved.eval_every = resolved.eval_every or max(1, math.ceil(resolved.steps / 10))
-    if resolved.warmup < 1:
-        resolved.warmup = round(resolved.warmup * resolved.steps)
-    resolved.warmup = int(min(resolved.warmup, resolved.steps))
+        per_pass = math.ceil(train_examples / optim.batch_size)
+        steps, eval_every = optim.epochs * per_pass, eval_every or per_pass
+    eval_every = eval_every or max(1, math.ceil(steps / 10))
+    warmup = round(optim.warmup * steps) if optim.warmup < 1 else optim.warmup
+    resolved = resolved.replace(steps=steps, eval_every=eval_every, warmup=int(min(warmup, steps)))
     _check(resolved, replicas)
     return resolved
 
 
 def _check(config: TrainConfig, replicas: int) -> None:
-    positive = dict(steps=config.steps, batch_size=config.batch_size, image_size=config.image_size,
-                    accumulation_steps=config.accumulation_steps, eval_every=config.eval_every,
-                    checkpoint_every=config.checkpoint_every, log_every=config.log_every)
+    optim, run = config.optim, config.run
+    positive = dict(steps=optim.steps, batch_size=optim.batch_size, image_size=config.model.image_size,
+                    accumulation_steps=optim.accumulation_steps, eval_every=optim.eval_every,
+                    checkpoint_every=run.checkpoint_every, log_every=run.log_every)
     for name, value in positive.items():
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}.")
-    micro = config.batch_size // config.accumulation_steps
-    if config.batch_size % config.accumulation_steps or micro % replicas:
+    micro = optim.batch_size // optim.accumulation_steps
+    if optim.batch_size % optim.accumulation_steps or micro % replicas:
         raise ValueError(
-            f"batch_size {config.batch_size} must split into accumulation_steps={config.accumulation_steps} "
+            f"batch_size {optim.batch_size} must split into accumulation_steps={optim.accumulation_steps} "
             f"micro-batches that divide over {replicas} replicas.")
-    if config.mixed_precision not in ("auto", "none", "float16", "bfloat16"):
-        raise ValueError(
-            f"Unknown mixed_precision {config.mixed_precision!r}; expected auto, none, float16 or bfloat16.")
-    if not 0 <= config.label_smoothing < 1:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}.")
-    parse_model_name(config.model)
+    for section, cls in SECTIONS.items():
+        for field in option_fields(cls):
+            value, choices = getattr(getattr(config, section), field.name), field.metadata["choices"]
+            if choices and value is not None and value not in choices:
+                expected = ", ".join(map(str, choices))
+                raise ValueError(f"Unknown {flag_name(field)} {value!r}; expected one of {expected}.")
+    if not 0 <= optim.label_smoothing < 1:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {optim.label_smoothing}.")
+    parse_variant(config.model.name).replace(**config.architecture())
 
 
-def run_differences(saved: dict[str, Any], config: TrainConfig) -> list[str]:
+def json_ready(config: TrainConfig) -> dict[str, Any]:
+    """The config as flat JSON values (tuples become lists): the layout of ``run.json``."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in config.flat().items()}
+
+
+def from_json(values: Mapping[str, Any]) -> TrainConfig:
+    """A config from :func:`json_ready`'s output (lists become tuples again)."""
+    return TrainConfig.from_flat({k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def run_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
     """Fields (other than :data:`RUN_ONLY_FIELDS`) whose value differs from a saved run's."""
     current = json_ready(config)
     return sorted(k for k in current if k not in RUN_ONLY_FIELDS and saved.get(k) != current[k])
 
 
-def json_ready(config: TrainConfig) -> dict[str, Any]:
-    """The config as JSON values (tuples become lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+def add_arguments(parser: argparse.ArgumentParser, base: TrainConfig | None = None) -> None:
+    """Add an option per field (``--preset``, then a group per section), showing ``base``'s values as defaults."""
+    base = base or TrainConfig()
+    fields.add_arguments(parser, base)
+    for section, cls in SECTIONS.items():
+        fields.add_arguments(parser.add_argument_group(section, cls.__doc__.splitlines()[0]), getattr(base, section))
+
+
+def from_args(namespace: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
+    """``base`` (default: :class:`TrainConfig`) with the options the command line gave."""
+    known = {"preset", *FLAT_NAMES}
+    return (base or TrainConfig()).replace(**{k: v for k, v in vars(namespace).items() if k in known})

@@ -14,6 +14,11 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from keras_vit import datasets
+
+__all__ = ["FOLDER_EVAL_NAMES", "IMAGE_EXTENSIONS", "TFDS_EVAL_SPLITS", "Source", "Split", "decode_image",
+           "load_digits", "load_folder", "load_source", "load_tfds"]
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 FOLDER_EVAL_NAMES = ("val", "validation", "test")
 # Held-out split per TFDS dataset where it is not "test" (ImageNet's test labels are not public).
@@ -80,32 +85,15 @@ def decode_image(data: tf.Tensor) -> tf.Tensor:
     return image
 
 
-def _holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (train, eval), holding out ``fraction`` of every class (at least one if it has two)."""
-    if not 0 < fraction < 1:
-        raise ValueError(f"eval_fraction must be in (0, 1), got {fraction}.")
-    rng = np.random.default_rng(seed)
-    train, held = [], []
-    for label in np.unique(labels):
-        members = rng.permutation(np.flatnonzero(labels == label))
-        count = max(1, round(fraction * len(members))) if len(members) > 1 else 0
-        held.extend(members[:count])
-        train.extend(members[count:])
-    return np.sort(np.array(train, int)), np.sort(np.array(held, int))
-
-
 def load_digits(eval_fraction: float = 0.2, seed: int = 0) -> Source:
     """scikit-learn's 1797 handwritten digits (8x8, 17 grey levels; shipped inside scikit-learn).
 
-    Scaled to uint8 RGB; ``eval_fraction`` of each class held out (359 of 1797 images by default).
+    The images of :func:`keras_vit.datasets.load_digits` as uint8 RGB; ``eval_fraction`` of each class held
+    out by :func:`keras_vit.datasets.stratified_split` (359 of 1797 images by default).
     """
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    digits = sklearn_digits()
-    grey = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    grey, labels = datasets.load_digits()
     images = np.repeat(grey[..., None], 3, axis=-1)
-    labels = digits.target.astype(np.int64)
-    train, held = _holdout(labels, eval_fraction, seed)
+    train, held = datasets.stratified_split(labels, eval_fraction, seed)
     return Source(
         name="digits",
         num_classes=10,
@@ -146,7 +134,7 @@ def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0) -> Source:
         eval_split, eval_name = Split(len(eval_paths), np.array(eval_paths), eval_labels), os.path.basename(eval_dir)
     else:
         classes, paths, labels = _list_classes(root)
-        train, held = _holdout(labels, eval_fraction, seed)
+        train, held = datasets.stratified_split(labels, eval_fraction, seed)
         paths = np.array(paths)
         train_split = Split(len(train), paths[train], labels[train])
         eval_split, eval_name = Split(len(held), paths[held], labels[held]), f"held-out {eval_fraction:.0%}"

@@ -29,6 +29,9 @@ import tensorflow as tf
 
 from keras_vit.training.strategy import is_chief
 
+__all__ = ["CheckpointEvery", "Checkpointer", "FitResult", "Segment", "StepCallback", "StepLog", "fit", "plan_segments",
+           "save_outputs", "truncate_log"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Segment:

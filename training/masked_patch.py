@@ -28,6 +28,9 @@ from keras import layers, ops
 from keras_vit.training.data import Split
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 
+__all__ = ["KEEP", "KIND_NAMES", "MASK", "RANDOM", "UNCHANGED", "PatchCorruption", "PatchTokens", "colour_targets",
+           "masked_patch_dataset", "masked_patch_model", "patch_grid", "sample_corruption"]
+
 KEEP, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: corrupted (predicted) but left as it is
 KIND_NAMES = ("keep", "mask", "random", "unchanged")
 EDGE_TOLERANCE = 1e-3  # grey levels; see colour_targets

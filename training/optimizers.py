@@ -13,6 +13,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+__all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "ReplicaClipping", "build_optimizer", "no_decay_variables"]
+
 OPTIMIZERS = ("sgd", "adamw", "adam")
 
 

@@ -22,6 +22,8 @@ import tensorflow as tf
 from keras_vit import preprocess_input
 from keras_vit.training.data import Split
 
+__all__ = ["Augment", "eval_dataset", "eval_transform", "inception_crop", "resize", "train_dataset", "train_transform"]
+
 AUTOTUNE = tf.data.AUTOTUNE
 
 

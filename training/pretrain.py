@@ -13,7 +13,7 @@ One run:
 2. pre-trains it by masked patch prediction on the training images (labels unused) with the
    resumable loop of :mod:`keras_vit.training.loop` (Adam, warmup + cosine; ``OUT/pretrain``);
 3. saves the encoder as ``OUT/encoder.keras``;
-4. fine-tunes it with :func:`keras_vit.training.finetune.finetune` (``OUT/finetune``), loading the encoder into
+4. fine-tunes it as ``keras_vit.training.finetune`` does (``OUT/finetune``), loading the encoder into
    the freshly built model before the first step; ``--compare-scratch`` also trains the same model
    from random initialisation (``OUT/scratch``) and prints both held-out accuracies.
 
@@ -33,34 +33,39 @@ from collections.abc import Sequence
 import keras
 
 from keras_vit.training import config as config_lib
+from keras_vit.training import fields, steps
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.data import load_source
-from keras_vit.training.finetune import FinetuneResult, augment_of, build_model, finetune
-from keras_vit.training.finetune import parser as finetune_parser
+from keras_vit.training.fields import option
 from keras_vit.training.loop import fit
 from keras_vit.training.masked_patch import masked_patch_dataset, masked_patch_model, patch_grid
 from keras_vit.training.optimizers import build_optimizer
 from keras_vit.training.schedules import WarmupDecay
-from keras_vit.training.strategy import accelerator, get_strategy, is_chief, split_cpu
+from keras_vit.training.strategy import is_chief
+from keras_vit.training.supervised import FinetuneResult, train_classifier
+
+__all__ = ["LoadEncoder", "PretrainConfig", "PretrainResult", "copy_encoder_weights", "main", "parser", "pretrain",
+           "summary_table"]
 
 HEAD_LAYERS = ("head", "pre_logits")
+BASE = TrainConfig().replace(output_dir="runs/pretrain")  # the command's defaults
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PretrainConfig:
-    """The masked-patch pre-training; ``None`` fields follow the fine-tuning config."""
+    """The masked-patch pre-training (Adam, warmup then cosine decay); ``None`` fields follow the fine-tuning."""
 
-    steps: int = 1000
-    lr: float = 1e-3
-    warmup: int = 100
-    batch_size: int | None = None
-    clip_norm: float = 1.0
-    rate: float = 0.5
-    mask_fraction: float = 0.8
-    random_fraction: float = 0.1
-    bits: int = 3
-    eval_every: int | None = None
-    compare_scratch: bool = False
+    steps: int = option("pre-training steps", 1000, flag="pretrain_steps")
+    lr: float = option("Adam base learning rate (paper: 2e-4)", 1e-3, flag="pretrain_lr")
+    warmup: int = option("warmup steps, then cosine decay", 100, flag="pretrain_warmup")
+    batch_size: int | None = option("pre-training batch", unset="the fine-tuning batch", flag="pretrain_batch_size")
+    clip_norm: float = option("global gradient-norm clip (0: off)", 1.0, flag="pretrain_clip_norm")
+    rate: float = option("fraction of patches corrupted", 0.5, flag="corruption_rate")
+    mask_fraction: float = option("fraction of corrupted patches replaced by [mask]", 0.8)
+    random_fraction: float = option("fraction of corrupted patches replaced by another patch", 0.1)
+    bits: int = option("bits per channel of the colour target", 3, flag="colour_bits")
+    eval_every: int | None = option("steps between masked-patch evaluations", unset="a fifth of the steps",
+                                    flag="pretrain_eval_every")
+    compare_scratch: bool = option("also fine-tune from random initialisation", False)
 
 
 @dataclasses.dataclass
@@ -118,21 +123,16 @@ class LoadEncoder(keras.callbacks.Callback):
 def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None) -> PretrainResult:
     """Pre-train the model ``finetune_config`` describes by masked patch prediction, then fine-tune it."""
     config = config or PretrainConfig()
-    strategy = get_strategy(finetune_config.strategy, finetune_config.tpu)
-    device, chief = accelerator(strategy), is_chief(strategy)
-    out = finetune_config.output_dir
-    if finetune_config.overwrite and chief and os.path.isdir(out):
+    strategy = steps.make_strategy(finetune_config)
+    out = finetune_config.run.output_dir
+    if finetune_config.run.overwrite and is_chief(strategy) and os.path.isdir(out):
         shutil.rmtree(out)
-    source = load_source(finetune_config.dataset, data_dir=finetune_config.data_dir,
-                         manual_dir=finetune_config.manual_dir, train_split=finetune_config.train_split,
-                         eval_split=finetune_config.eval_split, eval_fraction=finetune_config.eval_fraction,
-                         seed=finetune_config.seed)
-    resolved = config_lib.resolve(finetune_config, train_examples=source.train.num_examples, accelerator=device,
-                                  replicas=strategy.num_replicas_in_sync)
-    batch = config.batch_size or resolved.batch_size
-    keras.utils.set_random_seed(resolved.seed)
+    setup = steps.prepare(finetune_config, strategy)
+    resolved, source = setup.config, setup.source
+    batch = config.batch_size or resolved.optim.batch_size
+    keras.utils.set_random_seed(resolved.optim.seed)
     with strategy.scope():
-        encoder = build_model(resolved, source.num_classes)
+        encoder = steps.build_model(resolved, source.num_classes)
         model = masked_patch_model(encoder, bits=config.bits)
         schedule = WarmupDecay(config.lr, config.steps, min(config.warmup, config.steps), "cosine")
         model.compile(
@@ -140,35 +140,38 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
-    augment = dataclasses.replace(augment_of(resolved), randaugment=None, mixup=0.0, cutmix=0.0)
+    augment = dataclasses.replace(steps.augment_of(resolved), randaugment=None, mixup=0.0, cutmix=0.0)
     patch = patch_grid(encoder)[1]
     corruption = dict(rate=config.rate, mask_fraction=config.mask_fraction, random_fraction=config.random_fraction)
+    seed, shuffle_buffer = resolved.optim.seed, resolved.data.shuffle_buffer
 
     def data_fn(step: int):
-        return masked_patch_dataset(source.train, batch, augment, patch, start_step=step, seed=resolved.seed,
-                                    bits=config.bits, shuffle_buffer=resolved.shuffle_buffer, **corruption)
+        return masked_patch_dataset(source.train, batch, augment, patch, start_step=step, seed=seed, bits=config.bits,
+                                    shuffle_buffer=shuffle_buffer, **corruption)
 
-    eval_data = masked_patch_dataset(source.eval, batch, augment, patch, seed=resolved.seed, bits=config.bits,
+    eval_data = masked_patch_dataset(source.eval, batch, augment, patch, seed=seed, bits=config.bits,
                                      training=False, **corruption)
-    if chief and resolved.verbose:
+    verbose = resolved.run.verbose
+    if setup.chief and verbose:
         print(f"masked patch prediction: {encoder.name} ({encoder.count_params():,} parameters) on "
               f"{source.name}, {config.steps} steps of {batch}, adam lr {config.lr:g}", flush=True)
-    result = fit(model, data_fn, total_steps=config.steps, steps_per_epoch=config.eval_every or max(1, config.steps // 5),
+    every = config.eval_every or max(1, config.steps // 5)
+    result = fit(model, data_fn, total_steps=config.steps, steps_per_epoch=every,
                  output_dir=os.path.join(out, "pretrain"), strategy=strategy, eval_data=eval_data,
-                 log_every=resolved.log_every, verbose=resolved.verbose)
+                 log_every=resolved.run.log_every, verbose=verbose)
     encoder_path = os.path.join(out, "encoder.keras")
-    if chief:
+    if setup.chief:
         encoder.save(encoder_path)
     runs = {"finetune": [LoadEncoder(encoder_path)], **({"scratch": []} if config.compare_scratch else {})}
-    results = {name: finetune(finetune_config, callbacks=callbacks, strategy=strategy, overwrite=False,
-                              output_dir=os.path.join(out, name))
+    results = {name: train_classifier(finetune_config.replace(overwrite=False, output_dir=os.path.join(out, name)),
+                                      callbacks=callbacks, strategy=strategy)
                for name, callbacks in runs.items()}
     summary = {name: r.metrics for name, r in results.items()}
     summary["pretrain_history"] = result.history
-    if chief:
+    if setup.chief:
         with open(os.path.join(out, "summary.json"), "w") as file:
             json.dump(summary, file, indent=2)
-        if resolved.verbose:
+        if verbose:
             print(summary_table(summary), flush=True)
     return PretrainResult(encoder_path, result.history, results["finetune"], results.get("scratch"))
 
@@ -182,41 +185,21 @@ def summary_table(summary: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    """``python -m keras_vit.training.finetune``'s options plus the ``--pretrain-*`` ones."""
-    p = finetune_parser()
-    p.prog = "python -m keras_vit.training.pretrain"
-    p.description = ("Pre-train a ViT by masked patch prediction (the paper's Section 4.6), then fine-tune it "
-                     "with keras_vit.training.finetune. Without a dataset: a small ViT on scikit-learn's digits, offline.")
-    p.set_defaults(output_dir="runs/pretrain")
-    g = p.add_argument_group("masked patch prediction")
-    defaults = PretrainConfig()
-    g.add_argument("--pretrain-steps", type=int, default=defaults.steps, help="pre-training steps")
-    g.add_argument("--pretrain-lr", type=float, default=defaults.lr, help="Adam base learning rate (paper: 2e-4)")
-    g.add_argument("--pretrain-warmup", type=int, default=defaults.warmup, help="warmup steps, then cosine decay")
-    g.add_argument("--pretrain-batch-size", type=int, help="default: the fine-tuning batch")
-    g.add_argument("--pretrain-eval-every", type=int, help="steps between masked-patch evaluations")
-    g.add_argument("--corruption-rate", type=float, default=defaults.rate, help="fraction of patches corrupted")
-    g.add_argument("--mask-fraction", type=float, default=defaults.mask_fraction)
-    g.add_argument("--random-fraction", type=float, default=defaults.random_fraction)
-    g.add_argument("--colour-bits", type=int, default=defaults.bits, help="bits per channel of the colour target")
-    g.add_argument("--compare-scratch", action="store_true", help="also fine-tune from random initialisation")
+    """``python -m keras_vit.training.finetune``'s options plus the masked-patch ones (:class:`PretrainConfig`)."""
+    p = argparse.ArgumentParser(
+        prog="python -m keras_vit.training.pretrain",
+        description="Pre-train a ViT by masked patch prediction (the paper's Section 4.6), then fine-tune it "
+                    "as keras_vit.training.finetune does. Without a dataset: a small ViT on scikit-learn's digits, "
+                    "offline.")
+    config_lib.add_arguments(p, BASE)
+    fields.add_arguments(p.add_argument_group("masked patch prediction"), PretrainConfig())
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> PretrainResult:
     """Parse the command line and run :func:`pretrain`."""
-    args = vars(parser().parse_args(argv))
-    mine = PretrainConfig(
-        steps=args.pop("pretrain_steps"), lr=args.pop("pretrain_lr"), warmup=args.pop("pretrain_warmup"),
-        batch_size=args.pop("pretrain_batch_size"), eval_every=args.pop("pretrain_eval_every"),
-        rate=args.pop("corruption_rate"), mask_fraction=args.pop("mask_fraction"),
-        random_fraction=args.pop("random_fraction"), bits=args.pop("colour_bits"),
-        compare_scratch=args.pop("compare_scratch"))
-    cpu_devices = args.pop("cpu_devices")
-    if cpu_devices:
-        split_cpu(cpu_devices)
-    args["verbose"] = "auto" if args["verbose"] is None else args["verbose"]
-    return pretrain(TrainConfig(**args), mine)
+    args = parser().parse_args(argv)
+    return pretrain(config_lib.from_args(args, BASE), PretrainConfig(**fields.given(args, PretrainConfig)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Learning-rate schedules: linear warmup, then cosine or linear decay (the ViT paper's schedules).
+"""Learning-rate schedules: linear warmup, then cosine or linear decay (the ViT paper's schedules), from Keras'.
 
 For optimizer update ``t = 1, 2, ..., T`` (``t = iterations + 1``) with ``W`` warmup steps::
 
@@ -7,21 +7,27 @@ For optimizer update ``t = 1, 2, ..., T`` (``t = iterations + 1``) with ``W`` wa
     linear:   lr = end + (base - end) * (1 - progress)
     constant: lr = base
     lr = lr * min(1, t / W)            (when W > 0)
+
+The curves are Keras' own: cosine is ``keras.optimizers.schedules.CosineDecay(0, warmup_target=base,
+warmup_steps=W, decay_steps=T - W, alpha=end / base)``, constant the same with ``alpha=1``, linear
+``PolynomialDecay(base, T - W, end, power=1)`` after the warmup (Keras has no linear decay with warmup, so
+there the warmup is one ``where``). :class:`WarmupDecay` feeds them ``t``: it counts updates from 1, not
+0, and advances once per update when gradients are accumulated over several calls.
 """
 
 from __future__ import annotations
 
-import math
-
 import keras
 from keras import ops
+
+__all__ = ["DECAYS", "WarmupDecay"]
 
 DECAYS = ("cosine", "linear", "constant")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit_training")
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup over ``warmup_steps`` updates, then ``decay`` to ``end_lr`` at ``total_steps``.
+    """Linear warmup over ``warmup_steps`` updates, then ``decay`` to ``end_lr`` at ``total_steps`` (Keras' schedules).
 
     With ``accumulation_steps = A`` the optimizer calls the schedule once per micro-batch; the
     schedule then advances once per ``A`` calls, i.e. once per update.
@@ -42,18 +48,21 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.decay = decay
         self.end_lr = float(end_lr)
         self.accumulation_steps = int(accumulation_steps)
+        span = max(1, self.total_steps - self.warmup_steps)
+        if decay == "linear":
+            self.schedule = keras.optimizers.schedules.PolynomialDecay(self.base_lr, span, self.end_lr, power=1.0)
+        else:
+            alpha = 1.0 if decay == "constant" else (self.end_lr / self.base_lr if self.base_lr else 0.0)
+            self.schedule = keras.optimizers.schedules.CosineDecay(0.0, span, alpha=alpha, warmup_target=self.base_lr,
+                                                                   warmup_steps=self.warmup_steps)
 
     def __call__(self, step):
+        """The learning rate of optimizer call ``step`` (0-based): Keras' schedule at update ``t`` (1-based)."""
         t = ops.cast(ops.floor_divide(ops.cast(step, "int64"), self.accumulation_steps) + 1, "float32")
-        lr = ops.convert_to_tensor(self.base_lr, "float32")
-        if self.decay != "constant":
-            span = max(1, self.total_steps - self.warmup_steps)
-            progress = ops.clip((t - self.warmup_steps) / span, 0.0, 1.0)
-            shape = 0.5 * (1.0 + ops.cos(math.pi * progress)) if self.decay == "cosine" else 1.0 - progress
-            lr = self.end_lr + (self.base_lr - self.end_lr) * shape
-        if self.warmup_steps:
-            lr = lr * ops.minimum(1.0, t / self.warmup_steps)
-        return lr
+        if self.decay != "linear":
+            return self.schedule(t)
+        decayed = self.schedule(t - self.warmup_steps)  # PolynomialDecay has no warmup: CosineDecay's linear ramp
+        return ops.where(t < self.warmup_steps, self.base_lr * t / max(1, self.warmup_steps), decayed)
 
     def get_config(self):
         return {"base_lr": self.base_lr, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,

@@ -12,6 +12,8 @@ import os
 
 import tensorflow as tf
 
+__all__ = ["STRATEGIES", "accelerator", "choose_strategy", "get_strategy", "is_chief", "split_cpu"]
+
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
 
@@ -21,6 +23,8 @@ def split_cpu(num_devices: int) -> None:
     if num_devices < 1:
         raise ValueError(f"num_devices must be >= 1, got {num_devices}.")
     cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or ()) == num_devices:
+        return  # already split so
     try:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
     except RuntimeError as error:

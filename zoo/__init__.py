@@ -6,7 +6,9 @@
     path = zoo.fetch("B_16.orig_in21k")  # downloaded (once) into the Keras cache, returns the local path
 
 Files are cached under ``$KERAS_HOME/models/vit_models/`` (``~/.keras/models/vit_models/`` by default)
-at their path in the bucket. ``KERAS_VIT_ZOO_URL`` replaces the base URL (a mirror of
+at their path in the bucket, each beside the record of its sha256 (``<file>.sha256``); a file enters the
+cache only once it is proven whole (:mod:`keras_vit.zoo.download`), and is checked against its record on
+every :func:`fetch`. ``KERAS_VIT_ZOO_URL`` replaces the base URL (a mirror of
 ``https://storage.googleapis.com/vit_models/``). Command line: ``python -m keras_vit.zoo list``.
 """
 
@@ -18,18 +20,21 @@ import json
 import os
 from pathlib import Path
 
-from keras_vit.zoo.download import DownloadError, download, print_progress
+from .cache import check_file
+from .download import DEFAULT_TIMEOUT, CorruptCheckpointError, DownloadError, download
+from .progress import ProgressBar
+from .validate import check_npz
 
 CATALOGUE = Path(__file__).with_name("catalogue.json")
 MIRROR_ENV = "KERAS_VIT_ZOO_URL"
 
-__all__ = ["Checkpoint", "DownloadError", "base_url", "cache_path", "cache_root", "catalogue", "fetch", "find", "get",
-           "names"]
+__all__ = ["Checkpoint", "CorruptCheckpointError", "DownloadError", "base_url", "cache_path", "cache_root", "catalogue",
+           "check_cached", "fetch", "find", "get", "names"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Checkpoint:
-    """One published checkpoint (a row of ``catalogue.json``)."""
+    """One published checkpoint (a row of ``catalogue.json``; fields with a default may be left out of a row)."""
 
     name: str
     path: str  # relative to the bucket, e.g. "imagenet21k/ViT-B_16.npz"
@@ -42,6 +47,7 @@ class Checkpoint:
     top1: float | None  # reported ImageNet-1k top-1 (%), None where no source was checked
     top1_source: str | None
     sha256: str | None  # None: unknown, not checked
+    size: int | None = None  # bytes; None: unknown, not checked
 
     @property
     def url(self) -> str:
@@ -86,7 +92,9 @@ def get(name: str) -> Checkpoint:
 
         close = difflib.get_close_matches(name, names(), n=5, cutoff=0.5)
         hint = f" Did you mean {close}?" if close else ""
-        raise ValueError(f"No checkpoint {name!r} in the zoo catalogue.{hint} List them with `python -m keras_vit.zoo list`.")
+        raise ValueError(
+            f"No checkpoint {name!r} in the zoo catalogue.{hint} List them with `python -m keras_vit.zoo list`."
+        )
     return entry
 
 
@@ -103,11 +111,26 @@ def cache_path(entry: Checkpoint | str, cache_dir: str | os.PathLike | None = No
 
 
 def fetch(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None, *, progress: bool = False,
-          **download_kwargs) -> Path:
-    """The local path of a catalogue checkpoint, downloading it first when it is not cached."""
+          timeout: float = DEFAULT_TIMEOUT, deadline: float | None = None, **download_kwargs) -> Path:
+    """The local path of a catalogue checkpoint, downloading it first when it is not cached.
+
+    ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call (None: no
+    limit); ``progress``: a progress bar on stderr; other keywords (``retries``, ``backoff``) go to
+    :func:`~keras_vit.zoo.download.download`. A cached file whose sha256 no longer matches its record is a
+    ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again behind the user's back.
+    """
+    entry = get(name) if isinstance(name, str) else name
+    return download(entry.url, cache_path(entry, cache_dir), sha256=entry.sha256, size=entry.size, validate=check_npz,
+                    timeout=timeout, deadline=deadline, progress=ProgressBar(entry.name) if progress else None,
+                    **download_kwargs)
+
+
+def check_cached(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None) -> tuple[str, str] | None:
+    """``(status, detail)`` of a cached checkpoint, status ``"OK"``, ``"corrupt"`` or ``"unrecorded"`` (see
+    :mod:`keras_vit.zoo.cache`); None when it is not cached. Reads the whole file."""
     entry = get(name) if isinstance(name, str) else name
     path = cache_path(entry, cache_dir)
-    if path.is_file():
-        return path
-    return download(entry.url, path, sha256=entry.sha256, progress=print_progress if progress else None,
-                    **download_kwargs)
+    if not path.is_file():
+        return None
+    status, detail, _ = check_file(path, sha256=entry.sha256, validate=check_npz)
+    return status, detail

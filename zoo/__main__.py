@@ -1,7 +1,8 @@
 """``python -m keras_vit.zoo`` (or ``keras-vit-zoo``): list, download, inspect and convert the published checkpoints.
 
     python -m keras_vit.zoo list [--family augreg] [--json]
-    python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384
+    python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384 [--timeout 30] [--deadline 3600]
+    python -m keras_vit.zoo verify [NAMES...]      # OK / corrupt / unrecorded per cached file; exit 1 if corrupt
     python -m keras_vit.zoo info B_16.orig_in21k | path/to/file.npz
     python -m keras_vit.zoo convert B_16.orig_in21k_ft_in1k vit_b16_384.keras [--image-size 512] [--num-classes 10]
 """
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from keras_vit import zoo
+from keras_vit.zoo.progress import ProgressBar
 
 
 def _list(args) -> None:
@@ -33,7 +35,24 @@ def _list(args) -> None:
 
 def _download(args) -> None:
     for name in args.names:
-        print(zoo.fetch(name, cache_dir=args.cache_dir, progress=True))
+        print(zoo.fetch(name, cache_dir=args.cache_dir, progress=True, timeout=args.timeout, deadline=args.deadline))
+
+
+def _verify(args) -> int:
+    entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
+    corrupt = checked = 0
+    for entry in entries:
+        result = zoo.check_cached(entry, args.cache_dir)
+        if result is None:
+            if args.names:
+                print(f"{'missing':10} {entry.name}: not cached")
+            continue
+        status, detail = result
+        checked += 1
+        corrupt += status == "corrupt"
+        print(f"{status:10} {entry.name}: {zoo.cache_path(entry, args.cache_dir)} ({detail})")
+    print(f"{checked} cached files checked, {corrupt} corrupt (cache: {zoo.cache_root(args.cache_dir)})")
+    return 1 if corrupt else 0
 
 
 def _local(source: str, cache_dir) -> Path:
@@ -44,7 +63,7 @@ def _local(source: str, cache_dir) -> Path:
 
 
 def _info(args) -> None:
-    from keras_vit.weights import checkpoint_info, read_npz
+    from keras_vit.checkpoints import checkpoint_info, read_npz
 
     entry = zoo.find(args.source)
     if entry is not None:
@@ -55,7 +74,7 @@ def _info(args) -> None:
 
 
 def _convert(args) -> None:
-    from keras_vit.weights import model_from_checkpoint
+    from keras_vit.checkpoints import model_from_checkpoint
 
     out = Path(args.output)
     if not out.name.endswith((".keras", ".weights.h5")):
@@ -74,6 +93,7 @@ def _convert(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the command line; an error is one line on stderr and exit status 1 (130 when interrupted)."""
     parser = argparse.ArgumentParser(prog="python -m keras_vit.zoo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache-dir", help="cache root (default: $KERAS_HOME or ~/.keras)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -83,7 +103,13 @@ def main(argv: list[str] | None = None) -> None:
     listing.set_defaults(run=_list)
     download = commands.add_parser("download", help="download checkpoints into the cache")
     download.add_argument("names", nargs="+")
+    download.add_argument("--timeout", type=float, default=zoo.DEFAULT_TIMEOUT,
+                          help="seconds without a byte before a try fails (default: %(default)s)")
+    download.add_argument("--deadline", type=float, help="seconds for each file, all tries included (default: none)")
     download.set_defaults(run=_download)
+    verify = commands.add_parser("verify", help="check cached files against their recorded sha256")
+    verify.add_argument("names", nargs="*", help="catalogue names (default: every cached checkpoint)")
+    verify.set_defaults(run=_verify)
     info = commands.add_parser("info", help="the architecture a checkpoint's shapes describe")
     info.add_argument("source", help="catalogue name or .npz path")
     info.set_defaults(run=_info)
@@ -98,10 +124,17 @@ def main(argv: list[str] | None = None) -> None:
     convert.set_defaults(run=_convert)
     args = parser.parse_args(argv)
     try:
-        args.run(args)
-    except (ValueError, FileNotFoundError, zoo.DownloadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+        status = args.run(args)
+    except (ValueError, OSError) as exc:  # DownloadError is an OSError
+        ProgressBar.end_line()
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        ProgressBar.end_line()
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    if status:
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

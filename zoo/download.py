@@ -1,60 +1,206 @@
-"""Resumable HTTP downloads into a cache: a ``.part`` file, Range requests, retries, sha256, atomic rename.
+"""Downloads into a cache that only ever holds whole files.
 
-The final path only ever holds a complete file: bytes go to ``<dest>.part`` first; after a dropped
-connection the next attempt asks for the rest with ``Range: bytes=<have>-`` (a server that ignores it
-sends the whole file again, which restarts the ``.part``). Once the size matches, the sha256 is
-checked (when known) and the ``.part`` file is renamed onto ``dest``.
+A file enters the cache (``dest``) only once it is proven whole:
+
+1. bytes go to ``<dest>.part``, and ``<dest>.part.json`` keeps the URL and the server's validator (a strong
+   ``ETag``, else ``Last-Modified``);
+2. a dropped transfer resumes with ``Range`` and ``If-Range: <validator>``, so a file that changed on the server
+   comes back whole (status 200) and restarts the ``.part``; without a validator the ``.part`` restarts from zero;
+3. the transfer must reach the expected ``size`` (when known) and the ``Content-Length``; an HTML page
+   (``Content-Type: text/html``) is refused whatever its status;
+4. the sha256 (when known) must match and ``validate(part)`` must pass (for checkpoints: a whole ``.npz``);
+   a file that fails is deleted (a failure after a transfer of unknown length is retried from zero);
+5. its sha256 is recorded in ``<dest>.sha256`` and the ``.part`` renamed onto ``dest``.
+
+A cached ``dest`` is checked against that record on every call (``CorruptCheckpointError`` when it changed; the
+file is left in place). One downloader at a time holds ``<dest>.lock``; the others wait and then use its file.
+``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call, waiting for the
+lock included (checked between reads, so it may be overshot by up to ``timeout``).
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import http.client
+import json
 import os
-import sys
+import re
+import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
+from .cache import ensure_intact, record, sha256sum
+from .errors import CorruptCheckpointError, DownloadError
+from .lock import file_lock
+
+__all__ = ["DEFAULT_TIMEOUT", "CorruptCheckpointError", "DownloadError", "download", "sha256sum"]
+
 CHUNK = 1 << 20
+DEFAULT_TIMEOUT = 30.0
+NETWORK_ERRORS = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError)
+Progress = Callable[[int, "int | None"], None]
 
 
-class DownloadError(OSError):
-    """A download that failed: network error, incomplete transfer or hash mismatch."""
+class _Retry(DownloadError):
+    """A failed try that another one may fix."""
 
 
-def sha256sum(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _validator(headers) -> str | None:
+    etag = headers.get("ETag")
+    return etag if etag and not etag.startswith("W/") else headers.get("Last-Modified")
 
 
-def _attempt(url: str, part: Path, timeout: float, progress) -> None:
-    """One request, appending to ``part`` from where it ends; raises on a short or failed transfer."""
-    have = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+def _discard(*paths: Path) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _resumable(part: Path, state: Path, url: str) -> tuple[int, str | None]:
+    """How many bytes of ``part`` may be resumed, and the validator for ``If-Range``; ``(0, None)``: start over."""
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
+        saved = json.loads(state.read_text())
+        have = part.stat().st_size
+    except (OSError, ValueError):
+        return 0, None
+    if not isinstance(saved, dict) or saved.get("url") != url or not saved.get("validator") or not have:
+        return 0, None
+    return have, saved["validator"]
+
+
+def _save_state(state: Path, url: str, validator: str | None) -> None:
+    temporary = state.with_name(state.name + ".tmp")
+    temporary.write_text(json.dumps({"url": url, "validator": validator}))
+    os.replace(temporary, state)
+
+
+def _check_partial(response, have: int, validator: str) -> None:
+    """A 206 answer must continue our ``.part`` of the same file."""
+    match = re.fullmatch(r"bytes (\d+)-\d+/(?:\d+|\*)", response.headers.get("Content-Range", "").strip())
+    etag = response.headers.get("ETag")
+    if not match or int(match.group(1)) != have or (etag and validator.startswith('"') and etag != validator):
+        raise _Retry("the server's partial answer does not continue the partial file; starting over")
+
+
+def _seconds_left(end: float | None, timeout: float) -> float:
+    if end is None:
+        return timeout
+    left = end - time.monotonic()
+    if left <= 0:
+        raise DownloadError("the deadline passed")
+    return min(timeout, left)
+
+
+def _attempt(url: str, part: Path, state: Path, size: int | None, timeout: float, end: float | None,
+             progress: Progress | None) -> bool:
+    """One request into ``part``; True when its length is proven (``Content-Length`` or ``size``)."""
+    have, validator = _resumable(part, state, url)
+    headers = {"Range": f"bytes={have}-", "If-Range": validator} if have else {}
+    try:
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                          timeout=_seconds_left(end, timeout))
     except urllib.error.HTTPError as exc:
-        if exc.code == 416 and have:  # the .part is already complete or longer than the file: start over
-            part.unlink()
+        if exc.code == 416:  # the .part does not fit the file (any more): start over
+            _discard(part, state)
         raise
     with response:
-        if have and response.status != 206:
-            have = 0  # the server ignored the Range header and sends everything
-        length = response.headers.get("Content-Length")
-        total = None if length is None else have + int(length)
+        if have and response.status == 206:
+            try:
+                _check_partial(response, have, validator)
+            except _Retry:
+                _discard(part, state)
+                raise
+        else:
+            have = 0  # a fresh start: the file changed, or the server ignores Range
+        kind = response.headers.get_content_type()
+        if kind == "text/html":
+            raise DownloadError(f"the server answered with an HTML page (HTTP {response.status}, {kind}), not the file")
+        length = response.headers.get("Content-Length", "")
+        total = have + int(length) if length.isdigit() else size
+        if size is not None and total != size:
+            raise DownloadError(f"the server announces {total} bytes, the catalogue {size}")
+        if not have:
+            _save_state(state, url, _validator(response.headers))
         with open(part, "ab" if have else "wb") as f:
-            while chunk := response.read(CHUNK):
+            while chunk := response.read1(CHUNK):
                 f.write(chunk)
                 if progress:
                     progress(f.tell(), total)
-    size = part.stat().st_size
-    if total is not None and size != total:
-        raise DownloadError(f"connection closed after {size} of {total} bytes")
+                _seconds_left(end, timeout)
+            done = f.tell()
+    if total is not None and done < total:
+        raise _Retry(f"connection closed after {done} of {total} bytes")
+    if total is not None and done > total:
+        _discard(part, state)
+        raise DownloadError(f"the server sent {done} bytes, more than the {total} expected")
+    if progress and total is None:
+        progress(done, done)
+    return total is not None
+
+
+def _accept(url: str, part: Path, state: Path, dest: Path, sha256: str | None,
+            validate: Callable[[Path], None] | None) -> None:
+    """Check the finished ``part`` (deleted when it fails), record its sha256 and move it onto ``dest``."""
+    try:
+        digest = sha256sum(part)
+        if sha256 is not None and digest != sha256.lower():
+            raise DownloadError(f"sha256 mismatch for {url}: expected {sha256}, got {digest}")
+        if validate is not None:
+            validate(part)
+    except DownloadError as exc:
+        _discard(part, state)
+        raise type(exc)(f"{exc}; the file was deleted.") from None
+    record(dest, digest)
+    os.replace(part, dest)
+    _discard(state)
+
+
+def _transfer(url: str, dest: Path, *, sha256: str | None, size: int | None, validate, retries: int, timeout: float,
+              end: float | None, backoff: float, progress: Progress | None) -> None:
+    part = dest.with_name(dest.name + ".part")
+    state = part.with_name(part.name + ".json")
+    failures: list[str] = []
+    for attempt in range(retries):
+        pause = backoff * 2 ** (attempt - 1) if attempt else 0.0
+        if end is not None and time.monotonic() + pause >= end:
+            failures.append("the deadline passed")
+            break
+        time.sleep(pause)
+        try:
+            proven = _attempt(url, part, state, size, timeout, end, progress)
+        except urllib.error.HTTPError as exc:
+            failures.append(f"HTTP {exc.code} {exc.reason}")
+            if 400 <= exc.code < 500 and exc.code not in (408, 416, 429):
+                break  # not found, forbidden: retrying will not help
+            continue
+        except _Retry as exc:
+            failures.append(str(exc))
+            continue
+        except DownloadError as exc:
+            failures.append(str(exc))
+            break
+        except TimeoutError:
+            failures.append(f"no data for {timeout:g} s")
+            continue
+        except NETWORK_ERRORS as exc:
+            failures.append(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}")
+            continue
+        try:
+            _accept(url, part, state, dest, sha256, validate)
+            return
+        except DownloadError as exc:
+            if proven:
+                raise
+            failures.append(f"the connection closed at an unknown length and the file is not whole ({exc})")
+    raise DownloadError(
+        f"Could not download {url} ({'; '.join(failures)}). If this machine is offline or the URL moved, fetch the "
+        f"file elsewhere (e.g. `curl -L -o {dest.name} {url}`) and put it at {dest}, or pass "
+        "weights='/path/to/file.npz'."
+        + (f" The partial download {part} is kept and resumed next time." if part.exists() else "")
+    )
 
 
 def download(
@@ -62,51 +208,37 @@ def download(
     dest: str | os.PathLike,
     *,
     sha256: str | None = None,
+    size: int | None = None,
+    validate: Callable[[Path], None] | None = None,
     retries: int = 5,
-    timeout: float = 60.0,
+    timeout: float = DEFAULT_TIMEOUT,
+    deadline: float | None = None,
     backoff: float = 1.0,
-    progress=None,
+    progress: Progress | None = None,
 ) -> Path:
-    """Download ``url`` to ``dest`` (resuming, retrying) and return ``dest``.
+    """``dest``, holding the whole file at ``url``: checked when already there, else downloaded (see the module).
 
-    ``sha256``, when given, must match or the partial file is deleted and a ``DownloadError`` raised.
-    ``progress(bytes_so_far, total_or_None)`` is called after each chunk.
+    ``sha256``/``size``: expected, when known. ``validate(path)`` raises ``CorruptCheckpointError`` for a file
+    that is not whole. ``retries`` tries, ``backoff`` * 2**n seconds apart. ``timeout``: idle seconds per try;
+    ``deadline``: seconds for the whole call (None: no limit). ``progress(bytes_so_far, total_or_None)``.
+    Raises ``DownloadError`` (``CorruptCheckpointError`` for a bad or changed file).
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    failures: list[str] = []
-    complete = False
-    for attempt in range(retries):
-        if attempt:
-            time.sleep(backoff * 2 ** (attempt - 1))
-        try:
-            _attempt(url, part, timeout, progress)
-            complete = True
-            break
-        except urllib.error.HTTPError as exc:
-            failures.append(f"HTTP {exc.code} {exc.reason}")
-            if 400 <= exc.code < 500 and exc.code not in (408, 416, 429):
-                break  # not found, forbidden: retrying will not help
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            failures.append(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}")
-    if not complete:
+    end = None if deadline is None else time.monotonic() + deadline
+    if dest.is_file():  # files enter the cache by an atomic rename: no lock needed to read one
+        return ensure_intact(dest, sha256=sha256, validate=validate)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(dest.with_name(dest.name + ".lock"), end):
+            if dest.is_file():  # another downloader finished while we waited
+                return ensure_intact(dest, sha256=sha256, validate=validate)
+            _transfer(url, dest, sha256=sha256, size=size, validate=validate, retries=retries, timeout=timeout,
+                      end=end, backoff=backoff, progress=progress)
+    except DownloadError:
+        raise
+    except OSError as exc:  # network errors are handled above: this is the local disk
         raise DownloadError(
-            f"Could not download {url} ({'; '.join(failures)}).\n"
-            f"If this machine is offline or the URL moved, fetch the file elsewhere (e.g. `curl -L -o "
-            f"{dest.name} {url}`) and put it at {dest}, or pass weights='/path/to/file.npz'."
-            + (f" The partial download {part} is kept and resumed next time." if part.exists() else "")
-        )
-    if sha256 is not None:
-        actual = sha256sum(part)
-        if actual != sha256.lower():
-            part.unlink()
-            raise DownloadError(f"sha256 mismatch for {url}: expected {sha256}, got {actual}; the file was deleted.")
-    os.replace(part, dest)
+            f"Cannot write to the cache folder {dest.parent} ({exc.strerror or exc}). Make it writable or use "
+            "another cache folder (KERAS_HOME, cache_dir=..., --cache-dir)."
+        ) from exc
     return dest
-
-
-def print_progress(done: int, total: int | None) -> None:
-    """A one-line progress report on stderr, for command-line use."""
-    text = f"{done / 2**20:8.1f} MiB" + (f" / {total / 2**20:.1f} MiB" if total else "")
-    print(f"\r{text}", end="" if total is None or done < total else "\n", file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 
 - :mod:`~keras_vit.analysis.attention`: attention rollout maps and mean attention distance.
 - :mod:`~keras_vit.analysis.embeddings`: position-embedding similarity, embedding-filter PCA.
-- :mod:`~keras_vit.analysis.fewshot`: few-shot linear evaluation of frozen features.
+- :mod:`~keras_vit.analysis.fewshot`: few-shot linear evaluation of frozen features (a scikit-learn probe).
 - :mod:`~keras_vit.analysis.plots`: the figures (imported on demand: it loads matplotlib).
 
 ``python -m keras_vit.analysis VARIANT`` writes all figures for a model (see ``--help``).
@@ -26,12 +26,37 @@ from keras_vit.analysis.embeddings import (
     to_rgb_tiles,
 )
 from keras_vit.analysis.fewshot import (
+    L2_GRID,
     SHOTS,
-    LinearProbe,
     extract_features,
     few_shot_evaluation,
     fit_linear_probe,
-    held_out_split,
+    linear_probe,
     sample_per_class,
 )
 from keras_vit.analysis.geometry import TokenGeometry, token_geometry
+
+__all__ = [
+    "L2_GRID",
+    "SHOTS",
+    "AttentionAnalysis",
+    "TokenGeometry",
+    "analyse_attention",
+    "attention_rollout",
+    "extract_features",
+    "few_shot_evaluation",
+    "filter_components",
+    "fit_linear_probe",
+    "iter_attentions",
+    "linear_probe",
+    "mean_attention_distance",
+    "model_filter_components",
+    "model_position_similarity",
+    "overlay",
+    "patch_distances",
+    "position_similarity",
+    "rollout_map",
+    "sample_per_class",
+    "to_rgb_tiles",
+    "token_geometry",
+]

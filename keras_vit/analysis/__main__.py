@@ -17,6 +17,9 @@ import sys
 
 import numpy as np
 
+__all__ = ["ANALYSES", "applicable_analyses", "build_model", "build_parser", "main", "model_input", "run",
+           "run_few_shot"]
+
 ANALYSES = ("attention", "distance", "position", "filters", "fewshot")
 OVERRIDES = ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim")
 
@@ -27,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Attention maps, attention distance, position-embedding similarity, embedding-filter "
         "components and few-shot linear evaluation of a ViT, as PNG figures and results.json.",
     )
-    parser.add_argument("variant", help="ViT variant, e.g. 'B/16', or a hybrid: 'ViT_R50_B16' or 'R50+ViT-B/16'")
+    parser.add_argument("variant", help="ViT variant, e.g. 'B/16' or 'ViT_B16', or a hybrid: 'R50+B/16', 'ViT_R26_S32'")
     parser.add_argument("--weights", default=None, help="checkpoint path or catalogue name (default: random init)")
     parser.add_argument("--image-size", type=int, default=None, help="default: the checkpoint's, else 224")
     parser.add_argument("--classifier", choices=("token", "gap"), default="token")
@@ -35,11 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--position-embedding", default="learned_1d",
                         help="learned_1d (published), learned_2d, sincos_2d, relative or none")
     for field in OVERRIDES:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help=f"override the variant's {field}")
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None,
+                            help=f"override the variant's {field}")
     parser.add_argument("--analyses", nargs="+", choices=ANALYSES, default=None,
                         help="which figures (default: all that apply to the model)")
     parser.add_argument("--images", nargs="+", default=None,
-                        help="image files for the attention analyses (default: scikit-learn's china.jpg and flower.jpg)")
+                        help="image files for the attention analyses "
+                        "(default: scikit-learn's china.jpg and flower.jpg)")
     parser.add_argument("--dataset", default="digits",
                         help="few-shot dataset: 'digits' (scikit-learn), a .npz file or 'tfds:NAME' (default: digits)")
     parser.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
@@ -58,22 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
 def build_model(args: argparse.Namespace):
     """The encoder (``include_top=False``: all tokens) with the requested weights."""
     import keras_vit
-    from keras_vit.hybrid import HYBRIDS
 
     kwargs = {f: getattr(args, f) for f in OVERRIDES if getattr(args, f) is not None}
-    kwargs.update(image_size=args.image_size, include_top=False, weights=args.weights, classifier=args.classifier,
-                  gelu=args.gelu, position_embedding=args.position_embedding)
-    hybrids = {paper: constructor for constructor, (paper, _, _) in HYBRIDS.items()}
-    constructor = args.variant if args.variant in HYBRIDS else hybrids.get(args.variant)
-    if constructor is not None:
-        return getattr(keras_vit, constructor)(**kwargs)
-    return keras_vit.ViT(args.variant, **kwargs)
+    return keras_vit.ViT(args.variant, image_size=args.image_size, include_top=False, weights=args.weights,
+                         classifier=args.classifier, gelu=args.gelu, position_embedding=args.position_embedding,
+                         **kwargs)
 
 
 def applicable_analyses(model) -> list[str]:
     """The analyses that apply: filters need an embedding of RGB pixels (not a hybrid's features),
     position similarity needs absolute position embeddings."""
-    from keras_vit.layers import AddPositionEmbs
+    from keras_vit.position import AddPositionEmbs
 
     chosen = list(ANALYSES)
     if model.get_layer("embedding").kernel.shape[2] not in (1, 3):
@@ -96,12 +96,13 @@ def _keep_per_class(labels: np.ndarray, per_class: int, rng: np.random.Generator
 
 def run_few_shot(model, args, size: tuple[int, int], pooling: str) -> tuple[dict[int, np.ndarray], float]:
     """n-shot accuracies on the dataset of ``args.dataset``, and the chance level."""
+    from keras_vit import datasets
     from keras_vit.analysis import data, fewshot
 
     dataset = data.load_fewshot_dataset(args.dataset)
     images, labels = dataset.images, np.asarray(dataset.labels, dtype=np.int64)
     if dataset.test_images is None:
-        train, test = fewshot.held_out_split(labels, 0.5, seed=0)
+        train, test = datasets.stratified_split(labels, 0.5, seed=0)
         test_images, test_labels = images[test], labels[test]
         images, labels = images[train], labels[train]
     else:
@@ -111,12 +112,21 @@ def run_few_shot(model, args, size: tuple[int, int], pooling: str) -> tuple[dict
     test = np.sort(rng.permutation(len(test_labels))[: args.test_examples])
 
     def features(x):
-        batch = data.to_model_input(data.resize_images(x, size))
+        batch = model_input(data.resize_images(x, size))
         return fewshot.extract_features(model, batch, pooling=pooling, batch_size=args.batch_size)
 
     accuracies = fewshot.few_shot_evaluation(features(images[pool]), labels[pool], features(test_images[test]),
                                              test_labels[test], shots=args.shots, seeds=args.seeds)
     return accuracies, 1.0 / len(np.unique(labels))
+
+
+def model_input(images: np.ndarray) -> np.ndarray:
+    """uint8 images as the model's float32 input in [-1, 1] (:func:`keras_vit.preprocess_input`), numpy."""
+    import keras
+
+    import keras_vit
+
+    return keras.ops.convert_to_numpy(keras_vit.preprocess_input(images))
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -141,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in results["figures"]:
         print(os.path.join(args.output_dir, name))
     if "few_shot" in results:
-        print("few-shot accuracy: " + ", ".join(f"{n}-shot {100 * r['mean']:.1f}%" for n, r in results["few_shot"].items()))
+        shots = results["few_shot"].items()
+        print("few-shot accuracy: " + ", ".join(f"{n}-shot {100 * r['mean']:.1f}%" for n, r in shots))
     return 0
 
 
@@ -167,9 +178,12 @@ def run(args: argparse.Namespace) -> dict:
         return path
 
     if {"attention", "distance"} & set(chosen):
-        originals = [data.load_image(p) for p in args.images] if args.images else [data.sample_image(n) for n in data.SAMPLE_IMAGES]
+        if args.images:
+            originals = [data.load_image(path) for path in args.images]
+        else:
+            originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
         pictures = data.resize_images(originals, size)
-        found = attention.analyse_attention(model, data.to_model_input(pictures), batch_size=args.batch_size)
+        found = attention.analyse_attention(model, model_input(pictures), batch_size=args.batch_size)
         if "attention" in chosen:
             shown = pictures.astype(np.float32) / 255.0
             overlays = np.stack([attention.overlay(p, m) for p, m in zip(shown, found.maps)])
@@ -178,7 +192,8 @@ def run(args: argparse.Namespace) -> dict:
             plots.plot_attention_distance(found.distances, figure("attention_distance.png"), dpi=args.dpi)
             results["mean_attention_distance"] = found.distances.round(3).tolist()
     if "position" in chosen:
-        plots.plot_position_similarity(embeddings.model_position_similarity(model), figure("position_similarity.png"), dpi=args.dpi)
+        similarity = embeddings.model_position_similarity(model)
+        plots.plot_position_similarity(similarity, figure("position_similarity.png"), dpi=args.dpi)
     if "filters" in chosen:
         kernel_shape = model.get_layer("embedding").kernel.shape
         k = min(args.components, int(np.prod(kernel_shape[:3])), kernel_shape[3] - 1)

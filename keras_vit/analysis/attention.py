@@ -14,8 +14,11 @@ import keras
 import numpy as np
 from PIL import Image
 
-from keras_vit.analysis.geometry import positive_pair, token_geometry
-from keras_vit.models import attention_model
+import keras_vit
+from keras_vit.analysis.geometry import check_choice, positive_pair, token_geometry
+
+__all__ = ["HEAD_FUSIONS", "AttentionAnalysis", "analyse_attention", "attention_rollout", "iter_attentions",
+           "mean_attention_distance", "overlay", "patch_distances", "rollout_map", "upsample"]
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -51,8 +54,7 @@ def attention_rollout(attentions: Sequence[np.ndarray], *, head_fusion: str = "m
     (for softmax attention averaged over heads this is exactly ``0.5 * A + 0.5 * I``), and the blocks
     are multiplied from the first up: ``R = A'_L ... A'_2 A'_1``. Returns ``R``, ``(B, N, N)``.
     """
-    if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(f"Unknown head_fusion {head_fusion!r}; expected one of {HEAD_FUSIONS}.")
+    check_choice(head_fusion, HEAD_FUSIONS, "head_fusion")
     joint = None
     for a in _as_blocks(attentions):
         a = getattr(np, head_fusion)(a, axis=1)
@@ -136,7 +138,7 @@ def iter_attentions(model: keras.Model, images: np.ndarray, batch_size: int = 8)
     """Yield each batch's per-block attention probabilities (numpy) for ``model`` on ``images``."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
-    probe = attention_model(model)
+    probe = keras_vit.attention_model(model)
     for start in range(0, len(images), batch_size):
         outputs = probe(np.asarray(images[start:start + batch_size], dtype=np.float32), training=False)
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]

@@ -1,6 +1,6 @@
 """Inputs for the analyses: images from files or scikit-learn's samples, and labelled few-shot datasets.
 
-Few-shot dataset specs: ``"digits"`` (scikit-learn's 8x8 handwritten digits, ships with it),
+Few-shot dataset specs: ``"digits"`` (scikit-learn's 8x8 handwritten digits, :func:`keras_vit.datasets.load_digits`),
 ``"PATH.npz"`` (arrays ``images`` (n, h, w, 3 or 1) uint8 and ``labels`` (n,), optionally
 ``test_images``/``test_labels``), or ``"tfds:NAME"`` (a TensorFlow Datasets set already prepared
 on disk, its ``train`` and ``test`` splits; nothing is downloaded).
@@ -14,6 +14,11 @@ import os
 import numpy as np
 from PIL import Image
 
+from keras_vit import datasets
+from keras_vit.analysis.geometry import check_choice
+
+__all__ = ["SAMPLE_IMAGES", "LabelledImages", "load_fewshot_dataset", "load_image", "resize_images", "sample_image"]
+
 SAMPLE_IMAGES = ("china.jpg", "flower.jpg")
 
 
@@ -21,9 +26,7 @@ def sample_image(name: str = "china.jpg") -> np.ndarray:
     """One of scikit-learn's bundled sample photographs, uint8 ``(H, W, 3)``."""
     from sklearn.datasets import load_sample_image
 
-    if name not in SAMPLE_IMAGES:
-        raise ValueError(f"Unknown sample image {name!r}; expected one of {SAMPLE_IMAGES}.")
-    return load_sample_image(name)
+    return load_sample_image(check_choice(name, SAMPLE_IMAGES, "sample image"))
 
 
 def load_image(path: str) -> np.ndarray:
@@ -50,14 +53,11 @@ def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
         crop_h, crop_w = min(h, round(w * height / width)), min(w, round(h * width / height))
         top, left = (h - crop_h) // 2, (w - crop_w) // 2
         crop = np.repeat(image, 3 // image.shape[-1], axis=-1)[top:top + crop_h, left:left + crop_w]
-        resized = Image.fromarray(np.ascontiguousarray(crop, dtype=np.uint8)).resize((width, height), Image.Resampling.BILINEAR)
+        resized = Image.fromarray(np.ascontiguousarray(crop, dtype=np.uint8)).resize(
+            (width, height), Image.Resampling.BILINEAR
+        )
         out.append(np.asarray(resized))
     return np.stack(out)
-
-
-def to_model_input(images: np.ndarray) -> np.ndarray:
-    """uint8 images to the [-1, 1] range of :func:`keras_vit.preprocess_input` (float32, numpy)."""
-    return (np.asarray(images, dtype=np.float32) - 127.5) / 127.5
 
 
 @dataclasses.dataclass
@@ -74,11 +74,7 @@ class LabelledImages:
 def load_fewshot_dataset(spec: str = "digits") -> LabelledImages:
     """Load a few-shot dataset from its spec (see the module docstring)."""
     if spec == "digits":
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
-        return LabelledImages(images, digits.target.astype(np.int64))
+        return LabelledImages(*datasets.load_digits())
     if spec.startswith("tfds:"):
         return _load_tfds(spec[len("tfds:"):])
     if spec.endswith(".npz"):
@@ -104,7 +100,9 @@ def _load_tfds(name: str) -> LabelledImages:
         try:
             ds = tfds.load(name, split=which, as_supervised=True, download=False)
         except AssertionError as error:  # tfds's way of saying the data is not prepared
-            raise FileNotFoundError(f"TensorFlow Datasets set {name!r} ({which}) is not prepared on disk: {error}") from None
+            raise FileNotFoundError(
+                f"TensorFlow Datasets set {name!r} ({which}) is not prepared on disk: {error}"
+            ) from None
         pairs = list(tfds.as_numpy(ds))
         if not pairs:
             raise ValueError(f"TensorFlow Datasets set {name!r} has an empty {which!r} split.")

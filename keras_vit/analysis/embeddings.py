@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+from sklearn.decomposition import PCA
 
 from keras_vit.analysis.geometry import get_layer, positive_pair
-from keras_vit.layers import AddPositionEmbs, PatchEmbed
+from keras_vit.layers import PatchEmbed
+from keras_vit.position import AddPositionEmbs
+
+__all__ = ["filter_components", "model_filter_components", "model_position_similarity", "position_similarity",
+           "to_rgb_tiles"]
 
 
 def position_similarity(pos_embedding: np.ndarray, grid_size: int | tuple[int, int],
@@ -48,11 +53,12 @@ def model_position_similarity(model: keras.Model) -> np.ndarray:
 
 
 def filter_components(kernel: np.ndarray, num_components: int = 28) -> tuple[np.ndarray, np.ndarray]:
-    """Principal components of the patch-embedding filters (PCA by SVD of the centred filters).
+    """Principal components of the patch-embedding filters (:class:`sklearn.decomposition.PCA`).
 
     ``kernel`` is ``(P, P, C, D)``: D filters of P x P x C pixels. Returns the top ``num_components``
     components as ``(k, P, P, C)`` filters, each of unit norm and signed so that its largest-magnitude
-    entry is positive, and the fraction of the filters' variance each explains, ``(k,)``.
+    entry is positive (scikit-learn's convention since 1.5), and the fraction of the filters' variance
+    each explains, ``(k,)`` (zeros when the filters do not vary).
     """
     kernel = np.asarray(kernel, dtype=np.float64)
     if kernel.ndim != 4:
@@ -60,14 +66,12 @@ def filter_components(kernel: np.ndarray, num_components: int = 28) -> tuple[np.
     filters = kernel.reshape(-1, kernel.shape[-1]).T
     rank = min(filters.shape[0] - 1, filters.shape[1])
     if not 1 <= num_components <= rank:
-        raise ValueError(f"num_components must be in [1, {rank}] for a kernel of shape {kernel.shape}, got {num_components}.")
-    _, singular, axes = np.linalg.svd(filters - filters.mean(axis=0), full_matrices=False)
-    axes = axes[:num_components]
-    peaks = axes[np.arange(num_components), np.abs(axes).argmax(axis=1)]
-    axes = axes * np.sign(peaks)[:, None]
-    variance = singular**2
-    ratio = variance[:num_components] / variance.sum() if variance.sum() > 0 else np.zeros(num_components)
-    return axes.reshape(num_components, *kernel.shape[:3]), ratio
+        raise ValueError(
+            f"num_components must be in [1, {rank}] for a kernel of shape {kernel.shape}, got {num_components}."
+        )
+    with np.errstate(divide="ignore", invalid="ignore"):  # no variance at all: 0 / 0
+        pca = PCA(n_components=num_components, svd_solver="full").fit(filters)
+    return pca.components_.reshape(num_components, *kernel.shape[:3]), np.nan_to_num(pca.explained_variance_ratio_)
 
 
 def model_filter_components(model: keras.Model, num_components: int = 28) -> tuple[np.ndarray, np.ndarray]:

@@ -1,17 +1,25 @@
 """Where a ViT's tokens come from: the patch grid, the pixels per patch and the prefix tokens.
 
-Read from the model's ``"embedding"`` layer (:class:`keras_vit.PatchEmbed`: its input, the image or a
+Read from the model's ``"embedding"`` layer (:class:`keras_vit.layers.PatchEmbed`: its input, the image or a
 hybrid's feature map, and its patch size), its input shape and whether it has a ``"class_token"``, so it
 holds for hybrids (their patches are ``image / grid`` pixels wide) and every position-embedding kind.
+Also the analyses' small argument checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
+from typing import TypeVar
 
 import keras
+import numpy as np
 
-from keras_vit.layers import ClassToken, PatchEmbed, _pair
+from keras_vit.layers import ClassToken, PatchEmbed
+
+__all__ = ["TokenGeometry", "check_choice", "get_layer", "positive_pair", "token_geometry"]
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +38,22 @@ class TokenGeometry:
     @property
     def num_tokens(self) -> int:
         return self.num_prefix_tokens + self.num_patches
+
+
+def check_choice(value: T, choices: Collection, name: str) -> T:
+    """``value`` if it is one of ``choices``; a ``ValueError`` naming ``name`` and the choices otherwise."""
+    if value not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; expected one of {tuple(choices)}.")
+    return value
+
+
+def positive_pair(value, name: str) -> tuple[int, int]:
+    """``(h, w)`` from a positive int or a pair of them; a ``ValueError`` naming ``name`` otherwise."""
+    pair = np.asarray(value)
+    if pair.ndim > 1 or pair.size not in (1, 2) or not np.issubdtype(pair.dtype, np.integer) or pair.min() < 1:
+        raise ValueError(f"`{name}` must be a positive int or a pair of them (height, width), got {value!r}.")
+    height, width = np.broadcast_to(pair, (2,))
+    return int(height), int(width)
 
 
 def get_layer(model: keras.Model, name: str, cls: type | None = None) -> keras.layers.Layer:
@@ -54,11 +78,3 @@ def token_geometry(model: keras.Model) -> TokenGeometry:
     gh, gw = feature_h // embed.patch_size[0], feature_w // embed.patch_size[1]
     prefix = int(any(isinstance(layer, ClassToken) for layer in model.layers))
     return TokenGeometry((gh, gw), (height // gh, width // gw), prefix)
-
-
-def positive_pair(value, name: str) -> tuple[int, int]:
-    """``(h, w)`` from an int or a pair of positive ints; a ``ValueError`` naming ``name`` otherwise."""
-    pair = _pair(value, name)
-    if min(pair) < 1:
-        raise ValueError(f"`{name}` must be positive, got {value!r}.")
-    return pair

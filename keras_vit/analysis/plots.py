@@ -10,9 +10,12 @@ import os
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
+
+__all__ = ["mosaic", "plot_attention_distance", "plot_attention_maps", "plot_few_shot", "plot_filter_components",
+           "plot_position_similarity"]
 
 
 def _save(fig, path: str, dpi: int) -> str:

@@ -1,0 +1,97 @@
+"""The machine's matmul peak per precision, measured with the framework's own matmul: the roofline's ceiling.
+
+    python benchmarks/roofline.py [--size 4096] [--repeats 5]
+
+* TensorFlow: ``tf.linalg.matmul`` of two ``size x size`` matrices under ``tf.function``, float32
+  and bfloat16, best of ``repeats`` calls (keras_vit imported first, so oneDNN kernels as its users get).
+* numpy, float32, in a subprocess: once with ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` removed
+  from the environment (a machine that sets ``OPENBLAS_CORETYPE=Haswell`` makes OpenBLAS run its
+  AVX2 kernels on an AVX-512 CPU), once with the environment as it is; each with the kernel OpenBLAS
+  picked (threadpoolctl's ``architecture``, when installed).
+
+``benchmarks/throughput.py`` divides each path's FLOP/s by the TensorFlow peak of its precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+__all__ = ["THROTTLE_VARIABLES", "numpy_matmul", "tf_matmul_gflops"]
+
+THROTTLE_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_NUMPY_PROBE = """
+import json, sys, time
+import numpy as np
+size, repeats = int(sys.argv[1]), int(sys.argv[2])
+a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+a @ a
+times = []
+for _ in range(repeats):
+    start = time.perf_counter(); a @ a; times.append(time.perf_counter() - start)
+try:
+    from threadpoolctl import threadpool_info
+    kernel = ", ".join(f"{i['internal_api']} {i.get('architecture', '?')}" for i in threadpool_info()
+                       if i["user_api"] == "blas")
+except ImportError:
+    kernel = "unknown (no threadpoolctl)"
+print(json.dumps({"gflops": 2 * size**3 / min(times) / 1e9, "kernel": kernel}))
+"""
+
+
+def tf_matmul_gflops(dtype: str = "float32", size: int = 4096, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GFLOP/s of a ``size x size`` ``tf.linalg.matmul`` in ``dtype`` under ``tf.function``."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.stateless_normal((size, size), seed=(0, 0)), dtype)
+    product = tf.function(lambda x: tf.linalg.matmul(x, x)[:1, :1])  # the slice: no 64 MB copy to host
+    product(a).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        product(a).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def numpy_matmul(size: int = 4096, repeats: int = 3, unthrottled: bool = True) -> dict:
+    """``{"gflops", "kernel", "env"}`` of a float32 numpy matmul in a fresh process (best of ``repeats``).
+
+    ``unthrottled`` removes :data:`THROTTLE_VARIABLES` from that process's environment; ``env`` is what it kept.
+    """
+    env = dict(os.environ)
+    if unthrottled:
+        for name in THROTTLE_VARIABLES:
+            env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", _NUMPY_PROBE, str(size), str(repeats)], capture_output=True,
+                          text=True, env=env, timeout=600, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["env"] = {name: env[name] for name in THROTTLE_VARIABLES if name in env}
+    return result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import keras_vit  # noqa: F401  (first: its TensorFlow CPU kernels, oneDNN)
+
+    print(f"| matmul {args.size}x{args.size} | GFLOP/s (best of {args.repeats}) |\n|---|---|")
+    for dtype in ("float32", "bfloat16"):
+        print(f"| TensorFlow tf.linalg.matmul, {dtype} | {tf_matmul_gflops(dtype, args.size, args.repeats):.0f} |")
+    for unthrottled in (True, False):
+        r = numpy_matmul(args.size, args.repeats, unthrottled)
+        env = ", ".join(f"{k}={v}" for k, v in r["env"].items()) or "none set"
+        label = "OPENBLAS_CORETYPE/L2_SIZE unset" if unthrottled else f"environment as is ({env})"
+        print(f"| numpy float32, {label}; kernel {r['kernel']} | {r['gflops']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""What a checkpoint holds, read from its array shapes alone: the :class:`~keras_vit.variants.Architecture`,
+the classifier, the patch grid it was trained on, its classes and ``pre_logits`` width."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from keras_vit.position import square_grid
+from keras_vit.variants import Architecture
+
+__all__ = ["CheckpointInfo", "checkpoint_info"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """The model a checkpoint's shapes imply: its architecture and its classifier."""
+
+    architecture: Architecture
+    classifier: str  # "token" or "gap"
+    grid_size: tuple[int, int] | None  # None when the grid is not square
+    num_classes: int | None  # None without a head
+    representation_size: int | None  # width of pre_logits, None without
+
+    @property
+    def variant(self) -> str | None:
+        """``"B/16"``, ``"R50+B/16"``: the name in :mod:`keras_vit.variants`; ``None`` for other shapes."""
+        return self.architecture.variant
+
+    @property
+    def image_size(self) -> int | None:
+        """The resolution the checkpoint was trained at (None when its grid is not square)."""
+        return None if self.grid_size is None else self.grid_size[0] * self.architecture.stride
+
+    def describe(self) -> str:
+        arch = self.architecture
+        return (
+            f"{self.variant or 'custom'}: patch {arch.patch_size}, width {arch.hidden_size}, depth {arch.depth}, "
+            f"heads {arch.num_heads}, mlp {arch.mlp_dim}, classifier {self.classifier!r}, grid {self.grid_size}, "
+            f"image size {self.image_size}, classes {self.num_classes}, pre_logits {self.representation_size}"
+            + (f", ResNet stages {arch.resnet_stages}" if arch.resnet_stages is not None else "")
+        )
+
+
+def _resnet_stages(arrays: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
+    """Units per stage of a hybrid's ResNet (keys ``block{s}/unit{u}/...``); ``None`` without one."""
+    if "conv_root/kernel" not in arrays:
+        return None
+    units: dict[int, set[str]] = {}
+    for key in arrays:
+        block, _, rest = key.partition("/")
+        if block.startswith("block") and rest.startswith("unit"):
+            units.setdefault(int(block[len("block") :]), set()).add(rest.split("/")[0])
+    return tuple(len(units[stage]) for stage in sorted(units))
+
+
+def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
+    """Infer the architecture from a checkpoint's array shapes (a ``ValueError`` when a key is missing)."""
+    try:
+        patch, _, _, hidden = arrays["embedding/kernel"].shape
+        block = "Transformer/encoderblock_0"
+        num_heads = arrays[f"{block}/MultiHeadDotProductAttention_1/query/kernel"].shape[1]
+        mlp_dim = arrays[f"{block}/MlpBlock_3/Dense_0/kernel"].shape[1]
+        tokens = arrays["Transformer/posembed_input/pos_embedding"].shape[1]
+    except (KeyError, ValueError, IndexError) as exc:
+        raise ValueError(f"Not a ViT checkpoint in the published layout: cannot read {exc}.") from exc
+    depth = len({key.split("/")[1] for key in arrays if key.startswith("Transformer/encoderblock_")})
+    prefix = int("cls" in arrays)
+    try:
+        grid = square_grid(tokens - prefix)
+    except ValueError:
+        grid = None
+    head, pre_logits = arrays.get("head/bias"), arrays.get("pre_logits/bias")
+    architecture = Architecture(
+        patch_size=int(patch),
+        hidden_size=int(hidden),
+        depth=depth,
+        num_heads=int(num_heads),
+        mlp_dim=int(mlp_dim),
+        resnet_stages=_resnet_stages(arrays),
+    )
+    return CheckpointInfo(
+        architecture=architecture,
+        classifier="token" if prefix else "gap",
+        grid_size=grid,
+        num_classes=None if head is None else int(head.shape[0]),
+        representation_size=None if pre_logits is None else int(pre_logits.shape[0]),
+    )

@@ -1,0 +1,125 @@
+"""Where every array of a published ``.npz`` checkpoint goes in a keras-vit model.
+
+:func:`npz_key_map` walks a model's layers by class and returns ``{npz_key: (variable, transform)}``:
+``transform`` turns the stored array into the variable's layout (e.g. ``(D, heads, head_dim) ->
+(D, heads * head_dim)``). Several keys may share one variable: their transformed arrays are
+concatenated along its last axis in the map's order (the fused ``qkv`` projection takes ``query``,
+``key`` and ``value``). A transform may raise ``ValueError`` to reject an array; the loader reports it
+with the key.
+
+Extension point: any layer that defines a method ``npz_key_map(self) -> dict[str, tuple[keras.Variable,
+Callable]]`` contributes its own entries, with full checkpoint keys (the hybrids' ResNet layer maps
+``conv_root/kernel``, ``gn_root/scale``, ``block1/unit1/conv1/kernel``, ...). Such a method takes
+precedence over the built-in mapping of the layer's class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+from keras_vit.layers import ClassToken, PatchEmbed, TransformerBlock
+from keras_vit.position import AddPositionEmbs, check_method, resample_position_embeddings, square_grid
+
+__all__ = ["HEAD_LAYERS", "KeyMap", "Transform", "npz_key_map"]
+
+Transform = Callable[[np.ndarray], np.ndarray]
+KeyMap = dict[str, tuple[keras.Variable, Transform]]
+
+HEAD_LAYERS = ("pre_logits", "head")
+
+
+def identity(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def _merge_heads(num_heads: int, axis: int) -> Transform:
+    """``(..., heads, head_dim, ...)`` at ``axis`` -> one ``heads * head_dim`` axis; checks the head count."""
+
+    def transform(array: np.ndarray) -> np.ndarray:
+        if array.ndim <= axis + 1 or array.shape[axis] != num_heads:
+            raise ValueError(f"shape {array.shape} does not split into the model's {num_heads} heads")
+        shape = (*array.shape[:axis], -1, *array.shape[axis + 2 :])
+        return array.reshape(shape)
+
+    return transform
+
+
+def _dense(prefix: str, layer, kernel: Transform = identity, bias: Transform = identity) -> KeyMap:
+    return {f"{prefix}/kernel": (layer.kernel, kernel), f"{prefix}/bias": (layer.bias, bias)}
+
+
+def _norm(prefix: str, layer) -> KeyMap:
+    return {f"{prefix}/scale": (layer.gamma, identity), f"{prefix}/bias": (layer.beta, identity)}
+
+
+def _block_map(prefix: str, block: TransformerBlock) -> KeyMap:
+    attn = f"{prefix}/MultiHeadDotProductAttention_1"
+    heads = block.num_heads
+    entries = _norm(f"{prefix}/LayerNorm_0", block.norm1)
+    for name in ("query", "key", "value"):  # concatenated, in this order, into the fused qkv projection
+        entries.update(_dense(f"{attn}/{name}", block.attn.qkv, _merge_heads(heads, 1), _merge_heads(heads, 0)))
+    entries.update(_dense(f"{attn}/out", block.attn.out, kernel=_merge_heads(heads, 0)))
+    entries.update(_norm(f"{prefix}/LayerNorm_2", block.norm2))
+    entries.update(_dense(f"{prefix}/MlpBlock_3/Dense_0", block.mlp.fc1))
+    entries.update(_dense(f"{prefix}/MlpBlock_3/Dense_1", block.mlp.fc2))
+    return entries
+
+
+def _posemb_map(layer: AddPositionEmbs, method: str) -> KeyMap:
+    target = tuple(layer.pos_embedding.shape)
+
+    def transform(array: np.ndarray) -> np.ndarray:
+        if array.shape == target or array.ndim != 3 or array.shape[-1] != target[-1]:
+            return array  # equal, or a width mismatch the shape check reports
+        grid = square_grid(array.shape[1] - layer.num_prefix_tokens)
+        return resample_position_embeddings(
+            array, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens, old_grid=grid, method=method
+        )
+
+    return {"Transformer/posembed_input/pos_embedding": (layer.pos_embedding, transform)}
+
+
+def _walk(model: keras.Model):
+    """Top-level layers in order, descending into nested models."""
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _walk(layer)
+        else:
+            yield layer
+
+
+def npz_key_map(model: keras.Model, *, resize_method: str = "zoom_linear") -> KeyMap:
+    """``{npz_key: (variable, transform)}`` for every variable of ``model`` that a checkpoint holds.
+
+    Position embeddings of another grid size are resized with ``resize_method`` (see
+    :mod:`keras_vit.position`).
+    """
+    check_method(resize_method)
+    entries: KeyMap = {}
+    num_blocks = 0
+    for layer in _walk(model):
+        if callable(getattr(layer, "npz_key_map", None)):
+            part = layer.npz_key_map()
+        elif isinstance(layer, TransformerBlock):
+            part = _block_map(f"Transformer/encoderblock_{num_blocks}", layer)
+            num_blocks += 1
+        elif isinstance(layer, PatchEmbed):
+            part = _dense("embedding", layer)
+        elif isinstance(layer, ClassToken):
+            part = {"cls": (layer.cls, identity)}
+        elif isinstance(layer, AddPositionEmbs) and isinstance(layer.pos_embedding, keras.Variable):
+            part = _posemb_map(layer, resize_method)  # learned 1-D, as published (not the 2-D/sin-cos variants)
+        elif isinstance(layer, keras.layers.LayerNormalization) and layer.name == "encoder_norm":
+            part = _norm("Transformer/encoder_norm", layer)
+        elif isinstance(layer, keras.layers.Dense) and layer.name in HEAD_LAYERS:
+            part = _dense(layer.name, layer)
+        else:
+            continue
+        clash = entries.keys() & part.keys()
+        if clash:
+            raise ValueError(f"Layer {layer.name!r} maps checkpoint keys another layer already maps: {sorted(clash)}.")
+        entries.update(part)
+    return entries

@@ -1,0 +1,213 @@
+"""Export a model for serving (SavedModel, LiteRT/TFLite float32 or int8, ONNX) and run the exported files.
+
+    from keras_vit import export
+    export.export_saved_model(model, "vit_savedmodel")                 # a folder, tf.saved_model.load-able
+    export.export_litert(model, "vit.tflite")                          # float32
+    export.export_litert(model, "vit_int8.tflite", quantize="dynamic_int8")
+    export.export_onnx(model, "vit.onnx")                              # needs tf2onnx, onnx (+ onnxruntime to run)
+    logits = export.load("vit.tflite")(images)                         # numpy in, numpy out, any format
+
+The exported graphs take what the Keras model takes: float32 images of its resolution scaled to [-1, 1]
+(:func:`with_preprocessing` bakes :class:`~keras_vit.preprocessing.ImagePreprocessor` in front, so that
+uint8 images of any size go in). Measured sizes and differences: ``docs/export.md``, reproduced by
+
+    python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH     # exports every format, compares with Keras
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import keras
+import numpy as np
+
+__all__ = [
+    "FORMATS",
+    "QUANTIZATIONS",
+    "compare",
+    "export_litert",
+    "export_onnx",
+    "export_saved_model",
+    "load",
+    "main",
+    "photo_crops",
+    "with_preprocessing",
+]
+
+QUANTIZATIONS = (None, "dynamic_int8")
+Runner = Callable[[np.ndarray], np.ndarray]
+
+
+def with_preprocessing(
+    model: keras.Model, *, crop_fraction: float | None = None, input_dtype: str = "uint8"
+) -> keras.Model:
+    """``model`` behind an :class:`ImagePreprocessor`: takes ``(B, H, W, 3)`` images in [0, 255] of any size."""
+    from keras_vit.preprocessing import ImagePreprocessor
+
+    inputs = keras.Input((None, None, 3), dtype=input_dtype, name="images")
+    x = ImagePreprocessor(tuple(model.input_shape[1:3]), crop_fraction=crop_fraction, name="preprocess")(inputs)
+    return keras.Model(inputs, model(x), name=f"{model.name}_with_preprocessing")
+
+
+def export_saved_model(model: keras.Model, path: str | os.PathLike, **kwargs) -> Path:
+    """A TensorFlow SavedModel folder with a ``serve`` endpoint (``model.export(format="tf_saved_model")``)."""
+    model.export(str(path), format="tf_saved_model", verbose=False, **kwargs)
+    return Path(path)
+
+
+def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str | None = None, **kwargs) -> Path:
+    """A LiteRT (TFLite) flatbuffer, ``path`` ending in ``.tflite``.
+
+    ``quantize=None`` keeps float32; ``"dynamic_int8"`` stores the weights as int8 (dynamic-range
+    quantisation: activations stay float, no calibration data), about 4x smaller. ``kwargs`` go to
+    ``tf.lite.TFLiteConverter`` through ``model.export(format="litert")``.
+    """
+    import tensorflow as tf
+
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"Unknown quantize {quantize!r}; expected one of {QUANTIZATIONS}.")
+    if quantize == "dynamic_int8":
+        kwargs.setdefault("optimizations", [tf.lite.Optimize.DEFAULT])
+    model.export(str(path), format="litert", verbose=False, **kwargs)
+    return Path(path)
+
+
+def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: int | None = None, **kwargs) -> Path:
+    """An ONNX file (``model.export(format="onnx")``, through ``tf2onnx``; needs ``tf2onnx`` and ``onnx``)."""
+    model.export(str(path), format="onnx", verbose=False, opset_version=opset_version, **kwargs)
+    return Path(path)
+
+
+def _saved_model_runner(path: Path) -> Runner:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(path))  # kept alive by the closure: it owns the variables
+    return lambda images: np.asarray(loaded.serve(images))
+
+
+def _litert_runner(path: Path) -> Runner:
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        import tensorflow as tf
+
+        Interpreter = tf.lite.Interpreter
+    interpreter = Interpreter(model_path=str(path))
+    (inp,), (out,) = interpreter.get_input_details(), interpreter.get_output_details()
+
+    def run(images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images, dtype=inp["dtype"])
+        if tuple(interpreter.get_input_details()[0]["shape"]) != images.shape:
+            interpreter.resize_tensor_input(inp["index"], images.shape)
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(inp["index"], images)
+        interpreter.invoke()
+        return interpreter.get_tensor(out["index"]).copy()
+
+    return run
+
+
+def _onnx_runner(path: Path) -> Runner:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (inp,) = session.get_inputs()
+    return lambda images: session.run(None, {inp.name: np.asarray(images)})[0]
+
+
+def load(path: str | os.PathLike) -> Runner:
+    """A function ``images -> outputs`` (numpy) that runs an export: a SavedModel folder, ``.tflite`` or ``.onnx``."""
+    path = Path(path)
+    if path.is_dir():
+        return _saved_model_runner(path)
+    if path.suffix == ".tflite":
+        return _litert_runner(path)
+    if path.suffix == ".onnx":
+        return _onnx_runner(path)
+    raise ValueError(f"Can't tell the format of {path}: expected a SavedModel folder, a .tflite or an .onnx file.")
+
+
+# --- measuring an export against the Keras model ---------------------------------------------------------------
+
+FORMATS = {  # name -> (file name in the output folder, exporter)
+    "saved_model": ("saved_model", export_saved_model),
+    "litert": ("model.tflite", export_litert),
+    "litert_int8": ("model_int8.tflite", lambda model, path: export_litert(model, path, quantize="dynamic_int8")),
+    "onnx": ("model.onnx", export_onnx),
+}
+
+
+def photo_crops(count: int = 16, seed: int = 0) -> list[np.ndarray]:
+    """``count`` uint8 crops (random windows, 30-100% of each side) of scikit-learn's two sample photos."""
+    from sklearn.datasets import load_sample_image
+
+    photos = [load_sample_image("china.jpg"), load_sample_image("flower.jpg")]
+    rng = np.random.default_rng(seed)
+    crops = []
+    for i in range(count):
+        photo = photos[i % 2]
+        height, width = (int(rng.uniform(0.3, 1.0) * n) for n in photo.shape[:2])
+        top, left = rng.integers(0, photo.shape[0] - height + 1), rng.integers(0, photo.shape[1] - width + 1)
+        crops.append(photo[top : top + height, left : left + width])
+    return crops
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def compare(model: keras.Model, path: str | os.PathLike, images: np.ndarray) -> dict:
+    """Run the export at ``path`` and ``model`` on ``images``: size, largest output difference, top-1 agreement."""
+    expected = np.asarray(model.predict_on_batch(images))
+    got = load(path)(images)
+    return {
+        "bytes": _size(Path(path)),
+        "max_abs_diff": float(np.abs(got - expected).max()),
+        "top1_agreement": float(np.mean(got.argmax(-1) == expected.argmax(-1))),
+        "max_abs_output": float(np.abs(expected).max()),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH [--formats ...]``: export, compare, print a table."""
+    parser = argparse.ArgumentParser(prog="python -m keras_vit.export", description=__doc__.split("\n")[0])
+    parser.add_argument("out", metavar="OUT_DIR", help="folder for the exported files")
+    parser.add_argument("--weights", required=True, metavar="NAME_OR_PATH", help="zoo name or Google .npz checkpoint")
+    parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
+    parser.add_argument("--images", type=int, default=16, help="photo crops to compare on (default 16)")
+    args = parser.parse_args(argv)
+
+    import keras_vit
+    from keras_vit.preprocessing import ImagePreprocessor
+
+    try:
+        model = keras_vit.model_from_checkpoint(args.weights)
+    except (OSError, ValueError) as exc:
+        print(f"error: weights {args.weights!r}: {exc}", file=sys.stderr)
+        return 1
+    preprocess = ImagePreprocessor(tuple(model.input_shape[1:3]))
+    images = np.stack([np.asarray(preprocess(crop)) for crop in photo_crops(args.images)])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{'format':<12} {'size (MB)':>10} {'max |diff|':>11} {'top-1 agree':>12} {'max |out|':>10}")
+    for name in args.formats:
+        filename, exporter = FORMATS[name]
+        try:
+            exporter(model, out / filename)
+        except ImportError as exc:
+            print(f"{name:<12} skipped: {exc}")
+            continue
+        row = compare(model, out / filename, images)
+        print(
+            f"{name:<12} {row['bytes'] / 1e6:>10.2f} {row['max_abs_diff']:>11.2e} {row['top1_agreement']:>12.3f}"
+            f" {row['max_abs_output']:>10.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Class names of the published heads: ImageNet-1k (1,000 classes) and Google's ImageNet-21k (21,843).
+
+    from keras_vit import labels
+    labels.class_names("imagenet1k")[0]          # "tench"
+    labels.decode_predictions(logits, top=3)     # [[("n01443537", "goldfish", 7.1), ...], ...]
+
+The lists ship with the package (``keras_vit/data/*.tsv.gz``, one ``wnid<TAB>synonyms`` line per class, in
+the order of the heads); they come from timm 1.0.31 (Apache-2.0), see ``keras_vit/data/README.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from importlib import resources
+
+import keras
+import numpy as np
+
+__all__ = ["LABEL_SETS", "class_names", "decode_predictions", "label_set", "wnids"]
+
+LABEL_SETS = {"imagenet1k": 1000, "imagenet21k": 21843}  # name -> number of classes
+_FILES = {"imagenet1k": "imagenet1k.tsv.gz", "imagenet21k": "imagenet21k.tsv.gz"}
+
+
+def _check(labels: str) -> str:
+    if labels not in LABEL_SETS:
+        raise ValueError(f"Unknown labels {labels!r}; expected one of {sorted(LABEL_SETS)}.")
+    return labels
+
+
+@functools.cache
+def _rows(labels: str) -> tuple[tuple[str, str], ...]:
+    """``(wnid, synonyms)`` per class, in head order."""
+    data = resources.files("keras_vit").joinpath("data", _FILES[_check(labels)]).read_bytes()
+    lines = gzip.decompress(data).decode("utf-8").splitlines()
+    return tuple(tuple(line.split("\t", 1)) for line in lines)
+
+
+def wnids(labels: str = "imagenet1k") -> list[str]:
+    """The WordNet ids of ``labels`` (``"imagenet1k"`` or ``"imagenet21k"``), in head order."""
+    return [wnid for wnid, _ in _rows(labels)]
+
+
+def class_names(labels: str = "imagenet1k", *, synonyms: bool = False) -> list[str]:
+    """Readable class names in head order: the first WordNet lemma (``"tench"``), or all (``"tench, Tinca tinca"``)."""
+    return [names if synonyms else names.split(", ")[0] for _, names in _rows(labels)]
+
+
+def label_set(num_classes: int) -> str:
+    """The label set of a head with ``num_classes`` outputs; a ``ValueError`` for other sizes."""
+    for name, size in LABEL_SETS.items():
+        if size == num_classes:
+            return name
+    known = ", ".join(f"{size} ({name})" for name, size in LABEL_SETS.items())
+    raise ValueError(f"No class names for a head of {num_classes} classes; known sizes: {known}.")
+
+
+def decode_predictions(preds, top: int = 5, labels: str | None = None) -> list[list[tuple[str, str, float]]]:
+    """Per image, the ``top`` classes as ``(wnid, name, score)``, best first (like ``keras.applications``).
+
+    Args:
+        preds: scores of shape ``(batch, classes)`` (or ``(classes,)`` for one image): logits or
+            probabilities, returned as they are.
+        top: how many classes per image.
+        labels: ``"imagenet1k"`` or ``"imagenet21k"``; ``None`` picks the set from the number of classes.
+    """
+    preds = np.asarray(keras.ops.convert_to_numpy(preds))
+    if preds.ndim == 1:
+        preds = preds[None]
+    if preds.ndim != 2:
+        raise ValueError(f"decode_predictions expects scores of shape (batch, classes), got {preds.shape}.")
+    labels = label_set(preds.shape[1]) if labels is None else _check(labels)
+    if preds.shape[1] != LABEL_SETS[labels]:
+        raise ValueError(f"{labels} has {LABEL_SETS[labels]} classes but the scores have {preds.shape[1]}.")
+    rows, names = _rows(labels), class_names(labels)
+    results = []
+    for scores in preds:
+        order = np.argsort(-scores, kind="stable")[:top]
+        results.append([(rows[i][0], names[i], float(scores[i])) for i in order])
+    return results

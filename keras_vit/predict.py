@@ -1,0 +1,135 @@
+"""Classify images with a published checkpoint: ``python -m keras_vit.predict IMAGE... --weights NAME_OR_PATH``.
+
+    python -m keras_vit.predict cat.jpg dog.png --weights B_16.augreg_in21k_ft_in1k --top 3
+    python -m keras_vit.predict cat.jpg --weights ViT-B_16.npz --json
+
+Each image is read with PIL (EXIF orientation applied, converted to RGB), resized and scaled by
+:class:`keras_vit.preprocessing.ImagePreprocessor` to the model's resolution, and the ``top`` classes
+are printed with their scores (softmax probabilities unless ``--scores`` says otherwise). Errors
+(a missing or unreadable image, unknown weights) are one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["classify", "load_image", "main"]
+
+SCORES = ("softmax", "sigmoid", "logits")
+_BATCH = 16
+
+
+class PredictError(Exception):
+    """A failure reported as one line."""
+
+
+def load_image(path: str | Path) -> np.ndarray:
+    """An image file as a ``(H, W, 3)`` uint8 RGB array; a :class:`PredictError` when it can't be read."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise PredictError(f"{path}: no such file")
+    try:
+        with Image.open(path) as image:
+            return np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise PredictError(f"{path}: not a readable image ({exc})") from exc
+
+
+def _scores(logits: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "softmax":
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return shifted / shifted.sum(axis=-1, keepdims=True)
+    if kind == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-logits))
+    return logits
+
+
+def classify(
+    model, images: Sequence[np.ndarray], *, top: int = 5, labels: str | None = None, scores: str = "softmax"
+) -> list[list[tuple[str, str, float]]]:
+    """The ``top`` ``(wnid, name, score)`` of each image (uint8 ``(H, W, 3)`` arrays of any size) under ``model``."""
+    from keras_vit.labels import decode_predictions
+    from keras_vit.preprocessing import ImagePreprocessor
+
+    preprocess = ImagePreprocessor(image_size=tuple(model.input_shape[1:3]))
+    logits = []
+    for start in range(0, len(images), _BATCH):
+        batch = np.stack([np.asarray(preprocess(image)) for image in images[start : start + _BATCH]])
+        logits.append(np.asarray(model.predict_on_batch(batch), dtype="float64"))
+    return decode_predictions(_scores(np.concatenate(logits), scores), top=top, labels=labels)
+
+
+def _build_model(weights: str):
+    import keras_vit
+
+    try:
+        return keras_vit.model_from_checkpoint(weights)
+    except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
+        raise PredictError(f"weights {weights!r}: {exc}") from exc
+
+
+def _table(path: str, predictions: list[tuple[str, str, float]]) -> str:
+    width = max(len(name) for _, name, _ in predictions)
+    rows = [f"{path}"] + [
+        f"  {rank:>2}  {wnid}  {name:<{width}}  {score:.4f}" for rank, (wnid, name, score) in enumerate(predictions, 1)
+    ]
+    return "\n".join(rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m keras_vit.predict", description=__doc__.split("\n")[0])
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any format PIL reads)")
+    parser.add_argument(
+        "--weights",
+        required=True,
+        metavar="NAME_OR_PATH",
+        help="a zoo catalogue name (python -m keras_vit.zoo list) or a Google .npz checkpoint",
+    )
+    parser.add_argument("--top", type=int, default=5, help="classes per image (default 5)")
+    parser.add_argument(
+        "--labels",
+        choices=("imagenet1k", "imagenet21k"),
+        default=None,
+        help="label set (default: from the head's size, 1000 or 21843)",
+    )
+    parser.add_argument("--scores", choices=SCORES, default="softmax", help="what to print (default softmax)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; the exit status (0 on success, 1 on an error reported on stderr)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.top < 1:
+            raise PredictError(f"--top must be at least 1, got {args.top}")
+        images = [load_image(path) for path in args.images]
+        model = _build_model(args.weights)
+        try:
+            results = classify(model, images, top=args.top, labels=args.labels, scores=args.scores)
+        except ValueError as exc:  # a head with no known class names
+            raise PredictError(str(exc)) from exc
+    except PredictError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        out = [
+            {"image": path, "predictions": [{"wnid": w, "name": n, "score": s} for w, n, s in preds]}
+            for path, preds in zip(args.images, results)
+        ]
+        print(json.dumps(out, indent=1))
+    else:
+        print("\n".join(_table(path, preds) for path, preds in zip(args.images, results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

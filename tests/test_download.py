@@ -1,0 +1,506 @@
+"""Downloads into the zoo's cache, against a misbehaving HTTP server on 127.0.0.1: every fault of
+``docs/faults.md`` (drops, short and long bodies, HTML pages, a file that changes, stalls and trickles,
+concurrent clients), the sha256 records, and the structural ``.npz`` check (with hypothesis).
+
+Every server is stopped by the ``serve`` fixture; a stalled or trickling handler waits at most ``HOLD`` seconds.
+"""
+
+import contextlib
+import hashlib
+import http.server
+import io
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from npz_layout import vit_checkpoint, write_checkpoint
+
+import keras_vit
+from keras_vit import zoo
+from keras_vit.zoo.cache import record_path, recorded
+from keras_vit.zoo.download import CorruptCheckpointError, DownloadError, download
+from keras_vit.zoo.validate import check_npz
+
+ROOT = Path(__file__).resolve().parents[1]
+HOLD = 5.0  # the longest a stalled or slow handler keeps its connection
+
+
+class Server:
+    """``http.server`` in a thread serving ``files`` with ``ETag``/``If-Range``/``Range`` support.
+
+    ``faults``: one per request, in order (then none): ``"drop"`` half the body then a closed connection,
+    ``"drop-nolength"`` the same without ``Content-Length``, ``"truncate"``/``"long"`` a shorter/longer body with
+    a matching ``Content-Length``, ``"html"`` an HTML page with status 200, ``"stall"`` headers and half the
+    body then silence, ``"trickle"`` a byte every 50 ms, ``"slow"`` half the body, a pause of 1.5 s, the rest.
+    ``changes``: ``{path: new bytes}`` served after the first dropped answer. ``etag=False``: no validators;
+    ``ranges=False``: Range headers are ignored.
+    """
+
+    def __init__(self, files, faults=(), changes=None, etag=True, ranges=True):
+        self.files, self.faults, self.changes = dict(files), list(faults), dict(changes or {})
+        self.etag, self.ranges, self.requests, self.stop = etag, ranges, [], threading.Event()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.requests.append((self.path, self.headers.get("Range"), self.headers.get("If-Range")))
+                data = server.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                fault = server.faults.pop(0) if server.faults else None
+                if fault == "html":
+                    self.reply(200, b"<!DOCTYPE html><html><body>Sign in to continue</body></html>", "text/html")
+                    return
+                tag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
+                start, status = 0, 200
+                match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+                if match and server.ranges and self.headers.get("If-Range") in (None, tag):
+                    start, status = int(match.group(1)), 206
+                body = data[start:]
+                body = {"truncate": body[: len(body) // 2], "long": body + b"\0" * 100}.get(fault, body)
+                extra = {"ETag": tag} if server.etag else {}
+                if status == 206:
+                    extra["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                self.reply(status, body, "application/octet-stream", fault, **extra)
+                if fault and fault.startswith("drop") and self.path in server.changes:
+                    server.files[self.path] = server.changes.pop(self.path)
+
+            def reply(self, status, body, kind, fault=None, **headers):
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                if fault != "drop-nolength":
+                    self.send_header("Content-Length", str(len(body)))
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                half = len(body) // 2
+                if fault == "trickle":
+                    for i in range(len(body)):
+                        if server.stop.wait(0.05):
+                            return
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                    return
+                self.wfile.write(body[:half] if fault in ("drop", "drop-nolength", "stall", "slow") else body)
+                self.wfile.flush()
+                if fault in ("drop", "drop-nolength"):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                elif fault == "stall":
+                    server.stop.wait(HOLD)
+                elif fault == "slow":
+                    server.stop.wait(1.5)
+                    self.wfile.write(body[half:])
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.handle_error = lambda request, address: None  # a client that hung up on a stalled answer
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def gets(self, path):
+        return [r for r in self.requests if r[0] == path]
+
+    def close(self):
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(files, **kwargs):
+        servers.append(Server(files, **kwargs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def checkpoint_bytes(seed=0, **kwargs) -> bytes:
+    """A real (tiny) checkpoint in the published layout, as bytes."""
+    shape = dict(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), seed=seed)
+    arrays = vit_checkpoint(**dict(shape, **kwargs))
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def payload():
+    return checkpoint_bytes()
+
+
+def fetch_file(server, tmp_path, **kwargs):
+    """``download`` as ``zoo.fetch`` does it (structural check), quick retries."""
+    kwargs = dict(dict(backoff=0, timeout=5, validate=check_npz), **kwargs)
+    return download(server.url + "/a.npz", tmp_path / "cache" / "a.npz", **kwargs)
+
+
+def cache_listing(tmp_path):
+    folder = tmp_path / "cache"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+# --- the normal path and the existing behaviour ---------------------------------------------------------
+
+
+def test_download_records_the_sha256_and_leaves_no_partial_or_lock(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload})
+    sha = hashlib.sha256(payload).hexdigest()
+    path = fetch_file(server, tmp_path, sha256=sha, size=len(payload))
+    assert path.read_bytes() == payload and cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
+    assert recorded(path) == sha and record_path(path).read_text() == f"{sha}  a.npz\n"
+    assert server.requests == [("/a.npz", None, None)]
+    assert fetch_file(server, tmp_path) == path and len(server.requests) == 1  # cached: checked, not fetched
+
+
+def test_a_cut_connection_resumes_with_range_and_if_range(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["drop"])
+    assert fetch_file(server, tmp_path).read_bytes() == payload
+    (_, no_range, _), (_, resumed, validator) = server.requests
+    assert no_range is None and 0 < int(re.fullmatch(r"bytes=(\d+)-", resumed).group(1)) < len(payload)
+    assert validator.startswith('"') and cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
+
+
+def test_without_a_validator_a_partial_file_restarts_from_zero(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["drop"], etag=False)
+    assert fetch_file(server, tmp_path).read_bytes() == payload
+    assert [r[1] for r in server.requests] == [None, None]  # no If-Range possible: no Range either
+
+
+def test_a_server_ignoring_range_restarts_the_file(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["drop"], ranges=False)
+    assert fetch_file(server, tmp_path).read_bytes() == payload
+    assert len(server.requests) == 2 and server.requests[1][1] is not None
+
+
+def test_too_many_cuts_keep_the_partial_file_for_later(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["drop"] * 5)
+    kept = r"connection closed after .* The partial download .*a\.npz\.part is kept"
+    with pytest.raises(DownloadError, match=kept):
+        fetch_file(server, tmp_path, retries=2)
+    assert not (tmp_path / "cache" / "a.npz").exists()
+    assert 0 < (tmp_path / "cache" / "a.npz.part").stat().st_size < len(payload)
+    server.faults.clear()
+    assert fetch_file(server, tmp_path).read_bytes() == payload
+    assert server.requests[-1][1] is not None  # resumed
+
+
+def test_a_hash_mismatch_is_an_error_and_leaves_no_file(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload})
+    with pytest.raises(DownloadError, match=r"sha256 mismatch .* expected 0000.*the file was deleted"):
+        fetch_file(server, tmp_path, sha256="0" * 64)
+    assert cache_listing(tmp_path) == [] and len(server.requests) == 1  # a proven-length body: no retry
+
+
+def test_unreachable_and_missing_urls_say_which_url_and_where_to_put_the_file(tmp_path, serve):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/imagenet21k/ViT-B_16.npz"
+    with pytest.raises(DownloadError) as info:
+        download(url, tmp_path / "ViT-B_16.npz", retries=2, backoff=0, timeout=5)
+    message = str(info.value)
+    assert f"Could not download {url}" in message and "Connection refused" in message
+    assert f"put it at {tmp_path / 'ViT-B_16.npz'}" in message and "weights='/path/to/file.npz'" in message
+    server = serve({})
+    with pytest.raises(DownloadError, match=r"HTTP 404"):
+        download(server.url + "/absent.npz", tmp_path / "absent.npz", retries=3, backoff=0)
+    assert len(server.requests) == 1  # not found: no retries
+
+
+# --- faults: bodies that are not the file ---------------------------------------------------------------
+
+
+def test_a_drop_without_content_length_is_not_cached_and_is_retried_from_zero(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["drop-nolength", "drop-nolength"])
+    with pytest.raises(DownloadError, match="unknown length and the file is not whole"):
+        fetch_file(server, tmp_path, retries=1)
+    assert cache_listing(tmp_path) == []  # the broken .part was ours: deleted
+    assert fetch_file(server, tmp_path, retries=2).read_bytes() == payload
+    assert [r[1] for r in server.requests] == [None, None, None]
+
+
+def test_a_drop_without_content_length_stops_at_the_known_size_and_resumes(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["drop-nolength"])
+    assert fetch_file(server, tmp_path, size=len(payload)).read_bytes() == payload
+    assert server.requests[1][1] == f"bytes={len(payload) // 2}-"
+
+
+@pytest.mark.parametrize("fault, message", [("truncate", "does not end with a zip directory"),
+                                            ("long", "does not end with a zip directory")])
+def test_a_short_or_long_body_is_refused_and_deleted(tmp_path, payload, serve, fault, message):
+    server = serve({"/a.npz": payload}, faults=[fault] * 3)
+    with pytest.raises(CorruptCheckpointError, match=f"{message}.*the file was deleted"):
+        fetch_file(server, tmp_path)
+    assert cache_listing(tmp_path) == [] and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("fault", ["truncate", "long"])
+def test_a_body_of_the_wrong_size_is_refused_before_it_is_read_when_the_size_is_known(tmp_path, payload, serve,
+                                                                                      fault):
+    server = serve({"/a.npz": payload}, faults=[fault])
+    with pytest.raises(DownloadError, match=f"announces \\d+ bytes, the catalogue {len(payload)}"):
+        fetch_file(server, tmp_path, size=len(payload))
+    assert cache_listing(tmp_path) == []
+
+
+def test_an_html_page_with_status_200_is_refused(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["html"])
+    with pytest.raises(DownloadError, match=r"HTML page \(HTTP 200, text/html\), not the file"):
+        fetch_file(server, tmp_path)
+    assert cache_listing(tmp_path) == [] and len(server.requests) == 1
+
+
+def test_an_html_body_without_an_html_type_fails_the_structural_check(tmp_path, serve):
+    server = serve({"/a.npz": b"<!DOCTYPE html>\n<html>Sign in</html>\n"})
+    with pytest.raises(CorruptCheckpointError, match=r"an HTML or XML page, not an \.npz archive"):
+        fetch_file(server, tmp_path)
+    assert cache_listing(tmp_path) == []
+
+
+def test_a_file_that_changes_between_a_drop_and_the_resume_restarts_from_zero(tmp_path, payload, serve):
+    new = checkpoint_bytes(seed=1)
+    server = serve({"/a.npz": payload}, faults=["drop"], changes={"/a.npz": new})
+    path = fetch_file(server, tmp_path)
+    assert path.read_bytes() == new and recorded(path) == hashlib.sha256(new).hexdigest()
+    (_, _, _), (_, resumed, validator) = server.requests
+    assert resumed is not None and validator == f'"{hashlib.sha256(payload).hexdigest()[:16]}"'  # answered 200
+
+
+# --- faults: stalls, trickles, deadlines --------------------------------------------------------------
+
+
+def test_a_stalled_server_fails_after_the_idle_timeout(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["stall"])
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match=r"no data for 0\.5 s.*partial download .* is kept"):
+        fetch_file(server, tmp_path, retries=1, timeout=0.5)
+    assert 0.4 < time.monotonic() - start < 2.0
+
+
+def test_a_trickling_server_fails_at_the_deadline(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["trickle"])
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match="the deadline passed"):
+        fetch_file(server, tmp_path, timeout=1.0, deadline=0.6)
+    assert 0.5 < time.monotonic() - start < 1.6  # the deadline, overshot by less than the idle timeout
+    assert len(server.requests) == 1
+
+
+def test_fetch_takes_timeout_and_deadline(tmp_path, payload, serve, monkeypatch):
+    entry = zoo.get("Ti_16.augreg_in21k")
+    server = serve({"/" + entry.path: payload}, faults=["stall", "stall"])
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match="the deadline passed"):
+        zoo.fetch(entry, tmp_path, timeout=0.3, deadline=0.8, backoff=0.1)
+    assert time.monotonic() - start < 1.5 and len(server.requests) == 2
+
+
+# --- concurrent clients ---------------------------------------------------------------------------------
+
+
+def test_three_threads_share_one_download(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["slow"])
+    barrier, results = threading.Barrier(3), []
+
+    def client():
+        barrier.wait()
+        results.append(fetch_file(server, tmp_path))
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(results) == 3 and len(set(results)) == 1 and results[0].read_bytes() == payload
+    assert server.requests == [("/a.npz", None, None)]
+    assert cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
+
+
+def test_three_processes_share_one_download(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["slow"])
+    dest = tmp_path / "cache" / "a.npz"
+    # zoo/ imports nothing of the models: run it as a top-level package, without loading TensorFlow
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from zoo.download import download; "
+            f"from zoo.validate import check_npz; "
+            f"print(download({server.url + '/a.npz'!r}, {str(dest)!r}, validate=check_npz, backoff=0, timeout=5))")
+    clients = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(3)]
+    outputs = [client.communicate(timeout=30) for client in clients]
+    assert [client.returncode for client in clients] == [0, 0, 0], [err for _, err in outputs]
+    assert [out.strip() for out, _ in outputs] == [str(dest)] * 3 and dest.read_bytes() == payload
+    assert server.requests == [("/a.npz", None, None)]
+    assert cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
+
+
+def test_a_lock_held_past_the_deadline_is_an_error(tmp_path, payload, serve):
+    from keras_vit.zoo.lock import file_lock
+
+    server = serve({"/a.npz": payload})
+    (tmp_path / "cache").mkdir()
+    waiting = pytest.raises(DownloadError, match=r"Gave up waiting for .*a\.npz\.lock")
+    with file_lock(tmp_path / "cache" / "a.npz.lock"), waiting:
+        fetch_file(server, tmp_path, deadline=0.3)
+    assert server.requests == [] and fetch_file(server, tmp_path).read_bytes() == payload
+
+
+# --- the cache: records checked on later reads ----------------------------------------------------------
+
+
+def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path, serve, monkeypatch):
+    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=21843)
+    entry = zoo.get("Ti_16.augreg_in21k")
+    data = write_checkpoint(tmp_path / "source.npz", arrays).read_bytes()
+    server = serve({"/" + entry.path: data}, faults=["drop"])
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    tiny = dict(hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
+    model = keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", **tiny)
+    cached = tmp_path / "keras_home" / "models" / "vit_models" / entry.path
+    assert cached.read_bytes() == data and model.input_shape == (None, 32, 32, 3)
+    assert model.output_shape == (None, 21843) and recorded(cached) == hashlib.sha256(data).hexdigest()
+    np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
+    requests = len(server.requests)
+    with pytest.warns(UserWarning, match="include_top=False"):
+        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", include_top=False, **tiny)
+    assert len(server.requests) == requests  # served from the cache
+
+
+def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(zoo.MIRROR_ENV, f"http://127.0.0.1:{port}/vit_models")
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    entry = zoo.get("B_16.orig_in21k")
+    with pytest.raises(DownloadError) as info:
+        zoo.fetch(entry, retries=1, backoff=0)
+    assert f"http://127.0.0.1:{port}/vit_models/imagenet21k/ViT-B_16.npz" in str(info.value)
+    assert str(tmp_path / "models" / "vit_models" / "imagenet21k" / "ViT-B_16.npz") in str(info.value)
+
+
+def test_fetch_of_a_corrupted_cached_file_names_it_and_keeps_it(tmp_path, payload, serve, monkeypatch):
+    entry = zoo.get("Ti_16.augreg_in21k")
+    server = serve({"/" + entry.path: payload})
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    path = zoo.fetch(entry)
+    broken = bytearray(payload)
+    broken[len(broken) // 2] ^= 0xFF
+    path.write_bytes(bytes(broken))
+    with pytest.raises(CorruptCheckpointError, match=f"The cached file {re.escape(str(path))} is corrupt .*"
+                                                     "recorded when it was downloaded.*Delete it"):
+        zoo.fetch(entry, tmp_path)
+    assert path.read_bytes() == bytes(broken) and len(server.requests) == 1  # kept, not downloaded again
+    with pytest.raises(CorruptCheckpointError):
+        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
+
+
+def test_a_file_put_in_the_cache_by_hand_is_checked_then_recorded(tmp_path, payload, serve):
+    server = serve({})
+    dest = tmp_path / "cache" / "a.npz"
+    dest.parent.mkdir()
+    dest.write_bytes(payload[:-10])
+    with pytest.raises(CorruptCheckpointError, match=r"not a valid \.npz checkpoint"):
+        fetch_file(server, tmp_path)
+    assert dest.read_bytes() == payload[:-10] and not record_path(dest).exists()  # the user's file: kept
+    dest.write_bytes(payload)
+    assert fetch_file(server, tmp_path) == dest and recorded(dest) == hashlib.sha256(payload).hexdigest()
+    assert server.requests == []
+
+
+# --- the structural check -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A real checkpoint small enough that random mutations often hit its zip and .npy headers."""
+    return checkpoint_bytes(patch=2, width=4, depth=1, heads=1, mlp=4, grid=(1, 1), num_classes=2)
+
+
+def test_the_structural_check_accepts_a_real_checkpoint_and_names_each_fault(tmp_path, tiny):
+    check_npz(io.BytesIO(tiny))
+    check_npz(write_checkpoint(tmp_path / "real.npz", vit_checkpoint(width=8, depth=1, heads=1, mlp=8)))
+    without = io.BytesIO()
+    np.savez(without, **{"cls": np.zeros(3)})
+    objects = io.BytesIO()
+    with zipfile.ZipFile(objects, "w") as archive:
+        for key in ("embedding/kernel", "Transformer/posembed_input/pos_embedding"):
+            with archive.open(key + ".npy", "w") as member:
+                np.lib.format.write_array(member, np.array([None, 1], dtype=object), allow_pickle=True)
+    for data, message in [(tiny[:-1], "does not end with a zip directory"), (tiny + b"x", "does not end"),
+                          (without.getvalue(), "missing the arrays"), (objects.getvalue(), "Python objects")]:
+        with pytest.raises(CorruptCheckpointError, match=message):
+            check_npz(io.BytesIO(data))
+    flipped = bytearray(tiny)
+    flipped[tiny.index(b"\x93NUMPY") + 200] ^= 1  # inside the first array's data
+    with pytest.raises(CorruptCheckpointError, match="CRC-32"):
+        check_npz(io.BytesIO(bytes(flipped)))
+    with pytest.raises(FileNotFoundError):
+        check_npz(tmp_path / "absent.npz")
+
+
+def judge(data: bytes) -> None:
+    """The check passes or raises the project's own error: any other exception fails the test."""
+    with contextlib.suppress(CorruptCheckpointError):
+        check_npz(io.BytesIO(data))
+
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FAST
+@given(st.binary(max_size=3000))
+def test_random_bytes_are_only_ever_a_corrupt_checkpoint(data):
+    with pytest.raises(CorruptCheckpointError):
+        check_npz(io.BytesIO(data))
+
+
+@FAST
+@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
+       keep=st.one_of(st.none(), st.floats(0, 1, exclude_max=True)), tail=st.binary(max_size=30))
+def test_mutated_checkpoints_are_only_ever_a_corrupt_checkpoint(tiny, flips, keep, tail):
+    data = bytearray(tiny)
+    for where, mask in flips:
+        data[int(where * len(data))] ^= mask
+    if keep is not None:
+        data = data[: int(keep * len(data))] + tail
+    judge(bytes(data))
+
+
+def npy(array) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array)
+    return buffer.getvalue()
+
+
+@settings(max_examples=300, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 127), st.integers(0, 255)), min_size=1, max_size=4))
+def test_zips_of_damaged_npy_headers_are_only_ever_a_corrupt_checkpoint(edits):
+    """A whole zip (CRCs verify) whose members' ``.npy`` headers (Python-literal text) are damaged."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for key in ("embedding/kernel", "Transformer/posembed_input/pos_embedding"):
+            member = bytearray(npy(np.zeros((2, 3), "float32")))
+            for where, value in edits:
+                member[where] = value
+            archive.writestr(key + ".npy", bytes(member))
+    judge(buffer.getvalue())

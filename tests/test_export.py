@@ -1,0 +1,81 @@
+"""Round trips of keras_vit.export: each exported file reloads and agrees with the Keras model.
+
+Tolerances (outputs of order 1-3): SavedModel, LiteRT float32 and ONNX within 1e-4; LiteRT with int8
+weights (dynamic range) within 0.15 and at least 3/4 of the top-1 classes the same.
+"""
+
+import keras
+import numpy as np
+import pytest
+from npz_layout import vit_checkpoint
+
+import keras_vit
+from keras_vit import export
+from keras_vit.preprocessing import ImagePreprocessor
+
+FLOAT_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Random weights in every layer (a random checkpoint; a fresh ViT's zero head would hide differences)."""
+    arrays = vit_checkpoint(patch=16, width=64, depth=2, heads=4, mlp=128, grid=(2, 2), num_classes=10)
+    return keras_vit.model_from_checkpoint(arrays)
+
+
+@pytest.fixture(scope="module")
+def images():
+    """Preprocessed crops of real photos, (16, 32, 32, 3) float32 in [-1, 1]."""
+    preprocess = ImagePreprocessor(32)
+    return np.stack([keras.ops.convert_to_numpy(preprocess(crop)) for crop in export.photo_crops(16)])
+
+
+def check_float(model, path, images):
+    expected = np.asarray(model.predict_on_batch(images))
+    got = export.load(path)(images)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=FLOAT_ATOL)
+    np.testing.assert_allclose(export.load(path)(images[:1]), expected[:1], atol=FLOAT_ATOL)  # another batch size
+
+
+def test_saved_model(model, images, tmp_path):
+    path = export.export_saved_model(model, tmp_path / "saved_model")
+    assert (path / "saved_model.pb").is_file()
+    check_float(model, path, images)
+
+
+def test_litert_float32(model, images, tmp_path):
+    check_float(model, export.export_litert(model, tmp_path / "model.tflite"), images)
+
+
+def test_litert_dynamic_int8(model, images, tmp_path):
+    float_path = export.export_litert(model, tmp_path / "model.tflite")
+    int8_path = export.export_litert(model, tmp_path / "model_int8.tflite", quantize="dynamic_int8")
+    assert int8_path.stat().st_size < 0.5 * float_path.stat().st_size
+    row = export.compare(model, int8_path, images)
+    assert 0 < row["max_abs_diff"] < 0.15
+    assert row["top1_agreement"] >= 0.75
+
+
+def test_onnx(model, images, tmp_path):
+    pytest.importorskip("tf2onnx")
+    pytest.importorskip("onnxruntime")
+    check_float(model, export.export_onnx(model, tmp_path / "model.onnx"), images)
+
+
+@pytest.mark.parametrize("fmt", ["saved_model", "litert"])
+def test_with_preprocessing_takes_uint8_of_any_size(model, tmp_path, fmt):
+    serving = export.with_preprocessing(model)
+    filename, exporter = export.FORMATS[fmt]
+    run = export.load(exporter(serving, tmp_path / filename))
+    for crop in export.photo_crops(3, seed=1):
+        expected = model.predict_on_batch(ImagePreprocessor(32)(crop)[None])
+        np.testing.assert_allclose(run(crop[None]), expected, atol=FLOAT_ATOL)
+
+
+def test_bad_arguments(model, tmp_path):
+    with pytest.raises(ValueError, match="quantize"):
+        export.export_litert(model, tmp_path / "m.tflite", quantize="int4")
+    (tmp_path / "m.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="format"):
+        export.load(tmp_path / "m.bin")

@@ -1,0 +1,97 @@
+"""`python -m keras_vit.predict` on a tiny checkpoint in the published .npz layout whose head fixes the ranking."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from npz_layout import vit_checkpoint, write_checkpoint
+from PIL import Image
+from sklearn.datasets import load_sample_image
+
+from keras_vit.predict import main
+
+# A zero head kernel makes the logits equal the bias, whatever the image: goldfish (1), tench (0),
+# great white shark (2), then the rest (0.0, in index order).
+BIAS = {1: 3.0, 0: 2.0, 2: 1.0}
+EXPECTED = ["goldfish", "tench", "great white shark", "tiger shark", "hammerhead"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=1000)
+    arrays["head/kernel"] = np.zeros_like(arrays["head/kernel"])
+    arrays["head/bias"] = np.zeros_like(arrays["head/bias"])
+    for index, value in BIAS.items():
+        arrays["head/bias"][index] = value
+    return str(write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_in1k.npz", arrays))
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("images")
+    china, flower = folder / "china.jpg", folder / "flower.png"
+    Image.fromarray(load_sample_image("china.jpg")).save(china)
+    Image.fromarray(load_sample_image("flower.jpg")[100:300, 50:400]).save(flower)
+    return [str(china), str(flower)]
+
+
+def softmax_of_bias():
+    logits = np.zeros(1000)
+    for index, value in BIAS.items():
+        logits[index] = value
+    probs = np.exp(logits) / np.exp(logits).sum()
+    return [probs[1], probs[0], probs[2], probs[3], probs[4]]
+
+
+def test_table(checkpoint, images, capsys):
+    assert main([*images, "--weights", checkpoint, "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 * 4
+    for block in (lines[:4], lines[4:]):
+        assert block[0] in images
+        assert [line.split()[1] for line in block[1:]] == ["n01443537", "n01440764", "n01484850"]
+        for line, name, score in zip(block[1:], EXPECTED, softmax_of_bias()):
+            assert name in line and f"{score:.4f}" in line
+
+
+def test_json(checkpoint, images, capsys):
+    assert main([images[1], "--weights", checkpoint, "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["image"] == images[1]
+    assert [p["name"] for p in result["predictions"]] == EXPECTED
+    np.testing.assert_allclose([p["score"] for p in result["predictions"]], softmax_of_bias(), rtol=1e-5)
+    assert main([images[0], "--weights", checkpoint, "--json", "--scores", "logits", "--top", "2"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert [(p["wnid"], p["score"]) for p in result["predictions"]] == [("n01443537", 3.0), ("n01440764", 2.0)]
+
+
+@pytest.mark.parametrize("case", ["missing_image", "not_an_image", "unknown_weights", "missing_weights"])
+def test_errors_are_one_line(checkpoint, images, tmp_path, capsys, case):
+    text = tmp_path / "notes.jpg"
+    text.write_text("not a picture")
+    argv = {
+        "missing_image": [str(tmp_path / "nope.jpg"), "--weights", checkpoint],
+        "not_an_image": [str(text), "--weights", checkpoint],
+        "unknown_weights": [images[0], "--weights", "B_16.no_such_checkpoint"],
+        "missing_weights": [images[0], "--weights", str(tmp_path / "missing.npz")],
+    }[case]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("error: ")
+
+
+def test_module_entry_point(tmp_path):
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    run = subprocess.run(
+        [sys.executable, "-m", "keras_vit.predict", str(tmp_path / "nope.jpg"), "--weights", "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'nope.jpg'}: no such file"

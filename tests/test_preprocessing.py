@@ -1,0 +1,97 @@
+"""ImagePreprocessor against the hand computation: tf.image.resize (bilinear) of the image, then (x - 127.5) / 127.5."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_sample_image
+
+from keras_vit.preprocessing import ImagePreprocessor, preprocess_input
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def photos():
+    """Real photos (427 x 640) and crops of other sizes and aspect ratios, uint8."""
+    china, flower = load_sample_image("china.jpg"), load_sample_image("flower.jpg")
+    return [china, flower[40:400, 100:250], china[:97, 5:300], flower[3:33, 10:31]]
+
+
+def expected(image, size, crop_fraction=None):
+    image = tf.convert_to_tensor(image)
+    if crop_fraction is not None:
+        height, width = image.shape[-3:-1]
+        side = int(min(height, width) * crop_fraction)
+        top, left = (height - side) // 2, (width - side) // 2
+        image = image[..., top : top + side, left : left + side, :]
+    return ((tf.image.resize(image, size, method="bilinear") - 127.5) / 127.5).numpy()
+
+
+def test_preprocess_input():
+    x = preprocess_input(np.array([0, 127.5, 255], "float32"))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(x), [-1.0, 0.0, 1.0])
+    assert keras.ops.convert_to_numpy(preprocess_input(np.array([255], "uint8"))).dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+@pytest.mark.parametrize("size", [(32, 32), (224, 224), (48, 64)])
+def test_matches_hand_computation(photos, dtype, size):
+    layer = ImagePreprocessor(size)
+    for photo in photos:
+        image = photo.astype(dtype)
+        out = keras.ops.convert_to_numpy(layer(image))  # one image
+        assert out.shape == (*size, 3) and out.dtype == np.float32
+        np.testing.assert_allclose(out, expected(image, size), atol=ATOL)
+        assert out.min() >= -1.0 - ATOL and out.max() <= 1.0 + ATOL
+        batched = keras.ops.convert_to_numpy(layer(np.stack([image, image[::-1]])))
+        np.testing.assert_allclose(batched, expected(np.stack([image, image[::-1]]), size), atol=ATOL)
+
+
+@pytest.mark.parametrize("crop_fraction", [0.875, 1.0, 0.3])
+def test_centre_crop(photos, crop_fraction):
+    layer = ImagePreprocessor(32, crop_fraction=crop_fraction)
+    for photo in photos:
+        out = keras.ops.convert_to_numpy(layer(photo[None]))
+        np.testing.assert_allclose(out, expected(photo[None], (32, 32), crop_fraction), atol=ATOL)
+
+
+def test_in_tf_data(photos):
+    """A map over images of different sizes (unknown static shape), uint8 and float32."""
+    layer = ImagePreprocessor(40, crop_fraction=0.9)
+    for dtype in ("uint8", "float32"):
+        spec = tf.TensorSpec((None, None, 3), dtype)
+        ds = tf.data.Dataset.from_generator(lambda d=dtype: (p.astype(d) for p in photos), output_signature=spec)
+        outs = next(ds.map(layer).batch(8).as_numpy_iterator())
+        assert outs.shape == (len(photos), 40, 40, 3)
+        for out, photo in zip(outs, photos):
+            np.testing.assert_allclose(out, expected(photo.astype(dtype), (40, 40), 0.9), atol=ATOL)
+
+
+def test_in_saved_and_reloaded_keras_model(photos, tmp_path):
+    inputs = keras.Input((None, None, 3), dtype="uint8")
+    model = keras.Model(inputs, ImagePreprocessor((24, 40), crop_fraction=0.75)(inputs))
+    model.save(tmp_path / "pre.keras")
+    reloaded = keras.models.load_model(tmp_path / "pre.keras")
+    layer = reloaded.layers[-1]
+    assert isinstance(layer, ImagePreprocessor)
+    assert (layer.image_size, layer.crop_fraction, layer.interpolation) == ((24, 40), 0.75, "bilinear")
+    for photo in photos:
+        out = keras.ops.convert_to_numpy(reloaded(photo[None]))
+        np.testing.assert_allclose(out, expected(photo[None], (24, 40), 0.75), atol=ATOL)
+    assert reloaded.output_shape == (None, 24, 40, 3)
+
+
+def test_from_weights_reads_the_catalogue():
+    assert ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_224").image_size == (224, 224)
+    assert ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_384").image_size == (384, 384)
+    assert ImagePreprocessor.from_weights("B_16.orig_in21k", crop_fraction=0.875).crop_fraction == 0.875
+    with pytest.raises(ValueError, match="image_size="):
+        ImagePreprocessor.from_weights("B_16.no_such_checkpoint")
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="crop_fraction"):
+        ImagePreprocessor(224, crop_fraction=1.5)
+    with pytest.raises(ValueError, match="image_size"):
+        ImagePreprocessor((224, 224, 3))

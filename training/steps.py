@@ -1,0 +1,157 @@
+"""The steps every training command shares: from a :class:`TrainConfig` to a strategy, data, a model, compiled.
+
+:func:`prepare` loads the source and the strategy and resolves the config (:class:`Setup`);
+:func:`build_model`, :func:`compile_model`, :func:`augment_of` and :func:`precision` turn a resolved
+config into a compiled model and the pipelines' settings; :func:`prepare_output` and :func:`describe`
+start a run's output directory and say what will run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Iterator
+
+import keras
+import tensorflow as tf
+
+import keras_vit
+from keras_vit.training import config as config_lib
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.data import Source, load_source
+from keras_vit.training.optimizers import build_optimizer
+from keras_vit.training.pipeline import Augment
+from keras_vit.training.schedules import WarmupDecay
+from keras_vit.training.strategy import accelerator, get_strategy, is_chief, split_cpu
+from keras_vit.variants import parse_variant
+
+__all__ = ["Setup", "augment_of", "build_model", "compile_model", "describe", "load_data", "make_strategy",
+           "precision", "prepare", "prepare_output", "strategy_name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A resolved config with its data and strategy."""
+
+    config: TrainConfig
+    source: Source
+    strategy: tf.distribute.Strategy
+    device: str  # "tpu", "gpu" or "cpu"
+
+    @property
+    def chief(self) -> bool:
+        return is_chief(self.strategy)
+
+
+def make_strategy(config: TrainConfig) -> tf.distribute.Strategy:
+    """The config's strategy (splitting the CPU first when ``cpu_devices`` asks)."""
+    if config.run.cpu_devices:
+        split_cpu(config.run.cpu_devices)
+    return get_strategy(config.run.strategy, config.run.tpu)
+
+
+def load_data(config: TrainConfig) -> Source:
+    """The config's dataset."""
+    data = config.data
+    return load_source(data.dataset, data_dir=data.data_dir, manual_dir=data.manual_dir, train_split=data.train_split,
+                       eval_split=data.eval_split, eval_fraction=data.eval_fraction, seed=config.optim.seed)
+
+
+def prepare(config: TrainConfig, strategy: tf.distribute.Strategy | None = None) -> Setup:
+    """Load the data and the strategy (unless given), and resolve ``config`` for them."""
+    strategy = strategy or make_strategy(config)
+    device = accelerator(strategy)
+    source = load_data(config)
+    resolved = config_lib.resolve(config, train_examples=source.train.num_examples, accelerator=device,
+                                  replicas=strategy.num_replicas_in_sync)
+    return Setup(resolved, source, strategy, device)
+
+
+def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model:
+    """The ViT of a resolved config (any variant of the table, hybrids included); ``options`` go to
+    :func:`keras_vit.ViT` (``classifier``, ``position_embedding``, ...)."""
+    model = config.model
+    variant = parse_variant(model.name).variant  # canonical: "ViT_R50_B16" -> "R50+B/16"
+    return keras_vit.ViT(variant, image_size=model.image_size, num_classes=num_classes, weights=model.weights,
+                         dropout=model.dropout, drop_path=model.drop_path, **config.architecture(), **options)
+
+
+def compile_model(model: keras.Model, config: TrainConfig) -> None:
+    """Compile with the schedule, optimizer, label-smoothed cross-entropy and accuracy of ``config``."""
+    optim = config.optim
+    schedule = WarmupDecay(optim.lr, optim.steps, optim.warmup, optim.schedule, optim.end_lr, optim.accumulation_steps)
+    optimizer = build_optimizer(optim.optimizer, schedule, momentum=optim.momentum, weight_decay=optim.weight_decay,
+                                clip_norm=optim.clip_norm, accumulation_steps=optim.accumulation_steps,
+                                variables=model.trainable_variables)
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=optim.label_smoothing),
+        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        steps_per_execution=config.run.steps_per_execution,
+    )
+
+
+def augment_of(config: TrainConfig) -> Augment:
+    """The pipelines' settings of a resolved config."""
+    data = config.data
+    crop = None if tuple(data.crop_area) == (1.0, 1.0) else tuple(data.crop_area)
+    randaugment = tuple(data.randaugment) if data.randaugment[0] > 0 else None
+    return Augment(config.model.image_size, crop, data.flip, randaugment, data.mixup, data.cutmix, data.eval_crop)
+
+
+@contextlib.contextmanager
+def precision(config: TrainConfig, device: str) -> Iterator[None]:
+    """Build models under the config's mixed-precision policy (``auto``: bfloat16 on TPU, float16 on GPU)."""
+    name = config.optim.mixed_precision
+    if name == "auto":
+        name = {"tpu": "bfloat16", "gpu": "float16"}.get(device, "none")
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_global_policy("float32" if name == "none" else f"mixed_{name}")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def prepare_output(config: TrainConfig, chief: bool) -> None:
+    """Start afresh (``overwrite``) or check that a run already in ``output_dir`` is the same run."""
+    out = config.run.output_dir
+    path = os.path.join(out, "run.json")
+    if config.run.overwrite and chief and os.path.isdir(out):
+        shutil.rmtree(out)
+    if os.path.exists(path):
+        with open(path) as file:
+            differences = config_lib.run_differences(json.load(file), config)
+        if differences:
+            raise ValueError(
+                f"{out} holds a run with different settings ({', '.join(differences)}); "
+                "use another output_dir, or overwrite=True (--overwrite) to start over.")
+    elif chief:
+        os.makedirs(out, exist_ok=True)
+        with open(path, "w") as file:
+            json.dump(config_lib.json_ready(config), file, indent=2)
+
+
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """``"MirroredStrategy"``, ``"DefaultDistributionStrategy"``, ..."""
+    return type(strategy).__name__.lstrip("_")
+
+
+def describe(setup: Setup) -> str:
+    """One paragraph saying what will run."""
+    config, source, strategy = setup.config, setup.source, setup.strategy
+    model, optim = config.model, config.optim
+    arch = ", ".join(f"{k} {v}" for k, v in config.architecture().items())
+    accumulated = f" in {optim.accumulation_steps} accumulated micro-batches" if optim.accumulation_steps > 1 else ""
+    return (
+        f"preset {config.preset}: ViT {model.name}{f' ({arch})' if arch else ''} at {model.image_size}px, "
+        f"weights {model.weights or 'random'}\n"
+        f"data {source.name}: {source.train.num_examples or '?'} training / {source.eval.num_examples or '?'} "
+        f"held-out ({source.eval_split}) images, {source.num_classes} classes\n"
+        f"{strategy_name(strategy)} x{strategy.num_replicas_in_sync} ({setup.device}), batch {optim.batch_size}"
+        f"{accumulated}, {optim.steps} steps, {optim.optimizer} lr {optim.lr:g} ({optim.warmup} warmup, "
+        f"{optim.schedule}), output {config.run.output_dir}"
+    )

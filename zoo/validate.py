@@ -1,0 +1,108 @@
+"""Structural check of an ``.npz`` checkpoint, without loading it: a whole zip whose members' CRC-32 verify,
+holding the expected keys as plain ``.npy`` arrays (no pickled objects) of the size their headers state."""
+
+from __future__ import annotations
+
+import io
+import lzma
+import os
+import struct
+import tokenize
+import warnings
+import zipfile
+import zlib
+from typing import BinaryIO
+
+import numpy as np
+
+from .errors import CorruptCheckpointError
+
+__all__ = ["REQUIRED_KEYS", "check_npz"]
+
+REQUIRED_KEYS = ("embedding/kernel", "Transformer/posembed_input/pos_embedding")
+_END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes and a comment
+_BROKEN = (zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError, OSError, ValueError, NotImplementedError,
+           RuntimeError, OverflowError, struct.error, KeyError)
+
+
+def _check_ends_with_archive(f: BinaryIO, size: int) -> None:
+    """The zip must end the file: a body longer than the archive (appended bytes) is not the file we asked for."""
+    tail_size = min(size, 22 + 0xFFFF)
+    f.seek(size - tail_size)
+    tail = f.read(tail_size)
+    at = tail.rfind(_END_RECORD)
+    while at >= 0:
+        if at + 22 <= len(tail) and at + 22 + int.from_bytes(tail[at + 20 : at + 22], "little") == len(tail):
+            return
+        at = tail.rfind(_END_RECORD, 0, at)
+    if tail.lstrip()[:1] == b"<":
+        raise CorruptCheckpointError("it is an HTML or XML page, not an .npz archive")
+    raise CorruptCheckpointError("it does not end with a zip directory (truncated, or followed by other bytes)")
+
+
+def _read_header(member: BinaryIO, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from an ``.npy`` header: Python-literal text that numpy tokenizes and parses, so a
+    damaged one can fail in many ways, each of them a corrupt file."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise CorruptCheckpointError(f"{name}: unsupported .npy version {version}")
+    except (ValueError, SyntaxError, TypeError, tokenize.TokenError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{name}: unreadable .npy header ({type(exc).__name__}: {exc})") from exc
+    return shape, dtype
+
+
+def _check_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+    with archive.open(info) as member:
+        shape, dtype = _read_header(member, info.filename)
+        if dtype.hasobject:
+            raise CorruptCheckpointError(f"{info.filename}: holds Python objects, not a plain array")
+        expected = member.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if expected != info.file_size:
+        raise CorruptCheckpointError(f"{info.filename}: {info.file_size} bytes, its header describes {expected}")
+
+
+def _check(f: BinaryIO, required: tuple[str, ...]) -> None:
+    size = f.seek(0, io.SEEK_END)
+    _check_ends_with_archive(f, size)
+    f.seek(0)
+    with zipfile.ZipFile(f) as archive:
+        bad = archive.testzip()
+        if bad is not None:
+            raise CorruptCheckpointError(f"{bad}: CRC-32 or header mismatch")
+        members = {info.filename: info for info in archive.infolist()}
+        missing = [key for key in required if key + ".npy" not in members]
+        if missing:
+            raise CorruptCheckpointError(f"missing the arrays {missing} (has {len(members)} members)")
+        for name, info in members.items():
+            if not name.endswith(".npy"):
+                raise CorruptCheckpointError(f"{name}: not an .npy array")
+            _check_member(archive, info)
+
+
+def _verdict(f: BinaryIO, required: tuple[str, ...], label: str) -> None:
+    try:
+        _check(f, required)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{label} is not a valid .npz checkpoint: {exc}") from None
+    except _BROKEN as exc:
+        raise CorruptCheckpointError(f"{label} is not a valid .npz checkpoint ({type(exc).__name__}: {exc})") from exc
+
+
+def check_npz(source: str | os.PathLike | BinaryIO, required: tuple[str, ...] = REQUIRED_KEYS) -> None:
+    """Raise ``CorruptCheckpointError`` (naming ``source`` and the fault) unless it is a whole ``.npz`` checkpoint.
+
+    ``source``: a path or a seekable binary file. Reads the data once (the CRC check) and allocates no array;
+    a path that cannot be opened is an ``OSError`` as usual, not a verdict on its bytes.
+    """
+    if hasattr(source, "read"):
+        _verdict(source, required, str(getattr(source, "name", "the data")))
+    else:
+        with open(source, "rb") as f:
+            _verdict(f, required, os.fspath(source))
