@@ -14,6 +14,8 @@ failure or a timeout costs one row, not the run):
 * ``keras_vit`` per model: ``keras_vit.ViT(model, gelu="exact")`` on the JAX backend under the
   ``mixed_bfloat16`` policy, ``compile(AdamW, jit_compile=True)``: ``train_on_batch`` (one XLA
   program: forward, backward, update) and ``predict_on_batch`` at ``--batch``.
+  Memory: L/16 at batch 256 in bfloat16 needs an estimated 90 GB of activations without
+  rematerialisation (fits an H200's 141 GB; on an 80 GB chip lower ``--batch``).
 * ``timm`` per model: ``vit_{base,large}_patch16_224`` under ``torch.compile``, bfloat16
   autocast, channels_last inputs, fused AdamW: the same two phases.
 
@@ -98,8 +100,13 @@ def worker_peak(args) -> dict:
         dot(a, b).block_until_ready()
         best = min(best, time.perf_counter() - start)
     device = jax.devices()[0]
-    return dict(peak_tflops=2 * size**3 / best / 1e12, size=size, device=str(device.device_kind),
-                platform=device.platform, jax=jax.__version__)
+    return dict(
+        peak_tflops=2 * size**3 / best / 1e12,
+        size=size,
+        device=str(device.device_kind),
+        platform=device.platform,
+        jax=jax.__version__,
+    )
 
 
 def worker_keras_vit(args) -> dict:
@@ -117,13 +124,21 @@ def worker_keras_vit(args) -> dict:
     if args.depth:
         options["depth"] = args.depth
     model = keras_vit.ViT(args.model, **options)
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4), jit_compile=True,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-4),
+        jit_compile=True,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     rng = np.random.default_rng(0)
     x = jax.device_put(rng.uniform(-1, 1, (args.batch, args.image_size, args.image_size, 3)).astype("float32"))
     y = jax.device_put(rng.integers(0, args.num_classes, args.batch).astype("int32"))
-    result = dict(params=model.count_params(), backend=keras.backend.backend(), keras=keras.__version__,
-                  policy=args.policy, device=str(jax.devices()[0].device_kind))
+    result = dict(
+        params=model.count_params(),
+        backend=keras.backend.backend(),
+        keras=keras.__version__,
+        policy=args.policy,
+        device=str(jax.devices()[0].device_kind),
+    )
     result["train"] = _timed(lambda: model.train_on_batch(x, y), args.warmup, args.steps)
     result["infer"] = _timed(lambda: model.predict_on_batch(x), args.warmup, args.steps)
     stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
@@ -140,13 +155,18 @@ def worker_timm(args) -> dict:
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     size, _, patch = args.model.partition("/")
     options = dict(depth=args.depth) if args.depth else {}
-    model = timm.create_model(f"vit_{TIMM_SIZES[size]}_patch{patch}_224", pretrained=False, img_size=args.image_size,
-                              num_classes=args.num_classes, **options)
+    model = timm.create_model(
+        f"vit_{TIMM_SIZES[size]}_patch{patch}_224",
+        pretrained=False,
+        img_size=args.image_size,
+        num_classes=args.num_classes,
+        **options,
+    )
     model = model.to(device, memory_format=torch.channels_last)
     compiled = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     generator = torch.Generator().manual_seed(0)
-    x = (torch.rand((args.batch, 3, args.image_size, args.image_size), generator=generator) * 2 - 1)
+    x = torch.rand((args.batch, 3, args.image_size, args.image_size), generator=generator) * 2 - 1
     x = x.to(device, memory_format=torch.channels_last)
     y = torch.randint(0, args.num_classes, (args.batch,), generator=generator).to(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -164,8 +184,12 @@ def worker_timm(args) -> dict:
             compiled(x)
         sync()
 
-    result = dict(params=sum(p.numel() for p in model.parameters()), torch=torch.__version__, timm=timm.__version__,
-                  device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
+    result = dict(
+        params=sum(p.numel() for p in model.parameters()),
+        torch=torch.__version__,
+        timm=timm.__version__,
+        device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+    )
     model.train()
     result["train"] = _timed(train, args.warmup, args.steps)
     model.eval()
@@ -183,10 +207,28 @@ WORKERS = {"peak": worker_peak, "keras_vit": worker_keras_vit, "timm": worker_ti
 
 
 def _run_worker(name: str, model: str | None, args) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--worker", name, "--batch", str(args.batch),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--image-size", str(args.image_size),
-               "--num-classes", str(args.num_classes), "--policy", args.policy, "--peak-size", str(args.peak_size),
-               "--peak-repeats", str(args.peak_repeats)]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        name,
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--image-size",
+        str(args.image_size),
+        "--num-classes",
+        str(args.num_classes),
+        "--policy",
+        args.policy,
+        "--peak-size",
+        str(args.peak_size),
+        "--peak-repeats",
+        str(args.peak_repeats),
+    ]
     command += ["--model", model] if model else []
     command += ["--depth", str(args.depth)] if args.depth else []
     command += ["--tiny"] if args.tiny else []
@@ -211,11 +253,17 @@ def markdown(results: dict, args) -> str:
     """The results as a Markdown table: img/s, TFLOP/s and MFU per model, framework and phase."""
     peak = results.get("peak", {})
     peak_tflops = peak.get("peak_tflops")
-    lines = [f"Device: {peak.get('device', '?')} ({peak.get('platform', '?')}); bf16 matmul peak "
-             + (f"{peak_tflops:.3g} TFLOP/s ({peak['size']}^2 jnp.dot, best of {args.peak_repeats})"
-                if peak_tflops else f"not measured: {peak.get('error', '?')}"),
-             "", "| model | framework | phase | batch | img/s | step ms | TFLOP/s | MFU (measured peak) | compile s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Device: {peak.get('device', '?')} ({peak.get('platform', '?')}); bf16 matmul peak "
+        + (
+            f"{peak_tflops:.3g} TFLOP/s ({peak['size']}^2 jnp.dot, best of {args.peak_repeats})"
+            if peak_tflops
+            else f"not measured: {peak.get('error', '?')}"
+        ),
+        "",
+        "| model | framework | phase | batch | img/s | step ms | TFLOP/s | MFU (measured peak) | compile s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     spec = next((v for k, v in SPEC_BF16_TFLOPS.items() if k in peak.get("device", "")), None)
     for model, per_framework in results.get("models", {}).items():
         for framework, r in per_framework.items():
@@ -226,17 +274,25 @@ def markdown(results: dict, args) -> str:
                 seconds = r[phase]["step_s"]
                 tflops = r["flops"] * args.batch * (3 if phase == "train" else 1) / seconds / 1e12
                 mfu = f"{tflops / peak_tflops:.1%}" if peak_tflops else "-"
-                lines.append(f"| {model} | {framework} | {phase} | {args.batch} | {args.batch / seconds:.1f} | "
-                             f"{seconds * 1e3:.1f} | {tflops:.3g} | {mfu} | {r[phase]['compile_s']:.1f} |")
+                lines.append(
+                    f"| {model} | {framework} | {phase} | {args.batch} | {args.batch / seconds:.1f} | "
+                    f"{seconds * 1e3:.1f} | {tflops:.3g} | {mfu} | {r[phase]['compile_s']:.1f} |"
+                )
         pair = [per_framework.get(f, {}) for f in ("keras_vit", "timm")]
         if all("train" in p for p in pair):
             ratios = [pair[1][p]["step_s"] / pair[0][p]["step_s"] for p in ("train", "infer")]
             lines.append(f"| {model} | keras_vit / timm | train {ratios[0]:.2f}x, infer {ratios[1]:.2f}x | | | | | | |")
     if spec:
-        lines += ["", f"Datasheet dense bf16 peak of this chip: {spec:.0f} TFLOP/s (MFU against it: x "
-                  f"{peak_tflops / spec:.2f} of the column above)." if peak_tflops else ""]
-    errors = [f"{m} {f}: {r['error']}" for m, pf in results.get("models", {}).items() for f, r in pf.items()
-              if "error" in r]
+        lines += [
+            "",
+            f"Datasheet dense bf16 peak of this chip: {spec:.0f} TFLOP/s (MFU against it: x "
+            f"{peak_tflops / spec:.2f} of the column above)."
+            if peak_tflops
+            else "",
+        ]
+    errors = [
+        f"{m} {f}: {r['error']}" for m, pf in results.get("models", {}).items() for f, r in pf.items() if "error" in r
+    ]
     return "\n".join(lines + (["", "Errors:", *errors] if errors else []))
 
 
@@ -284,8 +340,9 @@ def main(argv=None) -> dict | None:
     save()
     for model in args.models:
         shape = _shape(model, args)
-        flops = forward_flops(shape["depth"], shape["width"], shape["mlp_dim"], shape["patch"], args.image_size,
-                              args.num_classes)
+        flops = forward_flops(
+            shape["depth"], shape["width"], shape["mlp_dim"], shape["patch"], args.image_size, args.num_classes
+        )
         per_framework = results["models"].setdefault(model, {})
         for framework in args.frameworks:
             print(f"running {framework} {model} ...", file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 __all__ = ["dense_probe", "main", "model_paths"]
 
@@ -59,8 +60,12 @@ def dense_probe(tokens: tuple[int, int] = (32, 197), width: int = 768, mlp: int 
     }
     flops = 2 * np.prod(tokens) * width * mlp
     base = None
-    rows = [f"Dense {tokens[0]}x{tokens[1]}x{width} @ {width}x{mlp}, best of 3:", "",
-            "| path | ms | GFLOP/s (or GOP/s) | time vs float32 |", "|---|---|---|---|"]
+    rows = [
+        f"Dense {tokens[0]}x{tokens[1]}x{width} @ {width}x{mlp}, best of 3:",
+        "",
+        "| path | ms | GFLOP/s (or GOP/s) | time vs float32 |",
+        "|---|---|---|---|",
+    ]
     for name, fn in paths.items():
         seconds = _best_seconds(lambda fn=fn: np.asarray(fn()))
         base = base or seconds
@@ -117,7 +122,9 @@ def model_paths(variant: str, image_size: int, workdir: str) -> dict:
         return model
 
     bf16, int8 = rebuilt("mixed_bfloat16"), rebuilt("float32")
-    int8.quantize("int8")
+    with warnings.catch_warnings():  # one "does not have a `quantize` method" per non-Dense layer
+        warnings.simplefilter("ignore", UserWarning)
+        int8.quantize("int8")
     f32_mb = sum(w.nbytes for w in weights) / 1e6
     return {
         "Keras float32": (reference.predict_on_batch, f32_mb),
@@ -158,16 +165,20 @@ def main(argv=None) -> None:
                     call(x)
                     rates[name].append(batch / (time.perf_counter() - start))
             ref, base = outputs["Keras float32"], rates["Keras float32"]
-            print(f"{args.variant} at {args.image_size}px, batch {batch}, {args.rounds} rounds (median):\n\n"
-                  "| path | img/s | vs Keras float32 | max abs logit diff | min cosine | weights MB |\n"
-                  "|---|---|---|---|---|---|")
+            print(
+                f"{args.variant} at {args.image_size}px, batch {batch}, {args.rounds} rounds (median):\n\n"
+                "| path | img/s | vs Keras float32 | max abs logit diff | min cosine | weights / file MB |\n"
+                "|---|---|---|---|---|---|"
+            )
             for name, values in rates.items():
                 got = outputs[name]
                 cosine = np.min(np.sum(got * ref, -1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(ref, axis=-1)))
                 ratio = statistics.median(a / b for a, b in zip(values, base))
                 size = paths[name][1]
-                print(f"| {name} | {statistics.median(values):.2f} | {ratio:.2f}x | {np.abs(got - ref).max():.3f} | "
-                      f"{cosine:.4f} | {f'{size:.0f}' if size else '-'} |")
+                print(
+                    f"| {name} | {statistics.median(values):.2f} | {ratio:.2f}x | {np.abs(got - ref).max():.3f} | "
+                    f"{cosine:.4f} | {f'{size:.0f}' if size else '-'} |"
+                )
             print(f"\nload average {', '.join(f'{v:.1f}' for v in os.getloadavg())}\n", flush=True)
 
 

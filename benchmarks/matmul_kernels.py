@@ -43,8 +43,11 @@ def main(argv=None) -> None:
     from keras_vit.runtime import onednn_enabled
 
     rng = np.random.default_rng(0)
-    cases = {f"{name}, batch {batch}": ((batch * TOKENS, k), (k, n), False)
-             for batch in (1, 32) for name, (k, n) in DENSE.items()}
+    cases = {
+        f"{name}, batch {batch}": ((batch * TOKENS, k), (k, n), False)
+        for batch in (1, 32)
+        for name, (k, n) in DENSE.items()
+    }
     head = WIDTH // HEADS
     cases["attention q k^T, batch 32"] = ((32, HEADS, TOKENS, head), (32, HEADS, TOKENS, head), True)
     cases["attention probs v, batch 32"] = ((32, HEADS, TOKENS, TOKENS), (32, HEADS, TOKENS, head), False)

@@ -67,8 +67,14 @@ def numpy_matmul(size: int = 4096, repeats: int = 3, unthrottled: bool = True) -
     if unthrottled:
         for name in THROTTLE_VARIABLES:
             env.pop(name, None)
-    done = subprocess.run([sys.executable, "-c", _NUMPY_PROBE, str(size), str(repeats)], capture_output=True,
-                          text=True, env=env, timeout=600, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _NUMPY_PROBE, str(size), str(repeats)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["env"] = {name: env[name] for name in THROTTLE_VARIABLES if name in env}
     return result

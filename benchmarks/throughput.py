@@ -137,8 +137,9 @@ def _split_spec(spec: str) -> tuple[str, set[str]]:
         raise ValueError(f"Unknown framework {name!r}; expected one of {FRAMEWORKS} (TF ones take +option).")
     allowed = TIMM_OPTIONS if name == "timm" else TF_OPTIONS
     if set(options) - set(allowed):
-        raise ValueError(f"Bad options {sorted(options)} for {name!r}; TF workers take {TF_OPTIONS}, "
-                         f"timm {TIMM_OPTIONS}.")
+        raise ValueError(
+            f"Bad options {sorted(options)} for {name!r}; TF workers take {TF_OPTIONS}, timm {TIMM_OPTIONS}."
+        )
     if {"onednn", "eigen"} <= set(options):
         raise ValueError(f"{spec!r}: +onednn and +eigen exclude each other.")
     return name, set(options)
@@ -187,8 +188,12 @@ class KerasRunner:
 
         c = parse_variant(variant)
         backbone = keras_hub.models.ViTBackbone(
-            image_shape=(image_size, image_size, 3), patch_size=c.patch_size, num_layers=c.depth,
-            num_heads=c.num_heads, hidden_dim=c.hidden_size, mlp_dim=c.mlp_dim,
+            image_shape=(image_size, image_size, 3),
+            patch_size=c.patch_size,
+            num_layers=c.depth,
+            num_heads=c.num_heads,
+            hidden_dim=c.hidden_size,
+            mlp_dim=c.mlp_dim,
         )
         return keras_hub.models.ViTImageClassifier(backbone, num_classes=NUM_CLASSES, preprocessor=None)
 
@@ -217,7 +222,9 @@ class TimmRunner:
         size, _, patch = variant.partition("/")
         self.torch = torch
         self.model = timm.create_model(
-            f"vit_{TIMM_SIZES[size]}_patch{patch}_224", pretrained=False, num_classes=NUM_CLASSES,
+            f"vit_{TIMM_SIZES[size]}_patch{patch}_224",
+            pretrained=False,
+            num_classes=NUM_CLASSES,
             img_size=image_size,
         )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
@@ -249,8 +256,10 @@ def _thread_info(name: str) -> str:
     if name == "timm":
         import torch
 
-        return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-                f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
+        return (
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+        )
     import keras
     import tensorflow as tf
 
@@ -318,10 +327,24 @@ class Worker:
     def __init__(self, spec: str, variant: str, image_size: int, threads: int | None):
         self.spec = spec
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"vit-bench-{spec}-", suffix=".log")  # noqa: SIM115
-        command = [sys.executable, os.path.abspath(__file__), "--worker", spec,
-                   "--variants", variant, "--image-size", str(image_size)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=self.log, text=True, env=worker_env(spec, threads))
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            spec,
+            "--variants",
+            variant,
+            "--image-size",
+            str(image_size),
+        ]
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=worker_env(spec, threads),
+        )
         self.hello = self._read()
 
     def _read(self) -> dict:
@@ -369,15 +392,22 @@ def compare(args) -> dict:
                         runs[worker.spec][_phase_name(phase)].append(phase[1] / out["seconds"])
                         if "peak_mb" in out:
                             memory[worker.spec][_phase_name(phase)] = out["peak_mb"]
-                    print(f"  {variant} {_phase_name(phase)} round {round_ + 1}: "
-                          + ", ".join(f"{s} {v[_phase_name(phase)][-1]:.2f}" for s, v in runs.items()),
-                          file=sys.stderr)
+                    print(
+                        f"  {variant} {_phase_name(phase)} round {round_ + 1}: "
+                        + ", ".join(f"{s} {v[_phase_name(phase)][-1]:.2f}" for s, v in runs.items()),
+                        file=sys.stderr,
+                    )
         finally:
             for worker in [*workers, peak_worker]:
                 worker.close()
         results[variant] = dict(
-            phases=[_phase_name(p) for p in phases], runs=runs, memory=memory, peaks=peaks, numpy_peaks=numpy_peaks,
-            numpy_as_is=numpy_matmul(unthrottled=False), precision={w.spec: precision_of(w.spec) for w in workers},
+            phases=[_phase_name(p) for p in phases],
+            runs=runs,
+            memory=memory,
+            peaks=peaks,
+            numpy_peaks=numpy_peaks,
+            numpy_as_is=numpy_matmul(unthrottled=False),
+            precision={w.spec: precision_of(w.spec) for w in workers},
             info={w.spec: w.hello for w in workers},
             flops=forward_flops(variant, args.image_size),
         )
@@ -394,22 +424,40 @@ def report(results: dict, args) -> str:
     for variant, r in results.items():
         phases, runs, first = r["phases"], r["runs"], args.frameworks[0]
         peak = {p: max(v) for p, v in r["peaks"].items()}  # the best: contention only ever lowers a measurement
-        lines += [f"### ViT {variant} at {args.image_size}px, {args.rounds} rounds (median)", "",
-                  "| framework | params | " + " | ".join(f"{p} img/s" for p in phases)
-                  + " | " + " | ".join(f"peak RSS {p}" for p in phases) + " |",
-                  "|---" * (2 + 2 * len(phases)) + "|"]
+        lines += [
+            f"### ViT {variant} at {args.image_size}px, {args.rounds} rounds (median)",
+            "",
+            "| framework | params | "
+            + " | ".join(f"{p} img/s" for p in phases)
+            + " | "
+            + " | ".join(f"peak RSS {p}" for p in phases)
+            + " |",
+            "|---" * (2 + 2 * len(phases)) + "|",
+        ]
         for spec, per_phase in runs.items():
             rates = [f"{statistics.median(per_phase[p]):.2f}" for p in phases]
             mem = [f"{r['memory'][spec].get(p, float('nan')) / 1024:.2f} GB" for p in phases]
             lines.append(f"| {spec} | {r['info'][spec]['params'] / 1e6:.2f} M | " + " | ".join(rates + mem) + " |")
-        lines += ["", f"Ratio {first} / peer (median of per-round ratios):", "",
-                  "| peer | " + " | ".join(phases) + " |", "|---" * (1 + len(phases)) + "|"]
+        lines += [
+            "",
+            f"Ratio {first} / peer (median of per-round ratios):",
+            "",
+            "| peer | " + " | ".join(phases) + " |",
+            "|---" * (1 + len(phases)) + "|",
+        ]
         for spec in list(runs)[1:]:
             ratios = [statistics.median(a / b for a, b in zip(runs[first][p], runs[spec][p])) for p in phases]
             lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
-        lines += ["", *roofline_lines(r), "", f"FLOP/s reached ({r['flops'] / 1e9:.1f} GFLOP per image forward, 3x "
-                  "for a train step) as a fraction of the TensorFlow matmul peak of the path's precision:", "",
-                  "| framework | precision | " + " | ".join(phases) + " |", "|---" * (2 + len(phases)) + "|"]
+        lines += [
+            "",
+            *roofline_lines(r),
+            "",
+            f"FLOP/s reached ({r['flops'] / 1e9:.1f} GFLOP per image forward, 3x "
+            "for a train step) as a fraction of the TensorFlow matmul peak of the path's precision:",
+            "",
+            "| framework | precision | " + " | ".join(phases) + " |",
+            "|---" * (2 + len(phases)) + "|",
+        ]
         for spec, per_phase in runs.items():
             cells, precision = [], r["precision"][spec]
             for p in phases:
@@ -426,14 +474,22 @@ def roofline_lines(r: dict) -> list[str]:
     best_numpy = max(r["numpy_peaks"], key=lambda n: n["gflops"])
     as_is = r["numpy_as_is"]
     env = ", ".join(f"{k}={v}" for k, v in as_is["env"].items()) or "no OPENBLAS_CORETYPE/L2_SIZE set"
-    lines = [f"Matmul peaks, 4096x4096, best over {rounds} rounds:", "", "| matmul | GFLOP/s (best) | median |",
-             "|---|---|---|"]
+    lines = [
+        f"Matmul peaks, 4096x4096, best over {rounds} rounds:",
+        "",
+        "| matmul | GFLOP/s (best) | median |",
+        "|---|---|---|",
+    ]
     for precision, values in r["peaks"].items():
-        lines.append(f"| tf.linalg.matmul {precision} (the peak for {precision} paths) | {max(values):.0f} | "
-                     f"{statistics.median(values):.0f} |")
-    lines += [f"| numpy float32, OPENBLAS_CORETYPE/L2_SIZE unset ({best_numpy['kernel']}) | {best_numpy['gflops']:.0f} "
-              f"| {statistics.median(n['gflops'] for n in r['numpy_peaks']):.0f} |",
-              f"| numpy float32, environment as is ({env}; {as_is['kernel']}), once | {as_is['gflops']:.0f} | |"]
+        lines.append(
+            f"| tf.linalg.matmul {precision} (the peak for {precision} paths) | {max(values):.0f} | "
+            f"{statistics.median(values):.0f} |"
+        )
+    lines += [
+        f"| numpy float32, OPENBLAS_CORETYPE/L2_SIZE unset ({best_numpy['kernel']}) | {best_numpy['gflops']:.0f} "
+        f"| {statistics.median(n['gflops'] for n in r['numpy_peaks']):.0f} |",
+        f"| numpy float32, environment as is ({env}; {as_is['kernel']}), once | {as_is['gflops']:.0f} | |",
+    ]
     return lines
 
 
@@ -481,8 +537,12 @@ def predict_benchmark(args) -> str:
             path()
             rates[name].append(args.batch / (time.perf_counter() - start))
     first = next(iter(rates))
-    lines = [f"### keras_vit {args.variants[0]} at {args.image_size}px, batch {args.batch}, "
-             f"{args.rounds} rounds (median)", "", "| path | images/s | vs predict_on_batch |", "|---|---|---|"]
+    lines = [
+        f"### keras_vit {args.variants[0]} at {args.image_size}px, batch {args.batch}, {args.rounds} rounds (median)",
+        "",
+        "| path | images/s | vs predict_on_batch |",
+        "|---|---|---|",
+    ]
     for name, values in rates.items():
         ratio = statistics.median(a / b for a, b in zip(values, rates[first]))
         lines.append(f"| {name} | {statistics.median(values):.2f} | {ratio:.2f}x |")
@@ -496,8 +556,9 @@ def conditions() -> str:
     import platform
 
     with open("/proc/cpuinfo") as info:
-        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
-                   platform.processor())
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor()
+        )
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return f"CPU: {cpu}, {os.cpu_count()} cores; load average {load}; python {platform.python_version()}"
 
@@ -506,9 +567,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", default=["B/16"], help="e.g. B/16 Ti/16 L/16")
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS),
-                        help="first one is compared with the others; TF ones take +xla, +onednn, +eigen, +bf16; "
-                             "timm +bf16")
+    parser.add_argument(
+        "--frameworks",
+        nargs="+",
+        default=list(FRAMEWORKS),
+        help="first one is compared with the others; TF ones take +xla, +onednn, +eigen, +bf16; timm +bf16",
+    )
     parser.add_argument("--batch", type=int, default=None, help="inference batch (default 32; 8 with --predict)")
     parser.add_argument("--train-batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")

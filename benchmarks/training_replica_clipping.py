@@ -30,11 +30,12 @@ def train(strategy, optimizer_class, args) -> list[np.ndarray]:
     labels = np.eye(3, dtype="float32")[rng.integers(0, 3, args.steps * 8)]
     with strategy.scope():
         keras.utils.set_random_seed(0)
-        model = keras_vit.ViT("Ti/8", image_size=16, hidden_size=32, depth=1, num_heads=2, mlp_dim=64,
-                              num_classes=3)
+        model = keras_vit.ViT("Ti/8", image_size=16, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3)
         model.get_layer("head").kernel.assign(rng.normal(0, 1, (32, 3)).astype("float32"))  # large gradients
-        model.compile(optimizer_class(args.lr, momentum=0.9, global_clipnorm=args.clip),
-                      loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer_class(args.lr, momentum=0.9, global_clipnorm=args.clip),
+            loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+        )
     model.fit(tf.data.Dataset.from_tensor_slices((images, labels)).batch(8), epochs=1, verbose=0)
     return model.get_weights()
 
@@ -46,11 +47,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.5)
     args = parser.parse_args()
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    print(f"| optimizer | max weight difference, MirroredStrategy x2 vs default "
-          f"({args.steps} steps, clip {args.clip}) |")
+    print(
+        f"| optimizer | max weight difference, MirroredStrategy x2 vs default ({args.steps} steps, clip {args.clip}) |"
+    )
     print("|---|---:|")
-    for name, cls in (("keras.optimizers.SGD", keras.optimizers.SGD),
-                      ("keras_vit.training.optimizers.SGD", optimizers.SGD)):
+    for name, cls in (
+        ("keras.optimizers.SGD", keras.optimizers.SGD),
+        ("keras_vit.training.optimizers.SGD", optimizers.SGD),
+    ):
         one = train(tf.distribute.get_strategy(), cls, args)
         two = train(mirrored, cls, args)
         print(f"| `{name}` | {max(float(np.abs(a - b).max()) for a, b in zip(one, two)):.2e} |")

@@ -9,6 +9,8 @@ Where things are (each module imports only the ones above it, never this package
     models          the graph builder: Architecture -> keras.Model (no files, no checkpoints)
     checkpoints     the published .npz files: read, inspect, key map, load
     applications    ViT(variant, weights=...) and the named constructors ViT_B16, ViT_R50_B16, ...
+    features        feature_model: chosen blocks' tokens or (B, h, w, D) maps, sharing the weights
+    lora            enable_lora / merge_lora: LoRA adapters on the blocks' Dense layers
     preprocessing   preprocess_input and ImagePreprocessor: pixels as the checkpoints expect them
     labels          ImageNet-1k / 21k class names and decode_predictions
     predict, export the predict command; SavedModel, LiteRT and ONNX export
@@ -42,6 +44,8 @@ from keras_vit.applications import (
 )
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.checkpoints.load import load_weights, model_from_checkpoint
+from keras_vit.checkpoints.timm import save_timm_safetensors, to_timm_state_dict
+from keras_vit.features import feature_model
 from keras_vit.labels import decode_predictions
 from keras_vit.layers import (
     ClassToken,
@@ -52,11 +56,13 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.lora import enable_lora, lora_parameter_count, merge_lora
 from keras_vit.models import attention_model
 from keras_vit.position import (
     POSITION_EMBEDDINGS,
     AddPositionEmbs,
     AddPositionEmbs2D,
+    DynamicPositionEmbs,
     RelativePositionBias,
     RelativeTransformerBlock,
     SinCosPositionEmbs,
@@ -79,6 +85,7 @@ __all__ = [
     "BottleneckUnit",
     "ClassToken",
     "DropPath",
+    "DynamicPositionEmbs",
     "ImagePreprocessor",
     "MlpBlock",
     "MultiHeadSelfAttention",
@@ -106,12 +113,18 @@ __all__ = [
     "ViT_Ti16",
     "attention_model",
     "decode_predictions",
+    "enable_lora",
+    "feature_model",
     "labels",
     "load_weights",
+    "lora_parameter_count",
+    "merge_lora",
     "model_from_checkpoint",
     "npz_key_map",
     "parse_variant",
     "preprocess_input",
     "resample_position_embeddings",
     "resize_position_embeddings",
+    "save_timm_safetensors",
+    "to_timm_state_dict",
 ]

@@ -4,6 +4,8 @@ A variant is a name from the one table in :mod:`keras_vit.variants`: ``"B/16"`` 
 hybrid, ``"R50+B/16"`` (ResNet, size, total stride). Any field of its
 :class:`~keras_vit.variants.Architecture` can be overridden: ``ViT("B/16", depth=2)``.
 ``weights=`` goes through :mod:`keras_vit.checkpoints`; the graph itself is :func:`keras_vit.models.build_vit`.
+keras.applications habits work: ``input_shape=``, ``classes=``, ``input_tensor=`` and ``include_preprocessing=True``
+(raw photos of any size in); ``include_top`` is keyword-only.
 
     constructor   variant     ResNet units/stage   stride   encoder
     ViT_Ti16      Ti/16       -                    16       Ti: 192 wide, 12 blocks
@@ -30,6 +32,7 @@ import keras
 from keras_vit.checkpoints.load import checkpoint_defaults, load_weights
 from keras_vit.checkpoints.read import read_checkpoint
 from keras_vit.models import DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES, build_vit, check_options
+from keras_vit.preprocessing import ImagePreprocessor
 from keras_vit.resnet import GROUP_NORM_EPSILON, STD_CONV_EPSILON
 from keras_vit.variants import NAMED_VARIANTS, Architecture, constructor_name, parse_variant
 
@@ -71,6 +74,61 @@ def _model_name(variant: str | None, architecture: Architecture) -> str:
     return named.model_name
 
 
+def _check_first_argument(function: str, name: str, value) -> None:
+    """keras.applications' ``include_top``-first habit (``ViT_B16(False)``) is an error, not a 0-pixel model."""
+    if isinstance(value, bool):  # bool is an int: check it before anything takes it for a size
+        raise ValueError(
+            f"{function}() got {name}={value!r}: the first argument is {name}, not include_top as in "
+            f"keras.applications; pass include_top={value} by keyword."
+        )
+
+
+def _same(name: str, value, alias: str, alias_value):
+    """``value`` or ``alias_value`` (two spellings of one argument); a ``ValueError`` when both are given and differ."""
+    if value is not None and alias_value is not None and value != alias_value:
+        raise ValueError(f"{name}={value!r} and {alias}={alias_value!r} disagree; pass one of them.")
+    return alias_value if value is None else value
+
+
+def _input_size(image_size, channels, input_shape, input_tensor) -> tuple[Any, int | None, bool]:
+    """``(image_size, channels, dynamic)`` from ``image_size``/``channels`` and their other spellings:
+    keras.applications' ``input_shape`` and the shape of ``input_tensor``."""
+    dynamic = False
+    for what, shape in (("input_shape", input_shape), ("input_tensor", input_tensor)):
+        if shape is None:
+            continue
+        shape = tuple(shape) if what == "input_shape" else tuple(shape.shape[1:])
+        if len(shape) != 3:
+            raise ValueError(f"{what} must be (height, width, channels), got {shape}.")
+        height, width, depth = shape
+        if (height is None) != (width is None):
+            raise ValueError(f"{what} {shape}: give both height and width, or neither (any size).")
+        if height is None:
+            dynamic = True
+        else:
+            size = height if height == width else (height, width)
+            known = None if image_size is None else _pair(image_size)
+            if known is not None and known != (height, width):
+                raise ValueError(f"image_size={image_size!r} and {what} {shape} disagree; pass one of them.")
+            image_size = image_size if image_size is not None else size
+        if depth is not None:
+            if channels is not None and channels != depth:
+                raise ValueError(f"channels={channels} and {what} {shape} disagree; pass one of them.")
+            channels = depth
+    return image_size, channels, dynamic
+
+
+def _pair(size) -> tuple:
+    return tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+
+
+def _preprocessed(images, image_size, channels: int | None):
+    """An :class:`ImagePreprocessor` of ``image_size`` on ``images`` (or on a new ``(None, None, channels)`` input)."""
+    if images is None:
+        images = keras.Input((None, None, 3 if channels is None else channels), name="images")
+    return ImagePreprocessor(image_size, name="preprocessing")(images)
+
+
 def ViT(
     variant: str | None = "B/16",
     *,
@@ -87,9 +145,14 @@ def ViT(
     drop_path: float = 0.0,
     gelu: str = "tanh",
     position_embedding: str = "learned_1d",
-    channels: int = 3,
+    channels: int | None = None,
     resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    fc_norm: bool = False,
+    dynamic_image_size: bool = False,
     input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    classes: int | None = None,
+    include_preprocessing: bool = False,
     name: str | None = None,
     **overrides: int,
 ) -> keras.Model:
@@ -119,26 +182,51 @@ def ViT(
             or ``"exact"`` (what timm, keras-hub and vit-keras use).
         position_embedding: ``"learned_1d"`` (the published models), ``"learned_2d"``, ``"sincos_2d"``,
             ``"relative"`` or ``"none"`` (the paper's Appendix D.4 ablation; see :mod:`keras_vit.position`).
-        channels: input channels; pretrained weights need 3.
+        channels: input channels (``None``: ``input_shape``'s or ``input_tensor``'s, else 3); pretrained weights
+            need 3.
         resnet: make (or tune) a hybrid: units per stage of a BiT ResNet (``(3, 4, 9)``) or a mapping of
             :class:`keras_vit.resnet.ResNetStem` arguments (``num_layers`` defaults to a hybrid variant's
             stages), run on the image before the embedding. ``patch_size`` then applies to its feature
             map (1 for the published hybrids).
+        fc_norm: apply the final LayerNorm after the pooling (timm's ``fc_norm``, for its GAP models).
+        dynamic_image_size: take images of any size (a multiple of the stride): input ``(None, None,
+            channels)``, position embeddings (learned for ``image_size``) interpolated in the graph
+            (corner-aligned linear, as loading at a fixed size; see :class:`keras_vit.position.DynamicPositionEmbs`).
+        input_tensor: a Keras tensor to build the model on (e.g. the output of other layers); the model starts
+            at the ``keras.Input`` it comes from, keeping those layers. Its size is the image size when
+            ``image_size`` is not given.
+        input_shape: keras.applications' spelling of ``(image_size, image_size, channels)``, e.g. ``(384, 384, 3)``;
+            ``(None, None, 3)`` means ``dynamic_image_size=True``.
+        classes: keras.applications' spelling of ``num_classes``.
+        include_preprocessing: put a :class:`~keras_vit.preprocessing.ImagePreprocessor` (resize to the model's
+            image size, scale to [-1, 1]) in front: the model then takes ``(B, H, W, channels)`` images in
+            [0, 255] (uint8 or float) of any size.
 
-    Inputs are images scaled to [-1, 1] (see :func:`keras_vit.preprocess_input`).
+    Inputs are images scaled to [-1, 1] (see :func:`keras_vit.preprocess_input`), unless ``include_preprocessing``.
+    Two spellings of one argument (``image_size`` and ``input_shape``, ``num_classes`` and ``classes``) must agree.
     """
+    _check_first_argument("ViT", "variant", variant)
     architecture, resnet_options = _architecture(variant, resnet, overrides)
     check_options(classifier, pooling, position_embedding)
+    num_classes = _same("num_classes", num_classes, "classes", classes)
+    raw_tensor, input_tensor = input_tensor, None if include_preprocessing else input_tensor
+    image_size, channels, dynamic = _input_size(image_size, channels, input_shape, input_tensor)
+    if include_preprocessing and dynamic_image_size:
+        raise ValueError("include_preprocessing resizes every image to image_size: leave dynamic_image_size off.")
+    dynamic_image_size = dynamic_image_size or (dynamic and not include_preprocessing)
     if weights is not None:
-        if channels != 3:
+        if channels not in (None, 3):
             raise ValueError(f"Pretrained weights need 3 input channels, got channels={channels}.")
         weights = read_checkpoint(weights)
         image_size, num_classes, representation_size = checkpoint_defaults(
             weights, image_size, num_classes, representation_size
         )
+    image_size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
+    if include_preprocessing:
+        input_tensor = _preprocessed(raw_tensor, image_size, channels)
     model = build_vit(
         architecture,
-        image_size=DEFAULT_IMAGE_SIZE if image_size is None else image_size,
+        image_size=image_size,
         num_classes=DEFAULT_NUM_CLASSES if num_classes is None else num_classes,
         include_top=include_top,
         classifier=classifier,
@@ -150,11 +238,18 @@ def ViT(
         drop_path=drop_path,
         gelu=gelu,
         position_embedding=position_embedding,
-        channels=channels,
+        channels=3 if channels is None else channels,
         resnet_options=resnet_options,
+        fc_norm=fc_norm,
+        dynamic_image_size=dynamic_image_size,
         input_tensor=input_tensor,
         name=name or _model_name(variant, architecture),
     )
+    if input_tensor is not None:  # start at the keras.Input behind it, keeping the layers in between:
+        # keras.Model(input_tensor, ...) would cut them off, so run the layers (flat, not nested) on it again
+        sources = keras.utils.get_source_inputs(input_tensor)
+        inputs = sources[0] if len(sources) == 1 else sources
+        model = keras.Model(inputs, model.call(input_tensor), name=model.name)
     if weights is not None:
         load_weights(model, weights)
     return model
@@ -175,6 +270,7 @@ def _named_constructor(variant: str) -> Callable[..., keras.Model]:
         num_classes: int | None = None,
         **kwargs,
     ) -> keras.Model:
+        _check_first_argument(name, "image_size", image_size)
         if hybrid:
             if "resnet" in kwargs:
                 raise TypeError(

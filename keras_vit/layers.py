@@ -12,9 +12,12 @@ embeddings ``E_pos``, of every kind, are in :mod:`keras_vit.position`.
 from __future__ import annotations
 
 import math
+import numbers
 
 import keras
 from keras import layers, ops
+
+from keras_vit.checks import check_fraction, check_positive_int
 
 LAYER_NORM_EPSILON = 1e-6  # the published models' value, not Keras' 1e-3
 GELU_VARIANTS = ("tanh", "exact")
@@ -35,12 +38,12 @@ __all__ = [
 
 
 def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
-    """Return ``(h, w)`` from an int or a pair, rejecting anything else with a named error."""
-    if isinstance(value, int):
-        return (value, value)
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return (int(value[0]), int(value[1]))
-    raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), got {value!r}.")
+    """Return ``(h, w)`` from a positive int or a pair of them, rejecting anything else (0, negative sizes,
+    bools) with an error naming ``name`` and the value."""
+    pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in pair):
+        raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), all positive, got {value!r}.")
+    return (int(pair[0]), int(pair[1]))
 
 
 def layer_norm(name: str, dtype=None) -> layers.LayerNormalization:
@@ -59,6 +62,20 @@ def add_conv_kernel(layer: layers.Layer, input_shape, kernel_size: tuple[int, in
     )
 
 
+def conv_nhwc(x, kernel, strides: tuple[int, int], padding: str):
+    """``ops.conv`` of NHWC ``x`` with an HWIO ``kernel``, reshaped to the shape it must have.
+
+    TensorFlow's oneDNN convolution returns its input unchanged for a batch of 0 images; the reshape (free
+    otherwise: the output already has that shape) turns that into the empty output of the right shape.
+    """
+    y = ops.conv(x, kernel, strides=strides, padding=padding)
+    sizes = []
+    for axis, (k, s) in enumerate(zip(kernel.shape[:2], strides), start=1):
+        size = x.shape[axis] if x.shape[axis] is not None else ops.shape(x)[axis]
+        sizes.append((size + s - 1) // s if padding == "same" else (size - k) // s + 1)
+    return ops.reshape(y, (ops.shape(x)[0], *sizes, kernel.shape[-1]))
+
+
 def gelu(x, approximate: bool):
     return keras.activations.gelu(x, approximate=approximate)
 
@@ -74,7 +91,7 @@ class PatchEmbed(layers.Layer):
     def __init__(self, patch_size: int | tuple[int, int], hidden_size: int, **kwargs):
         super().__init__(**kwargs)
         self.patch_size = _pair(patch_size, "patch_size")
-        self.hidden_size = int(hidden_size)
+        self.hidden_size = check_positive_int(hidden_size, "hidden_size")
 
     def build(self, input_shape):
         self.kernel = add_conv_kernel(self, input_shape, self.patch_size, self.hidden_size)
@@ -85,8 +102,8 @@ class PatchEmbed(layers.Layer):
         ph, pw = self.patch_size
         if height is not None and width is not None and (height % ph or width % pw):
             raise ValueError(f"Image size {height}x{width} is not divisible by the patch size {ph}x{pw}.")
-        x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid") + self.bias
-        return ops.reshape(x, (ops.shape(x)[0], -1, self.hidden_size))
+        x = conv_nhwc(images, self.kernel, self.patch_size, "valid") + self.bias  # (B, H/P, W/P, D), also for B = 0
+        return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1] * ops.shape(x)[2], self.hidden_size))
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape
@@ -164,8 +181,8 @@ class MultiHeadSelfAttention(layers.Layer):
 
     def __init__(self, num_heads: int, attention_dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.attention_dropout = float(attention_dropout)
+        self.num_heads = check_positive_int(num_heads, "num_heads")
+        self.attention_dropout = check_fraction(attention_dropout, "attention_dropout")
         self.dropout = layers.Dropout(self.attention_dropout, dtype=self.dtype_policy)
 
     def build(self, input_shape):
@@ -209,8 +226,8 @@ class MlpBlock(layers.Layer):
         super().__init__(**kwargs)
         if gelu not in GELU_VARIANTS:
             raise ValueError(f"Unknown gelu {gelu!r}; expected one of {GELU_VARIANTS}.")
-        self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = float(dropout)
+        self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
+        self.dropout_rate = check_fraction(dropout, "dropout")
         self.gelu = gelu
         self.dropout = layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
 
@@ -236,7 +253,7 @@ class DropPath(layers.Layer):
 
     def __init__(self, rate: float = 0.0, seed: int | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.rate = float(rate)
+        self.rate = check_fraction(rate, "rate")
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
 
@@ -271,11 +288,11 @@ class TransformerBlock(layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = float(dropout)
-        self.attention_dropout = float(attention_dropout)
-        self.drop_path_rate = float(drop_path)
+        self.num_heads = check_positive_int(num_heads, "num_heads")
+        self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
+        self.dropout_rate = check_fraction(dropout, "dropout")
+        self.attention_dropout = check_fraction(attention_dropout, "attention_dropout")
+        self.drop_path_rate = check_fraction(drop_path, "drop_path")
         self.gelu = gelu
         policy = self.dtype_policy
         self.norm1 = layer_norm("LayerNorm_0", dtype=policy)

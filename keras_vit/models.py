@@ -17,8 +17,14 @@ from typing import Any
 import keras
 from keras import layers
 
+from keras_vit.checks import check_fraction, check_positive_int
 from keras_vit.layers import ClassToken, PatchEmbed, TokenPooling, TransformerBlock, _pair, layer_norm
-from keras_vit.position import check_position_embedding, position_embedding_layer, transformer_block
+from keras_vit.position import (
+    check_position_embedding,
+    dynamic_position_embedding_layer,
+    position_embedding_layer,
+    transformer_block,
+)
 from keras_vit.resnet import ResNetStem
 from keras_vit.variants import Architecture
 
@@ -29,10 +35,12 @@ __all__ = [
     "POOLINGS",
     "attention_model",
     "build_vit",
+    "check_numbers",
     "check_options",
     "embed",
     "encode",
     "head",
+    "uses_fc_norm",
 ]
 
 CLASSIFIERS = ("token", "gap")
@@ -48,6 +56,28 @@ def check_options(classifier: str, pooling: str | None, position_embedding: str)
     check_position_embedding(position_embedding)
     if pooling == "token" and classifier != "token":
         raise ValueError("pooling='token' needs classifier='token' (a 'gap' model has no class token).")
+
+
+def check_numbers(
+    *,
+    image_size: int | tuple[int, int],
+    channels: int = 3,
+    num_classes: int | None = None,
+    representation_size: int | None = None,
+    dropout: float = 0.0,
+    attention_dropout: float = 0.0,
+    drop_path: float = 0.0,
+) -> tuple[int, int]:
+    """A ``ValueError`` naming the argument and its value for a size that is not a positive int (a bool
+    included) or a rate outside [0, 1); returns ``image_size`` as ``(height, width)``."""
+    size = _pair(image_size, "image_size")
+    check_positive_int(channels, "channels")
+    for value, name in ((num_classes, "num_classes"), (representation_size, "representation_size")):
+        if value is not None:
+            check_positive_int(value, name)
+    for value, name in ((dropout, "dropout"), (attention_dropout, "attention_dropout"), (drop_path, "drop_path")):
+        check_fraction(value, name)
+    return size
 
 
 def build_vit(
@@ -67,17 +97,30 @@ def build_vit(
     position_embedding: str = "learned_1d",
     channels: int = 3,
     resnet_options: Mapping[str, Any] | None = None,
+    fc_norm: bool = False,
+    dynamic_image_size: bool = False,
     input_tensor=None,
     name: str | None = None,
 ) -> keras.Model:
     """The functional ``keras.Model`` of ``architecture`` (randomly initialised).
 
     ``resnet_options`` are :class:`~keras_vit.resnet.ResNetStem` arguments other than the stages
-    (``width``, epsilons) for a hybrid. ``name`` defaults to ``architecture.model_name``. Every other
-    argument is documented at :func:`keras_vit.ViT`.
+    (``width``, epsilons) for a hybrid. ``fc_norm`` moves the final LayerNorm after the pooling (timm's
+    ``fc_norm``, MAE-style GAP models). ``dynamic_image_size`` takes ``(None, None, channels)`` inputs of
+    any multiple of the stride and interpolates the position embeddings (learned for ``image_size``) in the
+    graph (:class:`~keras_vit.position.DynamicPositionEmbs`). ``name`` defaults to
+    ``architecture.model_name``. Every other argument is documented at :func:`keras_vit.ViT`.
     """
     check_options(classifier, pooling, position_embedding)
-    height, width = _pair(image_size, "image_size")
+    height, width = check_numbers(
+        image_size=image_size,
+        channels=channels,
+        num_classes=num_classes if include_top else None,
+        representation_size=representation_size,
+        dropout=dropout,
+        attention_dropout=attention_dropout,
+        drop_path=drop_path,
+    )
     stride = architecture.stride
     if height % stride or width % stride:
         what = (
@@ -89,12 +132,12 @@ def build_vit(
             f"image_size {height}x{width} is not divisible by {what} {stride}; "
             f"use a multiple of {stride}, e.g. {max(1, height // stride) * stride}."
         )
+    shape = (None, None, channels) if dynamic_image_size else (height, width, channels)
     if input_tensor is None:
-        inputs = keras.Input((height, width, channels), name="images")
-    elif tuple(input_tensor.shape[1:]) != (height, width, channels):
-        raise ValueError(
-            f"input_tensor has shape {tuple(input_tensor.shape)}, expected (batch, {height}, {width}, {channels})."
-        )
+        inputs = keras.Input(shape, name="images")
+    elif tuple(input_tensor.shape[1:]) != shape:
+        expected = ", ".join(map(str, shape))
+        raise ValueError(f"input_tensor has shape {tuple(input_tensor.shape)}, expected (batch, {expected}).")
     else:
         inputs = input_tensor
     x = embed(inputs, architecture, resnet_options)
@@ -108,6 +151,9 @@ def build_vit(
         drop_path=drop_path,
         gelu=gelu,
         position_embedding=position_embedding,
+        final_norm=not fc_norm,
+        images=inputs if dynamic_image_size else None,
+        stride=stride,
     )
     outputs = head(
         x,
@@ -117,6 +163,7 @@ def build_vit(
         num_classes=num_classes,
         representation_size=representation_size,
         classifier_activation=classifier_activation,
+        fc_norm=fc_norm,
     )
     return keras.Model(inputs, outputs, name=name or architecture.model_name)
 
@@ -140,12 +187,21 @@ def encode(
     drop_path: float,
     gelu: str,
     position_embedding: str = "learned_1d",
+    final_norm: bool = True,
+    images=None,
+    stride: int | None = None,
 ):
-    """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, L blocks, final LN."""
+    """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, L blocks, final LN
+    (unless ``final_norm=False``). With ``images`` (and their ``stride``) the position embeddings are
+    interpolated in the graph to the images' patch grid."""
     if class_token:
         x = ClassToken(name="class_token")(x)
-    position = position_embedding_layer(position_embedding, grid, num_prefix_tokens=int(class_token))
-    x = x if position is None else position(x)
+    if images is None:
+        position = position_embedding_layer(position_embedding, grid, num_prefix_tokens=int(class_token))
+        x = x if position is None else position(x)
+    else:
+        position = dynamic_position_embedding_layer(position_embedding, grid, int(class_token), stride)
+        x = x if position is None else position(x, images)
     x = layers.Dropout(dropout, name="posembed_dropout")(x)
     depth = architecture.depth
     for i in range(depth):
@@ -161,7 +217,7 @@ def encode(
             gelu=gelu,
             name=f"encoderblock_{i}",
         )(x)
-    return layer_norm("encoder_norm")(x)
+    return layer_norm("encoder_norm")(x) if final_norm else x
 
 
 def head(
@@ -173,11 +229,17 @@ def head(
     num_classes: int,
     representation_size: int | None,
     classifier_activation: str | None,
+    fc_norm: bool = False,
 ):
-    """Encoded tokens -> logits (``include_top``) or features (``pooling``)."""
+    """Encoded tokens -> logits (``include_top``) or features (``pooling``); ``fc_norm`` applies the final
+    LayerNorm to the pooled features (the tokens stay unnormalised)."""
+    if not include_top and pooling is None:
+        return x
+    x = _pool(x, pooling if not include_top else ("token" if classifier == "token" else "avg"), classifier)
+    if fc_norm:
+        x = layer_norm("encoder_norm")(x)
     if not include_top:
-        return x if pooling is None else _pool(x, pooling, classifier)
-    x = _pool(x, "token" if classifier == "token" else "avg", classifier)
+        return x
     if representation_size is not None:
         x = layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
     variable_dtype = keras.mixed_precision.dtype_policy().variable_dtype
@@ -188,6 +250,12 @@ def head(
         name="head",
         dtype=variable_dtype,
     )(x)
+
+
+def uses_fc_norm(model: keras.Model) -> bool:
+    """Whether ``model`` was built with ``fc_norm=True`` (its ``encoder_norm`` normalises pooled features)."""
+    norms = [layer for layer in model.layers if layer.name == "encoder_norm"]
+    return bool(norms) and len(norms[0].input.shape) == 2
 
 
 def _pool(x, pooling: str, classifier: str):
@@ -216,5 +284,3 @@ def attention_model(model: keras.Model) -> keras.Model:
         raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")
     outputs = [_AttentionProbs(block)(block.input) for block in blocks]
     return keras.Model(model.input, outputs, name=f"{model.name}_attention")
-
-

@@ -43,15 +43,18 @@ __all__ = [
     "POSITION_VARIABLES",
     "AddPositionEmbs",
     "AddPositionEmbs2D",
+    "DynamicPositionEmbs",
     "RelativePositionBias",
     "RelativeTransformerBlock",
     "SinCosPositionEmbs",
     "check_method",
     "check_position_embedding",
+    "dynamic_position_embedding_layer",
     "position_embedding_layer",
     "relative_position_index",
     "resample_position_embeddings",
     "resize_grid",
+    "resize_grid_in_graph",
     "resize_position_embeddings",
     "sincos_2d_embedding",
     "square_grid",
@@ -97,6 +100,35 @@ def resize_grid(grid: np.ndarray, new_size: tuple[int, int], method: str = "zoom
         grid[None], (nh, nw), interpolation=method, antialias=method == "bicubic", data_format="channels_last"
     )
     return np.asarray(ops.convert_to_numpy(resized)[0], dtype="float32")
+
+
+def _linear_corners(x, length, axis: int):
+    """``x`` linearly interpolated along ``axis`` to ``length`` (a tensor) samples, corners aligned, as
+    ``scipy.ndimage.zoom(order=1)``: output ``i`` reads input ``i * (n - 1) / (length - 1)``."""
+    n = x.shape[axis]
+    scale = ops.cast(n - 1, "float32") / ops.cast(ops.maximum(length - 1, 1), "float32")
+    position = ops.cast(ops.arange(length), "float32") * scale
+    low = ops.floor(position)
+    weight = ops.reshape(position - low, [-1 if i == axis else 1 for i in range(len(x.shape))])
+    low = ops.cast(low, "int32")
+    high = ops.minimum(low + 1, n - 1)
+    return ops.take(x, low, axis=axis) * (1.0 - weight) + ops.take(x, high, axis=axis) * weight
+
+
+def resize_grid_in_graph(grid, new_size, method: str = "zoom_linear"):
+    """:func:`resize_grid` with ``keras.ops`` for a ``new_size`` known only when the graph runs (tensors).
+
+    ``"zoom_linear"`` is corner-aligned linear interpolation computed directly (equal to scipy's to
+    float32 round-off); ``"bilinear"`` and ``"bicubic"`` are ``keras.ops.image.resize``, as in
+    :func:`resize_grid`.
+    """
+    check_method(method)
+    if method == "zoom_linear":
+        return _linear_corners(_linear_corners(grid, new_size[0], 0), new_size[1], 1)
+    resized = ops.image.resize(
+        grid[None], new_size, interpolation=method, antialias=method == "bicubic", data_format="channels_last"
+    )
+    return resized[0]
 
 
 def square_grid(num_grid_tokens: int) -> tuple[int, int]:
@@ -196,6 +228,39 @@ class AddPositionEmbs(layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "grid_size": list(self.grid_size), "num_prefix_tokens": self.num_prefix_tokens}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class DynamicPositionEmbs(AddPositionEmbs):
+    """Learned 1-D position embeddings (as :class:`AddPositionEmbs`, for a ``grid_size`` grid) added to the
+    tokens of images of any size: ``call(tokens, images)`` interpolates the grid part in the graph to
+    ``images``' patch grid (height and width divided by ``stride``) with ``method`` (:data:`METHODS`; the
+    default ``"zoom_linear"`` is what loading a checkpoint at a fixed size does).
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens: int = 1, stride: int = 16, method: str = "zoom_linear", **kwargs):
+        super().__init__(grid_size, num_prefix_tokens, **kwargs)
+        self.stride = int(stride)
+        self.method = check_method(method)
+
+    def build(self, tokens_shape, images_shape=None):
+        super().build(tokens_shape)
+
+    def call(self, tokens, images):
+        height, width = ops.shape(images)[1] // self.stride, ops.shape(images)[2] // self.stride
+        posemb = ops.convert_to_tensor(self.pos_embedding)
+        if all(isinstance(n, int) for n in (height, width)) and (height, width) == self.grid_size:  # static, same
+            return tokens + ops.cast(posemb, tokens.dtype)
+        prefix, (gh, gw) = self.num_prefix_tokens, self.grid_size
+        grid = ops.reshape(posemb[0, prefix:], (gh, gw, posemb.shape[-1]))
+        resized = ops.reshape(resize_grid_in_graph(grid, (height, width), self.method), (1, -1, posemb.shape[-1]))
+        return tokens + ops.cast(ops.concatenate([posemb[:, :prefix], resized], axis=1), tokens.dtype)
+
+    def compute_output_shape(self, tokens_shape, images_shape=None):
+        return tokens_shape
+
+    def get_config(self):
+        return {**super().get_config(), "stride": self.stride, "method": self.method}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -412,6 +477,21 @@ def position_embedding_layer(
         check_position_embedding(position_embedding)
     )
     return None if cls is None else cls(grid_size, num_prefix_tokens=num_prefix_tokens, name=name)
+
+
+def dynamic_position_embedding_layer(
+    position_embedding: str, grid_size, num_prefix_tokens: int, stride: int, name: str = "posembed_input"
+) -> DynamicPositionEmbs | None:
+    """The layer of :func:`position_embedding_layer` for inputs of any size (``None`` for ``"none"``);
+    ``NotImplementedError`` for the kinds that do not interpolate in the graph yet."""
+    if check_position_embedding(position_embedding) == "none":
+        return None
+    if position_embedding != "learned_1d":
+        raise NotImplementedError(
+            f"dynamic_image_size supports position_embedding 'learned_1d' and 'none', not {position_embedding!r}; "
+            "build one model per size with keras_vit.resize_position_embeddings instead."
+        )
+    return DynamicPositionEmbs(grid_size, num_prefix_tokens=num_prefix_tokens, stride=stride, name=name)
 
 
 def transformer_block(

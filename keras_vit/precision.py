@@ -10,12 +10,15 @@ GPU, compute capability >= 8.0 (Ampere, Hopper, ...)   ``mixed_bfloat16``
 GPU, compute capability 7.x (Volta, Turing)            ``mixed_float16``
 GPU below 7.0, or of unknown capability                ``float32``
 CPU with bfloat16 units (AVX512_BF16, AMX)             ``mixed_bfloat16``
+  ... but on the JAX backend                           ``float32``
 any other CPU                                          ``float32``
 =====================================================  ==================
 
 On a 2-core AMD EPYC with AVX512_BF16, TensorFlow's oneDNN kernels run B/16 inference 1.5x faster in
 ``mixed_bfloat16`` than in float32; on CPUs without bfloat16 units the same policy runs slower than
-float32 (docs/performance.md). Device detection asks the active Keras backend (``tf.config``,
+float32 (docs/performance.md). XLA's CPU compiler (the JAX backend) has no bfloat16 matmul kernels:
+there a bfloat16 ``jnp.dot`` ran at 0.75x float32's speed on the same CPU, so JAX on CPU stays in
+float32. Device detection asks the active Keras backend (``tf.config``,
 ``jax.devices()`` or ``torch.cuda``) and never imports TensorFlow on the JAX or torch backends.
 Every probe can be bypassed by passing its answer (``device``, ``features``, ``gpu_capability``).
 """
@@ -68,8 +71,11 @@ def _capability(value) -> tuple[int, int] | None:
     return int(match[1]), int(match[2] or 0)
 
 
-def policy_for(device: str, features: Iterable[str] = (), gpu_capability=None) -> str:
-    """The rule alone: the policy for ``device`` ("cpu", "gpu", "tpu") with these facts, no probing."""
+def policy_for(device: str, features: Iterable[str] = (), gpu_capability=None, backend: str | None = None) -> str:
+    """The rule alone: the policy for ``device`` ("cpu", "gpu", "tpu") with these facts, no probing.
+
+    ``backend`` (Keras' backend name) matters only on CPUs: ``"jax"`` keeps float32 there.
+    """
     device = _normalise_device(device)
     if device == "tpu":
         return "mixed_bfloat16"
@@ -78,6 +84,8 @@ def policy_for(device: str, features: Iterable[str] = (), gpu_capability=None) -
         if capability is None or capability < (7, 0):
             return "float32"
         return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
+    if backend == "jax":
+        return "float32"
     return "mixed_bfloat16" if BF16_CPU_FLAGS & {f.lower() for f in features} else "float32"
 
 
@@ -140,12 +148,15 @@ def _detect_torch() -> tuple[str, tuple[int, int] | None]:
     return "cpu", None
 
 
-def auto_policy(device: str | None = None, features: Iterable[str] | None = None, gpu_capability=None) -> str:
+def auto_policy(
+    device: str | None = None, features: Iterable[str] | None = None, gpu_capability=None, *, backend: str | None = None
+) -> str:
     """The Keras dtype-policy name for this hardware (table in the module docstring).
 
     ``device`` ("cpu", "gpu", "tpu"; ``None``: ask the Keras backend), ``features`` (CPU flags;
-    ``None``: :func:`cpu_features`) and ``gpu_capability`` (``(8, 0)``, ``"8.0"``; ``None``: ask the
-    backend when the device is a GPU) replace the probes, e.g. in tests or to plan for another machine.
+    ``None``: :func:`cpu_features`), ``gpu_capability`` (``(8, 0)``, ``"8.0"``; ``None``: ask the
+    backend when the device is a GPU) and ``backend`` (``None``: ``keras.backend.backend()``, read on
+    CPUs only) replace the probes, e.g. in tests or to plan for another machine.
     """
     if device is None:
         device, detected = detect_device()
@@ -153,6 +164,10 @@ def auto_policy(device: str | None = None, features: Iterable[str] | None = None
     device = _normalise_device(device)
     if device == "gpu" and gpu_capability is None:
         gpu_capability = detect_device()[1]
-    if device == "cpu" and features is None:
-        features = cpu_features()
-    return policy_for(device, features or (), gpu_capability)
+    if device == "cpu":
+        features = cpu_features() if features is None else features
+        if backend is None:
+            import keras
+
+            backend = keras.backend.backend()
+    return policy_for(device, features or (), gpu_capability, backend)

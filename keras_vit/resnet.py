@@ -21,7 +21,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from keras_vit.layers import _pair, add_conv_kernel
+from keras_vit.layers import _pair, add_conv_kernel, conv_nhwc
 from keras_vit.variants import resnet_stride
 
 __all__ = [
@@ -93,7 +93,7 @@ class StdConv2D(layers.Layer):
 
     def call(self, x):
         kernel = ops.cast(standardize_kernel(self.kernel, self.epsilon, self.standardization), x.dtype)
-        return ops.conv(x, kernel, strides=self.strides, padding="same")
+        return conv_nhwc(x, kernel, self.strides, "same")  # an empty batch gives an empty output
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape

@@ -25,8 +25,7 @@ X86_64 = ("x86_64", "amd64")  # platform.machine() names where oneDNN is offered
 
 def prefer_onednn() -> None:
     """Ask TensorFlow for its oneDNN CPU kernels unless the user chose, or it is too late."""
-    if "tensorflow" not in sys.modules and ONEDNN_VARIABLE not in os.environ \
-            and platform.machine().lower() in X86_64:
+    if "tensorflow" not in sys.modules and ONEDNN_VARIABLE not in os.environ and platform.machine().lower() in X86_64:
         os.environ[ONEDNN_VARIABLE] = "1"
 
 

@@ -5,10 +5,10 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras_vit  # noqa: E402, F401  (first, as a user's program would: it picks TF's CPU kernels)
+import keras
+import pytest
 
-import keras  # noqa: E402
-import pytest  # noqa: E402
+import keras_vit  # noqa: F401  (first, as a user's program would: it picks TF's CPU kernels)
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,21 @@ from keras_vit import datasets
 from keras_vit.analysis import data, filter_components, plots
 from keras_vit.analysis.__main__ import main, model_input
 
-TINY_ARGS = ["Ti/16", "--image-size", "32", "--patch-size", "8", "--hidden-size", "32", "--depth", "2",
-             "--num-heads", "2", "--mlp-dim", "64"]
+TINY_ARGS = [
+    "Ti/16",
+    "--image-size",
+    "32",
+    "--patch-size",
+    "8",
+    "--hidden-size",
+    "32",
+    "--depth",
+    "2",
+    "--num-heads",
+    "2",
+    "--mlp-dim",
+    "64",
+]
 DEFAULT_SIZES = {  # figsize (inches) * dpi 100
     "attention_maps.png": (500, 500),
     "attention_distance.png": (500, 400),
@@ -46,14 +59,23 @@ def test_mosaic_lays_tiles_out_in_rows_with_padding():
 @pytest.mark.parametrize(
     "draw, figsize, dpi",
     [
-        (lambda p, **k: plots.plot_attention_maps(np.random.rand(3, 8, 8, 3), np.random.rand(3, 8, 8, 3), p, **k),
-         (6, 4), 50),
+        (
+            lambda p, **k: plots.plot_attention_maps(np.random.rand(3, 8, 8, 3), np.random.rand(3, 8, 8, 3), p, **k),
+            (6, 4),
+            50,
+        ),
         (lambda p, **k: plots.plot_attention_distance(np.random.rand(4, 3) * 20, p, **k), (4, 3), 80),
         (lambda p, **k: plots.plot_position_similarity(np.random.uniform(-1, 1, (3, 4, 3, 4)), p, **k), (5, 4), 60),
-        (lambda p, **k: plots.plot_filter_components(np.random.rand(6, 4, 4, 3), p, explained=np.full(6, 0.1), **k),
-         (3, 2), 100),
-        (lambda p, **k: plots.plot_few_shot({1: np.array([0.2, 0.3]), 5: np.array([0.6, 0.7])}, p, chance=0.1, **k),
-         (4, 3), 70),
+        (
+            lambda p, **k: plots.plot_filter_components(np.random.rand(6, 4, 4, 3), p, explained=np.full(6, 0.1), **k),
+            (3, 2),
+            100,
+        ),
+        (
+            lambda p, **k: plots.plot_few_shot({1: np.array([0.2, 0.3]), 5: np.array([0.6, 0.7])}, p, chance=0.1, **k),
+            (4, 3),
+            70,
+        ),
     ],
     ids=["attention_maps", "attention_distance", "position_similarity", "filter_components", "few_shot"],
 )
@@ -111,8 +133,23 @@ def test_command_end_to_end_on_a_tiny_model(tmp_path, capsys):
     photo = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(photo)
     out = tmp_path / "figures"
-    argv = [*TINY_ARGS, "--images", str(photo), str(photo), "--shots", "1", "5", "--seeds", "2",
-            "--pool-per-class", "10", "--test-examples", "100", "--output-dir", str(out)]
+    argv = [
+        *TINY_ARGS,
+        "--images",
+        str(photo),
+        str(photo),
+        "--shots",
+        "1",
+        "5",
+        "--seeds",
+        "2",
+        "--pool-per-class",
+        "10",
+        "--test-examples",
+        "100",
+        "--output-dir",
+        str(out),
+    ]
     assert main(argv) == 0
     for name, size in DEFAULT_SIZES.items():
         assert_png(out / name, size)
@@ -131,8 +168,26 @@ def test_command_loads_a_checkpoint_and_analyses_its_weights(tmp_path):
     arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
     path = write_checkpoint(str(tmp_path / "tiny.npz"), arrays)
     out = tmp_path / "out"
-    argv = ["Ti/16", "--weights", path, "--patch-size", "8", "--hidden-size", "32", "--depth", "2", "--num-heads", "2",
-            "--mlp-dim", "64", "--analyses", "filters", "position", "--output-dir", str(out)]
+    argv = [
+        "Ti/16",
+        "--weights",
+        path,
+        "--patch-size",
+        "8",
+        "--hidden-size",
+        "32",
+        "--depth",
+        "2",
+        "--num-heads",
+        "2",
+        "--mlp-dim",
+        "64",
+        "--analyses",
+        "filters",
+        "position",
+        "--output-dir",
+        str(out),
+    ]
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["image_size"] == [32, 32]  # the checkpoint's 4x4 grid of 8-pixel patches
@@ -155,8 +210,23 @@ def test_command_rejects_bad_input(tmp_path, capsys):
 @pytest.mark.parametrize("variant, heads", [("R50+B/16", 12), ("ViT_R26_S32", 6)])
 def test_command_takes_hybrid_variants_in_any_spelling(tmp_path, variant, heads):
     out = tmp_path / "hybrid"
-    assert main([variant, "--image-size", "32", "--depth", "1", "--analyses", "attention", "distance",
-                 "--output-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                variant,
+                "--image-size",
+                "32",
+                "--depth",
+                "1",
+                "--analyses",
+                "attention",
+                "distance",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     for name in ("attention_maps.png", "attention_distance.png", "results.json"):
         assert (out / name).is_file()
     results = json.loads((out / "results.json").read_text())
@@ -166,10 +236,27 @@ def test_command_takes_hybrid_variants_in_any_spelling(tmp_path, variant, heads)
 def test_command_skips_what_does_not_apply_to_relative_position_embeddings(tmp_path, capsys):
     dataset = tmp_path / "tiny.npz"
     rng = np.random.default_rng(0)
-    np.savez(dataset, images=rng.integers(0, 255, (12, 16, 16, 3), dtype=np.uint8), labels=np.arange(12) % 3,
-             test_images=rng.integers(0, 255, (6, 16, 16, 3), dtype=np.uint8), test_labels=np.arange(6) % 3)
-    common = [*TINY_ARGS, "--position-embedding", "relative", "--dataset", str(dataset), "--shots", "1", "2",
-              "--pool-per-class", "4", "--seeds", "1"]
+    np.savez(
+        dataset,
+        images=rng.integers(0, 255, (12, 16, 16, 3), dtype=np.uint8),
+        labels=np.arange(12) % 3,
+        test_images=rng.integers(0, 255, (6, 16, 16, 3), dtype=np.uint8),
+        test_labels=np.arange(6) % 3,
+    )
+    common = [
+        *TINY_ARGS,
+        "--position-embedding",
+        "relative",
+        "--dataset",
+        str(dataset),
+        "--shots",
+        "1",
+        "2",
+        "--pool-per-class",
+        "4",
+        "--seeds",
+        "1",
+    ]
     assert main([*common, "--output-dir", str(tmp_path / "out")]) == 0
     written = sorted(os.listdir(tmp_path / "out"))
     assert written == sorted(set(DEFAULT_SIZES) - {"position_similarity.png"} | {"results.json"})
@@ -181,8 +268,219 @@ def test_command_skips_what_does_not_apply_to_relative_position_embeddings(tmp_p
 @pytest.mark.slow
 def test_console_command_runs_in_a_fresh_process(tmp_path):
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-m", "keras_vit.analysis", *TINY_ARGS, "--analyses", "position", "filters",
-                           "--output-dir", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_vit.analysis",
+            *TINY_ARGS,
+            "--analyses",
+            "position",
+            "filters",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert_png(tmp_path / "position_similarity.png", DEFAULT_SIZES["position_similarity.png"])
     assert_png(tmp_path / "embedding_filters.png", DEFAULT_SIZES["embedding_filters.png"])
+
+
+# --- bad inputs (issue 13): 16-bit images, unreadable files, options that cannot work together -----------------
+
+
+def test_a_16_bit_png_is_scaled_to_8_bits_not_saturated(tmp_path):
+    """16-bit values v become round(v / 257) (= (v + 128) // 257; 65535 -> 255), the inverse of 8-bit v * 257."""
+    wide = np.array([[0, 128, 129, 257, 385, 386], [1000, 32767, 32768, 65279, 65407, 65535]], np.uint16)
+    wide = np.concatenate([wide, np.random.default_rng(0).integers(0, 65536, (6, 6), dtype=np.uint16)])
+    path = tmp_path / "deep.png"
+    Image.fromarray(wide).save(path)
+    with Image.open(path) as written:
+        assert written.mode == "I;16"  # a real 16-bit PNG
+    loaded = data.load_image(str(path))
+    expected = np.round(wide / 257).astype(np.uint8)
+    assert loaded.shape == (*wide.shape, 3) and loaded.dtype == np.uint8
+    np.testing.assert_array_equal(loaded, np.repeat(expected[..., None], 3, axis=-1))
+    assert list(loaded[0, :6, 0]) == [0, 0, 1, 1, 1, 2] and loaded[1, 5, 0] == 255
+
+
+def _unreadable_files(tmp_path) -> dict[str, str]:
+    photo = np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)
+    files = {}
+    for kind, fmt in (("png", "PNG"), ("jpg", "JPEG")):
+        whole = tmp_path / f"whole.{kind}"
+        Image.fromarray(photo).save(whole, format=fmt)
+        cut = tmp_path / f"truncated.{kind}"
+        cut.write_bytes(whole.read_bytes()[: len(whole.read_bytes()) // 2])
+        files[f"truncated {kind}"] = str(cut)
+    text = tmp_path / "notes.png"
+    text.write_text("not an image at all\n")
+    files["text named .png"] = str(text)
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    files["empty .jpg"] = str(empty)
+    return files
+
+
+def test_unreadable_image_files_are_a_clear_error_naming_the_file(tmp_path, capsys):
+    for kind, path in _unreadable_files(tmp_path).items():
+        with pytest.raises(ValueError, match="Cannot read image file") as error:
+            data.load_image(path)
+        assert repr(path) in str(error.value), kind
+        out = tmp_path / "out"
+        assert main([*TINY_ARGS, "--analyses", "attention", "--images", path, "--output-dir", str(out)]) == 2, kind
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("\n") == 1 and path in err, (kind, err)
+        assert not out.exists(), kind
+
+
+@pytest.mark.slow
+def test_the_console_command_prints_one_line_for_an_unreadable_image(tmp_path):
+    path = _unreadable_files(tmp_path)["text named .png"]
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_vit.analysis",
+            *TINY_ARGS,
+            "--images",
+            path,
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"error: Cannot read image file {path!r}" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _small_dataset(tmp_path, per_class: int) -> str:
+    rng = np.random.default_rng(0)
+    path = tmp_path / f"small{per_class}.npz"
+    np.savez(
+        path,
+        images=rng.integers(0, 255, (3 * per_class, 16, 16, 3), dtype=np.uint8),
+        labels=np.arange(3 * per_class) % 3,
+        test_images=rng.integers(0, 255, (6, 16, 16, 3), dtype=np.uint8),
+        test_labels=np.arange(6) % 3,
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "filters on a hybrid",
+        "position with relative",
+        "shots over pool-per-class",
+        "missing image",
+        "truncated image",
+        "dataset too small for shots",
+        "missing dataset",
+        "unknown variant",
+    ],
+)
+def test_options_that_cannot_work_together_write_nothing(tmp_path, capsys, case):
+    out = tmp_path / "figures"
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's own file")
+    (out / "results.json").write_text('{"from": "an earlier run"}')
+    bad = _unreadable_files(tmp_path)["truncated png"]
+    argv = {
+        "filters on a hybrid": ["R26+S/32", "--image-size", "32", "--depth", "1", "--analyses", "filters"],
+        "position with relative": [*TINY_ARGS, "--position-embedding", "relative", "--analyses", "position"],
+        "shots over pool-per-class": [*TINY_ARGS, "--shots", "1", "60"],
+        "missing image": [*TINY_ARGS, "--images", str(tmp_path / "missing.jpg")],
+        "truncated image": [*TINY_ARGS, "--images", bad],
+        "dataset too small for shots": [
+            *TINY_ARGS,
+            "--dataset",
+            _small_dataset(tmp_path, 3),
+            "--shots",
+            "1",
+            "5",
+            "--pool-per-class",
+            "10",
+        ],
+        "missing dataset": [*TINY_ARGS, "--dataset", str(tmp_path / "missing.npz")],
+        "unknown variant": ["Q/16"],
+    }[case]
+    try:
+        code, by_argparse = main([*argv, "--output-dir", str(out)]), False
+    except SystemExit as exit_info:  # argparse's own errors: the usage, then one error line
+        code, by_argparse = exit_info.code, True
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "error:" in lines[-1] and (by_argparse or len(lines) == 1), lines
+    assert not any("Traceback" in line for line in lines)
+    assert sorted(os.listdir(out)) == ["mine.txt", "results.json"]  # nothing new, nothing removed
+    assert (out / "mine.txt").read_text() == "the user's own file"
+    assert (out / "results.json").read_text() == '{"from": "an earlier run"}'
+
+
+def test_the_few_shot_check_names_the_class_and_the_shots(tmp_path, capsys):
+    argv = [
+        *TINY_ARGS,
+        "--dataset",
+        _small_dataset(tmp_path, 3),
+        "--shots",
+        "1",
+        "5",
+        "--pool-per-class",
+        "10",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
+    assert main(argv) == 2
+    assert "--shots 5 needs 5 training examples of every class, but class 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failure_while_drawing_leaves_the_folder_as_it_was(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "figures"
+    argv = [*TINY_ARGS, "--analyses", "attention", "distance", "position", "filters", "--output-dir", str(out)]
+    assert main(argv) == 0
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    assert len(before) == 5
+
+    def broken(*args, **kwargs):
+        raise ValueError("the disk is full")
+
+    monkeypatch.setattr(plots, "plot_filter_components", broken)  # the last figure drawn
+    assert main([*argv[:-2], "--dpi", "50", "--output-dir", str(out)]) == 2
+    assert "the disk is full" in capsys.readouterr().err
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before  # no temporary file either
+    assert main([*argv[:-2], "--output-dir", str(tmp_path / "new")]) == 2
+    assert not (tmp_path / "new").exists()  # created by the run, removed with it
+
+
+def test_figures_and_files_are_written_atomically(tmp_path, monkeypatch):
+    from keras_vit.analysis import files
+
+    path = tmp_path / "figure.png"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError), files.atomic_open(str(path)) as file:
+        file.write(b"half a fig")
+        raise RuntimeError("interrupted")
+    assert os.listdir(tmp_path) == ["figure.png"] and path.read_bytes() == b"old"
+    with files.atomic_open(str(path)) as file:
+        file.write(b"new")
+    assert os.listdir(tmp_path) == ["figure.png"] and path.read_bytes() == b"new"
+
+    def savefig_fails(self, *args, **kwargs):
+        args[0].write(b"partial png")
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", savefig_fails)
+    with pytest.raises(OSError, match="no space"):
+        plots.plot_attention_distance(np.random.rand(2, 2), str(path))
+    assert os.listdir(tmp_path) == ["figure.png"] and path.read_bytes() == b"new"

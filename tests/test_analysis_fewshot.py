@@ -123,7 +123,7 @@ def test_l2_choice_minimises_brute_force_leave_one_out_error():
         for i in range(len(z)):
             keep = np.arange(len(z)) != i
             ridge = Ridge(alpha=alpha).fit(z[keep], targets[keep])
-            errors.append(np.mean((ridge.predict(z[i:i + 1]) - targets[i]) ** 2))
+            errors.append(np.mean((ridge.predict(z[i : i + 1]) - targets[i]) ** 2))
         return np.mean(errors)
 
     errors = [brute_force(a) for a in candidates]
@@ -164,8 +164,9 @@ def test_extract_features_pools_the_encoder_output_like_a_pooling_model():
         pooled_model.set_weights(tokens_model.get_weights())
         direct = fewshot.extract_features(pooled_model, images, batch_size=2)
         assert direct.shape == (5, 32)
-        np.testing.assert_allclose(fewshot.extract_features(tokens_model, images, pooling=pooling, batch_size=3),
-                                   direct, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            fewshot.extract_features(tokens_model, images, pooling=pooling, batch_size=3), direct, rtol=1e-5, atol=1e-5
+        )
     with pytest.raises(ValueError, match="not \\(batch, D\\) features"):
         fewshot.extract_features(tokens_model, images)
     gap = keras_vit.ViT("Ti/16", classifier="gap", **TINY)

@@ -41,8 +41,9 @@ def test_gpu_script_tiny_runs_on_cpu_without_tensorflow(tmp_path):
     (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['tensorflow'] = None\n")
     env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=os.pathsep.join([str(blocker), REPO]))
     out = tmp_path / "results.json"
-    done = subprocess.run([sys.executable, SCRIPT, "--tiny", "--out", str(out)], capture_output=True, text=True,
-                          env=env, timeout=900)
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--tiny", "--out", str(out)], capture_output=True, text=True, env=env, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["peak"]["peak_tflops"] > 0

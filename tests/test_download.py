@@ -243,8 +243,9 @@ def test_a_drop_without_content_length_stops_at_the_known_size_and_resumes(tmp_p
     assert server.requests[1][1] == f"bytes={len(payload) // 2}-"
 
 
-@pytest.mark.parametrize("fault, message", [("truncate", "does not end with a zip directory"),
-                                            ("long", "does not end with a zip directory")])
+@pytest.mark.parametrize(
+    "fault, message", [("truncate", "does not end with a zip directory"), ("long", "does not end with a zip directory")]
+)
 def test_a_short_or_long_body_is_refused_and_deleted(tmp_path, payload, serve, fault, message):
     server = serve({"/a.npz": payload}, faults=[fault] * 3)
     with pytest.raises(CorruptCheckpointError, match=f"{message}.*the file was deleted"):
@@ -253,8 +254,7 @@ def test_a_short_or_long_body_is_refused_and_deleted(tmp_path, payload, serve, f
 
 
 @pytest.mark.parametrize("fault", ["truncate", "long"])
-def test_a_body_of_the_wrong_size_is_refused_before_it_is_read_when_the_size_is_known(tmp_path, payload, serve,
-                                                                                      fault):
+def test_a_body_of_the_wrong_size_is_refused_before_it_is_read_when_the_size_is_known(tmp_path, payload, serve, fault):
     server = serve({"/a.npz": payload}, faults=[fault])
     with pytest.raises(DownloadError, match=f"announces \\d+ bytes, the catalogue {len(payload)}"):
         fetch_file(server, tmp_path, size=len(payload))
@@ -339,11 +339,15 @@ def test_three_processes_share_one_download(tmp_path, payload, serve):
     server = serve({"/a.npz": payload}, faults=["slow"])
     dest = tmp_path / "cache" / "a.npz"
     # zoo/ imports nothing of the models: run it as a top-level package, without loading TensorFlow
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from zoo.download import download; "
-            f"from zoo.validate import check_npz; "
-            f"print(download({server.url + '/a.npz'!r}, {str(dest)!r}, validate=check_npz, backoff=0, timeout=5))")
-    clients = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for _ in range(3)]
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); from zoo.download import download; "
+        f"from zoo.validate import check_npz; "
+        f"print(download({server.url + '/a.npz'!r}, {str(dest)!r}, validate=check_npz, backoff=0, timeout=5))"
+    )
+    clients = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     outputs = [client.communicate(timeout=30) for client in clients]
     assert [client.returncode for client in clients] == [0, 0, 0], [err for _, err in outputs]
     assert [out.strip() for out, _ in outputs] == [str(dest)] * 3 and dest.read_bytes() == payload
@@ -406,8 +410,10 @@ def test_fetch_of_a_corrupted_cached_file_names_it_and_keeps_it(tmp_path, payloa
     broken = bytearray(payload)
     broken[len(broken) // 2] ^= 0xFF
     path.write_bytes(bytes(broken))
-    with pytest.raises(CorruptCheckpointError, match=f"The cached file {re.escape(str(path))} is corrupt .*"
-                                                     "recorded when it was downloaded.*Delete it"):
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=f"The cached file {re.escape(str(path))} is corrupt .*recorded when it was downloaded.*Delete it",
+    ):
         zoo.fetch(entry, tmp_path)
     assert path.read_bytes() == bytes(broken) and len(server.requests) == 1  # kept, not downloaded again
     with pytest.raises(CorruptCheckpointError):
@@ -446,8 +452,12 @@ def test_the_structural_check_accepts_a_real_checkpoint_and_names_each_fault(tmp
         for key in ("embedding/kernel", "Transformer/posembed_input/pos_embedding"):
             with archive.open(key + ".npy", "w") as member:
                 np.lib.format.write_array(member, np.array([None, 1], dtype=object), allow_pickle=True)
-    for data, message in [(tiny[:-1], "does not end with a zip directory"), (tiny + b"x", "does not end"),
-                          (without.getvalue(), "missing the arrays"), (objects.getvalue(), "Python objects")]:
+    for data, message in [
+        (tiny[:-1], "does not end with a zip directory"),
+        (tiny + b"x", "does not end"),
+        (without.getvalue(), "missing the arrays"),
+        (objects.getvalue(), "Python objects"),
+    ]:
         with pytest.raises(CorruptCheckpointError, match=message):
             check_npz(io.BytesIO(data))
     flipped = bytearray(tiny)
@@ -475,8 +485,11 @@ def test_random_bytes_are_only_ever_a_corrupt_checkpoint(data):
 
 
 @FAST
-@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
-       keep=st.one_of(st.none(), st.floats(0, 1, exclude_max=True)), tail=st.binary(max_size=30))
+@given(
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
+    keep=st.one_of(st.none(), st.floats(0, 1, exclude_max=True)),
+    tail=st.binary(max_size=30),
+)
 def test_mutated_checkpoints_are_only_ever_a_corrupt_checkpoint(tiny, flips, keep, tail):
     data = bytearray(tiny)
     for where, mask in flips:

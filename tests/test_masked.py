@@ -173,8 +173,23 @@ def test_pretrain_command_end_to_end(tmp_path):
     from keras_vit.training.pretrain import main
 
     out = os.path.join(tmp_path, "run")
-    result = main(["--pretrain-steps", "20", "--steps", "10", "--depth", "1", "--hidden-size", "32",
-                   "--output-dir", out, "--verbose", "0", "--compare-scratch"])
+    result = main(
+        [
+            "--pretrain-steps",
+            "20",
+            "--steps",
+            "10",
+            "--depth",
+            "1",
+            "--hidden-size",
+            "32",
+            "--output-dir",
+            out,
+            "--verbose",
+            "0",
+            "--compare-scratch",
+        ]
+    )
     assert os.path.exists(result.encoder_path)
     assert {"finetune", "scratch"} <= set(os.listdir(out))
     assert 0.0 <= result.finetuned.metrics["accuracy"] <= 1.0
@@ -185,8 +200,20 @@ def test_pretrain_command_end_to_end(tmp_path):
 def test_ablation_command_trains_each_setting(tmp_path):
     from keras_vit.training.ablation import main
 
-    rows = main(["--positions", "learned_2d,none", "--steps", "5", "--depth", "1", "--hidden-size", "32",
-                 "--output-dir", str(tmp_path)])
+    rows = main(
+        [
+            "--positions",
+            "learned_2d,none",
+            "--steps",
+            "5",
+            "--depth",
+            "1",
+            "--hidden-size",
+            "32",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert [r.position_embedding for r in rows] == ["learned_2d", "none"]
     assert all(0.0 <= r.mean <= 1.0 for r in rows)
     assert os.path.exists(os.path.join(tmp_path, "ablation.md"))

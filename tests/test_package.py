@@ -11,9 +11,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from npz_layout import vit_checkpoint, write_checkpoint
 
 from keras_vit import zoo
-from npz_layout import vit_checkpoint, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -46,8 +46,9 @@ def mirror(tmp_path):
 
 
 def run_in(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=folder, env={**ENV, **(env or {})}, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=folder, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_users_zoo_and_training_do_not_shadow_the_package(user_folder, mirror, tmp_path):
@@ -83,14 +84,33 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
             shutil.copy(REPO / name, source / name)
     for folder in ("keras_vit", "zoo", "training"):
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                           str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("keras_vit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {"keras_vit", wheel.name.split("-py")[0] + ".dist-info"}
-    for expected in ("keras_vit/zoo/catalogue.json", "keras_vit/zoo/__main__.py", "keras_vit/training/finetune.py",
-                     "keras_vit/analysis/__main__.py"):
+    for expected in (
+        "keras_vit/zoo/catalogue.json",
+        "keras_vit/zoo/__main__.py",
+        "keras_vit/training/finetune.py",
+        "keras_vit/analysis/__main__.py",
+    ):
         assert expected in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     scripts = [line.split("=")[1].strip() for line in entry_points.splitlines() if "=" in line]

@@ -34,8 +34,15 @@ SAPPHIRE_RAPIDS = {"avx512f", "amx_tile", "amx_bf16", "amx_int8"}
     ],
 )
 def test_rule_follows_the_hardware_table(device, features, capability, expected):
-    assert precision.auto_policy(device, features=features, gpu_capability=capability) == expected
+    assert precision.auto_policy(device, features=features, gpu_capability=capability, backend="tensorflow") == expected
     assert precision.policy_for(device, features, capability) == expected
+
+
+def test_jax_on_cpu_stays_float32():
+    """XLA's CPU compiler has no bfloat16 matmul kernels: bfloat16 units or not, float32."""
+    assert precision.auto_policy("cpu", features=ZEN4, backend="jax") == "float32"
+    assert precision.auto_policy("cpu", features=ZEN4, backend="torch") == "mixed_bfloat16"
+    assert precision.auto_policy("gpu", gpu_capability=(9, 0), backend="jax") == "mixed_bfloat16"
 
 
 def test_cpu_probe_is_used_and_mockable(monkeypatch):

@@ -13,8 +13,9 @@ import pytest
 
 from keras_vit.runtime import ONEDNN_VARIABLE, X86_64
 
-pytestmark = pytest.mark.skipif(platform.machine().lower() not in X86_64,
-                                reason="keras_vit only turns oneDNN on for x86-64")
+pytestmark = pytest.mark.skipif(
+    platform.machine().lower() not in X86_64, reason="keras_vit only turns oneDNN on for x86-64"
+)
 
 PROBE = """
 import json, os, sys
@@ -30,8 +31,9 @@ def _probe(imports: str, variable: str | None) -> dict:
     if variable is not None:
         env[ONEDNN_VARIABLE] = variable
     probe = PROBE.format(imports=imports, variable=ONEDNN_VARIABLE)
-    done = subprocess.run([sys.executable, "-c", probe], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -63,8 +63,9 @@ def formula(t, base, total, warmup, decay, end=0.0):
 def test_schedule_equals_the_old_formula_at_every_step(decay, warmup, accumulation):
     """Keras' CosineDecay / PolynomialDecay behind the per-update wrapper = the old formula, at every
     optimizer call (iterations 0 .. (T + 20) * A - 1), for t = iterations // A + 1."""
-    schedule = WarmupDecay(0.03, total_steps=100, warmup_steps=warmup, decay=decay, end_lr=1e-4,
-                           accumulation_steps=accumulation)
+    schedule = WarmupDecay(
+        0.03, total_steps=100, warmup_steps=warmup, decay=decay, end_lr=1e-4, accumulation_steps=accumulation
+    )
     calls = range(120 * accumulation)
     learning_rate = tf.function(schedule, input_signature=[tf.TensorSpec([], tf.int64)])  # as the optimizer calls it
     values = [float(learning_rate(call)) for call in calls]
@@ -111,8 +112,27 @@ def test_every_generated_option_has_help(command):
 
 def test_options_keep_their_names_and_types():
     args = finetune.parser().parse_args(
-        ["--lr", "0.1", "--batch-size", "32", "--crop-area", "0.05,1", "--no-flip", "--randaugment", "2,0.5",
-         "--cpu-devices", "2", "--verbose", "2", "--overwrite", "--model", "ViT_B16", "--schedule", "linear"])
+        [
+            "--lr",
+            "0.1",
+            "--batch-size",
+            "32",
+            "--crop-area",
+            "0.05,1",
+            "--no-flip",
+            "--randaugment",
+            "2,0.5",
+            "--cpu-devices",
+            "2",
+            "--verbose",
+            "2",
+            "--overwrite",
+            "--model",
+            "ViT_B16",
+            "--schedule",
+            "linear",
+        ]
+    )
     parsed = from_args(args)
     assert (parsed.optim.lr, parsed.optim.batch_size, parsed.optim.schedule) == (0.1, 32, "linear")
     assert (parsed.data.crop_area, parsed.data.flip, parsed.data.randaugment) == ((0.05, 1.0), False, (2, 0.5))
@@ -127,8 +147,19 @@ def test_options_keep_their_names_and_types():
 
 
 def test_pretrain_and_ablation_options_come_from_their_dataclasses():
-    args = pretrain.parser().parse_args(["--pretrain-steps", "7", "--colour-bits", "2", "--compare-scratch",
-                                         "--corruption-rate", "0.25", "--steps", "3"])
+    args = pretrain.parser().parse_args(
+        [
+            "--pretrain-steps",
+            "7",
+            "--colour-bits",
+            "2",
+            "--compare-scratch",
+            "--corruption-rate",
+            "0.25",
+            "--steps",
+            "3",
+        ]
+    )
     options = pretrain.PretrainConfig(**pretrain.fields.given(args, pretrain.PretrainConfig))
     assert (options.steps, options.bits, options.compare_scratch, options.rate) == (7, 2, True, 0.25)
     assert from_args(args, pretrain.BASE).optim.steps == 3
@@ -160,8 +191,9 @@ def test_presets_are_partial_overrides_of_the_sections():
     assert PRESETS["digits"]["optim"]["lr"] == 2e-3  # and the preset itself is untouched
 
 
-@pytest.mark.parametrize("name", ["B/16", "ViT_B16", "vit-ti/16", "ViT-L/32", "s16", "H/14", "R50+B/16", "ViT_R26_S32",
-                                  "R50+L/32"])
+@pytest.mark.parametrize(
+    "name", ["B/16", "ViT_B16", "vit-ti/16", "ViT-L/32", "s16", "H/14", "R50+B/16", "ViT_R26_S32", "R50+L/32"]
+)
 def test_model_option_takes_every_variant_of_the_table(name):
     assert finetune.parser().parse_args(["--model", name]).model == name
     resolved = digits(model=name)
@@ -207,8 +239,7 @@ def test_finetune_preset_is_the_paper_recipe_on_accelerators():
     assert imagenet.optim.steps == 20_000
     cifar = resolve(config(dataset="cifar10", weights="w", model="ViT_B16"), train_examples=50_000, accelerator="gpu")
     assert cifar.optim.lr == 0.01
-    hybrid = resolve(config(dataset="cifar10", weights="w", model="R50+B/16"), train_examples=50_000,
-                     accelerator="gpu")
+    hybrid = resolve(config(dataset="cifar10", weights="w", model="R50+B/16"), train_examples=50_000, accelerator="gpu")
     assert hybrid.optim.lr == 0.03  # the CIFAR-10 adjustment is B/16's only
 
 
@@ -262,16 +293,25 @@ def test_run_differences_ignore_how_a_run_runs():
     assert dataclasses.is_dataclass(resolved.run) and set(saved) == {"preset", *TrainConfig().flat()}
 
 
-@pytest.mark.parametrize("env, gpus, expected", [
-    ({}, 0, "default"),
-    ({}, 1, "default"),
-    ({}, 4, "mirrored"),
-    ({"TPU_NAME": "my-tpu"}, 0, "tpu"),
-    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}})},
-     0, "multi_worker"),
-    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})},
-     2, "mirrored"),
-])
+@pytest.mark.parametrize(
+    "env, gpus, expected",
+    [
+        ({}, 0, "default"),
+        ({}, 1, "default"),
+        ({}, 4, "mirrored"),
+        ({"TPU_NAME": "my-tpu"}, 0, "tpu"),
+        (
+            {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}})},
+            0,
+            "multi_worker",
+        ),
+        (
+            {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})},
+            2,
+            "mirrored",
+        ),
+    ],
+)
 def test_choose_strategy(env, gpus, expected, monkeypatch):
     monkeypatch.setattr("os.path.exists", lambda path: False)  # no /dev/accel0
     assert choose_strategy(env, num_gpus=gpus) == expected

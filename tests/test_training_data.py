@@ -78,8 +78,13 @@ def test_image_folder_errors(tmp_path):
 
 def test_image_folder_trains_end_to_end(tmp_path):
     write_images(tmp_path / "images")
-    result = finetune(dataset=str(tmp_path / "images"), steps=3, eval_fraction=0.25,
-                      output_dir=str(tmp_path / "run"), **{**TINY, "batch_size": 4})
+    result = finetune(
+        dataset=str(tmp_path / "images"),
+        steps=3,
+        eval_fraction=0.25,
+        output_dir=str(tmp_path / "run"),
+        **{**TINY, "batch_size": 4},
+    )
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["dataset"] == "images" and metrics["eval_examples"] == 3
     assert metrics["eval"]["accuracy"] == pytest.approx(result.metrics["accuracy"])
@@ -145,8 +150,11 @@ def test_inception_crop_and_flip_change_images_but_eval_does_not():
 
 def test_mixup_and_cutmix_mix_labels():
     split = load_digits().train
-    for augment in (Augment(8, mixup=0.8), Augment(8, cutmix=1.0), Augment(8, mixup=0.8, cutmix=1.0,
-                                                                            randaugment=(2, 0.5))):
+    for augment in (
+        Augment(8, mixup=0.8),
+        Augment(8, cutmix=1.0),
+        Augment(8, mixup=0.8, cutmix=1.0, randaugment=(2, 0.5)),
+    ):
         images, labels = next(iter(train_dataset(split, 10, 32, augment)))
         labels = labels.numpy()
         np.testing.assert_allclose(labels.sum(axis=1), 1.0, atol=1e-5)

@@ -39,10 +39,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", [
-    "sgd_clipped",
-    pytest.param("adamw", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "sgd_clipped",
+        pytest.param("adamw", marks=pytest.mark.slow),
+    ],
+)
 def test_mirrored_over_two_cpus_matches_default_strategy(case):
     """Same global batch of 16, same data: the same weights after 4 steps under both strategies."""
     config = {**TINY, "steps": 4, "eval_every": 2, **CASES[case]}

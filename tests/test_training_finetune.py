@@ -12,8 +12,26 @@ from training_support import TINY
 
 from keras_vit.training.finetune import finetune, main
 
-TINY_ARGS = ["--model", "Ti/4", "--image-size", "8", "--hidden-size", "16", "--depth", "1", "--num-heads", "2",
-             "--mlp-dim", "32", "--batch-size", "16", "--eval-every", "2", "--log-every", "1"]
+TINY_ARGS = [
+    "--model",
+    "Ti/4",
+    "--image-size",
+    "8",
+    "--hidden-size",
+    "16",
+    "--depth",
+    "1",
+    "--num-heads",
+    "2",
+    "--mlp-dim",
+    "32",
+    "--batch-size",
+    "16",
+    "--eval-every",
+    "2",
+    "--log-every",
+    "1",
+]
 
 
 def test_command_trains_and_writes_every_output(tmp_path, capsys):
@@ -25,8 +43,13 @@ def test_command_trains_and_writes_every_output(tmp_path, capsys):
     assert "preset digits" in printed and "Epoch 2/2" in printed
     assert metrics["history"]["epoch"] == [0, 1] and len(metrics["history"]["val_accuracy"]) == 2
     assert metrics["config"]["optimizer"] == "adamw" and metrics["resumed_from_step"] == 0
-    assert sorted(os.listdir(out / "checkpoints")) == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index",
-                                                       "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
+    assert sorted(os.listdir(out / "checkpoints")) == [
+        "checkpoint",
+        "ckpt-2.data-00000-of-00001",
+        "ckpt-2.index",
+        "ckpt-4.data-00000-of-00001",
+        "ckpt-4.index",
+    ]
     for events in ("train", "validation", "steps"):
         assert glob.glob(str(out / "tensorboard" / events / "events.out.tfevents.*"))
     assert json.loads((out / "run.json").read_text())["steps"] == 4
@@ -48,12 +71,19 @@ def test_command_rejects_bad_options(tmp_path):
 def test_pretrained_weights_are_loaded_resized_and_fine_tuned(tmp_path):
     """A checkpoint of an 8 px model with a 1000-class head and pre_logits, fine-tuned at 16 px on the
     10 digits: the encoder comes from the checkpoint, position embeddings are resized, the head is new."""
-    arrays = vit_checkpoint(patch=4, width=16, depth=1, heads=2, mlp=32, grid=(2, 2), num_classes=1000,
-                            representation_size=24)
+    arrays = vit_checkpoint(
+        patch=4, width=16, depth=1, heads=2, mlp=32, grid=(2, 2), num_classes=1000, representation_size=24
+    )
     path = write_checkpoint(str(tmp_path / "tiny.npz"), arrays)
     with pytest.warns(UserWarning, match="head"):
-        result = finetune(weights=path, image_size=16, steps=2, lr=0.0, output_dir=str(tmp_path / "run"),
-                          **{k: v for k, v in TINY.items() if k not in ("image_size",)})
+        result = finetune(
+            weights=path,
+            image_size=16,
+            steps=2,
+            lr=0.0,
+            output_dir=str(tmp_path / "run"),
+            **{k: v for k, v in TINY.items() if k not in ("image_size",)},
+        )
     assert result.config.preset == "finetune" and result.config.optim.optimizer == "sgd"
     model = result.model
     np.testing.assert_allclose(model.get_layer("embedding").kernel.numpy(), arrays["embedding/kernel"], atol=1e-6)

@@ -19,8 +19,17 @@ from keras_vit.training.finetune import finetune
 from keras_vit.training.loop import plan_segments, truncate_log
 from keras_vit.training.schedules import WarmupDecay
 
-RUN = {**TINY, "steps": 12, "eval_every": 5, "checkpoint_every": 4, "log_every": 1, "dropout": 0.1,
-       "optimizer": "sgd", "lr": 0.05, "warmup": 3}
+RUN = {
+    **TINY,
+    "steps": 12,
+    "eval_every": 5,
+    "checkpoint_every": 4,
+    "log_every": 1,
+    "dropout": 0.1,
+    "optimizer": "sgd",
+    "lr": 0.05,
+    "warmup": 3,
+}
 
 
 class Crash(keras.callbacks.Callback):
@@ -108,10 +117,37 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
 def test_killed_command_resumes_from_its_last_checkpoint(tmp_path):
     """Really SIGKILL the command mid-run, start it again: it restarts from the last checkpoint."""
     out = str(tmp_path / "run")
-    args = [sys.executable, "-m", "keras_vit.training.finetune", "--model", "Ti/4", "--image-size", "8",
-            "--hidden-size", "16", "--depth", "1", "--num-heads", "2", "--mlp-dim", "32", "--batch-size", "16",
-            "--steps", "3000", "--checkpoint-every", "50", "--log-every", "1", "--eval-every", "1000", "--verbose", "0",
-            "--output-dir", out]
+    args = [
+        sys.executable,
+        "-m",
+        "keras_vit.training.finetune",
+        "--model",
+        "Ti/4",
+        "--image-size",
+        "8",
+        "--hidden-size",
+        "16",
+        "--depth",
+        "1",
+        "--num-heads",
+        "2",
+        "--mlp-dim",
+        "32",
+        "--batch-size",
+        "16",
+        "--steps",
+        "3000",
+        "--checkpoint-every",
+        "50",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "1000",
+        "--verbose",
+        "0",
+        "--output-dir",
+        out,
+    ]
     env = {**os.environ, "PYTHONPATH": REPO}
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = os.path.join(out, "train_log.jsonl")

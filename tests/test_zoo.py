@@ -47,9 +47,13 @@ def test_catalogue_rows_are_complete_and_consistent():
 def test_catalogue_holds_the_published_files():
     paths = {e.path for e in zoo.catalogue()}
     assert {
-        "imagenet21k/ViT-B_16.npz", "imagenet21k/ViT-L_16.npz", "imagenet21k/ViT-H_14.npz",
-        "imagenet21k+imagenet2012/ViT-B_16.npz", "imagenet21k+imagenet2012/ViT-B_16-224.npz",
-        "imagenet21k/R50+ViT-B_16.npz", "imagenet21k+imagenet2012/R50+ViT-B_16.npz",
+        "imagenet21k/ViT-B_16.npz",
+        "imagenet21k/ViT-L_16.npz",
+        "imagenet21k/ViT-H_14.npz",
+        "imagenet21k+imagenet2012/ViT-B_16.npz",
+        "imagenet21k+imagenet2012/ViT-B_16-224.npz",
+        "imagenet21k/R50+ViT-B_16.npz",
+        "imagenet21k+imagenet2012/R50+ViT-B_16.npz",
         "augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_384.npz",
     } <= paths
     assert zoo.get("imagenet21k+imagenet2012/ViT-B_16") is zoo.get("B_16.orig_in21k_ft_in1k")
@@ -168,3 +172,106 @@ def test_command_line_errors_are_one_line(capsys):
             zoo_main(argv)
         err = capsys.readouterr().err
         assert exit_.value.code == 1 and err.startswith("error: No checkpoint") and err.count("\n") == 1
+
+
+# --- the model card --------------------------------------------------------------------------------
+
+
+def test_every_entry_is_a_model_card():
+    for e in zoo.catalogue():
+        assert e.licence == "Apache-2.0" and isinstance(e.parameters, int) and e.parameters > 5_000_000
+        assert "arXiv:" + ("2010.11929" if e.family == "original" else "2106.10270") in e.paper
+        if e.finetune is None:  # a pre-training-only checkpoint has no ImageNet-1k classifier to score
+            assert e.top1 is None and e.num_classes == 21843
+        else:
+            assert 70 < e.top1 < 90 and e.top1_source.startswith(("https://", "timm's own evaluation"))
+    assert "no such number" in json.loads(zoo.CATALOGUE.read_text())["description"]
+
+
+@pytest.mark.parametrize(
+    "name", ["Ti_16.augreg_in21k_ft_in1k_224", "Ti_16.augreg_in21k", "S_32.augreg_in21k_ft_in1k_384"]
+)
+def test_parameter_counts_are_those_of_the_built_model(name):
+    import keras_vit
+
+    e = zoo.get(name)
+    model = keras_vit.ViT(e.variant, image_size=e.image_size, num_classes=e.num_classes)
+    assert model.count_params() == e.parameters
+
+
+def test_list_shows_parameters_top1_and_licence(capsys):
+    zoo_main(["list", "--family", "augreg"])
+    out = capsys.readouterr().out
+    assert re.search(r"^Ti_16\.augreg_in21k_ft_in1k_224 .* 224 +75\.45\* +5\.7M +Apache-2\.0", out, re.M)
+    assert re.search(r"^Ti_16\.augreg_in21k +Ti/16 .* 224 +- +9\.7M +Apache-2\.0", out, re.M)
+    assert "* top-1 of timm's own evaluation" in out
+
+
+# --- convert: the export formats ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A 32 px, one-block checkpoint in the published layout, its Keras model and images for it."""
+    import numpy as np
+
+    from keras_vit import model_from_checkpoint
+
+    path = write_checkpoint(tmp_path_factory.mktemp("npz") / "tiny.npz", vit_checkpoint(depth=1, grid=(2, 2)))
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    return path, model_from_checkpoint(path), images
+
+
+def _convert_and_compare(tiny_checkpoint, out, *argv, atol=1e-4):
+    import numpy as np
+
+    from keras_vit import export
+
+    path, model, images = tiny_checkpoint
+    zoo_main(["convert", str(path), str(out), *argv])
+    np.testing.assert_allclose(export.load(out)(images), model.predict_on_batch(images), atol=atol)
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # nothing else left beside it
+
+
+def test_convert_to_litert_by_suffix_and_quantized(tiny_checkpoint, tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    _convert_and_compare(tiny_checkpoint, tmp_path / "a" / "vit.tflite")
+    assert "LiteRT" in capsys.readouterr().out
+    (tmp_path / "b").mkdir()
+    _convert_and_compare(tiny_checkpoint, tmp_path / "b" / "int8.tflite", "--quantize", "dynamic_int8", atol=0.3)
+
+
+def test_convert_to_saved_model_folder(tiny_checkpoint, tmp_path):
+    (tmp_path / "out").mkdir()
+    _convert_and_compare(tiny_checkpoint, tmp_path / "out" / "vit_savedmodel", "--format", "saved_model")
+    with pytest.raises(SystemExit):  # an existing folder is not replaced
+        zoo_main(
+            ["convert", str(tiny_checkpoint[0]), str(tmp_path / "out" / "vit_savedmodel"), "--format", "saved_model"]
+        )
+
+
+def test_convert_to_onnx(tiny_checkpoint, tmp_path):
+    pytest.importorskip("tf2onnx")
+    pytest.importorskip("onnxruntime")
+    _convert_and_compare(tiny_checkpoint, tmp_path / "vit.onnx")
+
+
+def test_a_failing_convert_leaves_no_partial_output(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    from keras_vit import export
+
+    def broken(model, path, **kwargs):
+        Path(path).write_bytes(b"half a flatbuffer")
+        raise ValueError("the converter failed")
+
+    monkeypatch.setattr(export, "export_litert", broken)
+    keep = tmp_path / "notes.txt"
+    keep.write_text("the user's")
+    with pytest.raises(SystemExit) as exit_:
+        zoo_main(["convert", str(tiny_checkpoint[0]), str(tmp_path / "vit.tflite")])
+    assert exit_.value.code == 1 and "the converter failed" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and keep.read_text() == "the user's"
+    for argv in (["vit.unknown"], ["vit.keras", "--quantize", "dynamic_int8"], ["vit.onnx", "--format", "litert"]):
+        with pytest.raises(SystemExit):
+            zoo_main(["convert", str(tiny_checkpoint[0]), str(tmp_path / argv[0]), *argv[1:]])
+        assert capsys.readouterr().err.startswith("error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -23,9 +22,10 @@ import numpy as np
 
 from keras_vit.position import POSITION_EMBEDDINGS, POSITION_VARIABLES, check_position_embedding
 from keras_vit.training import config as config_lib
-from keras_vit.training import fields, steps
+from keras_vit.training import fields, outputs, steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source
+from keras_vit.training.errors import add_debug_flag, command_errors
 from keras_vit.training.fields import option
 from keras_vit.training.optimizers import no_decay_variables
 from keras_vit.training.pipeline import eval_dataset, train_dataset
@@ -41,9 +41,10 @@ class AblationOptions:
     """Which settings to train, and how often."""
 
     positions: str | None = option("comma-separated position embeddings", unset=", ".join(POSITION_EMBEDDINGS))
-    classifiers: str | None = option("comma-separated classifiers (token, gap) crossed with --positions",
-                                     unset="token; with neither option: every position embedding with token, "
-                                           "plus learned_1d with gap")
+    classifiers: str | None = option(
+        "comma-separated classifiers (token, gap) crossed with --positions",
+        unset="token; with neither option: every position embedding with token, plus learned_1d with gap",
+    )
     seeds: int = option("runs per setting (seeds 0..N-1)", 1)
 
     def runs(self) -> tuple[tuple[str, str], ...]:
@@ -71,8 +72,9 @@ class AblationRow:
         return float(np.std(self.accuracies, ddof=1)) if len(self.accuracies) > 1 else 0.0
 
 
-def train_one(config: TrainConfig, source: Source, position_embedding: str, classifier: str,
-              seed: int) -> tuple[keras.Model, float]:
+def train_one(
+    config: TrainConfig, source: Source, position_embedding: str, classifier: str, seed: int
+) -> tuple[keras.Model, float]:
     """Train one model of the resolved ``config`` for its steps; return it and its held-out accuracy."""
     keras.utils.set_random_seed(seed)
     model = steps.build_model(config, source.num_classes, classifier=classifier, position_embedding=position_embedding)
@@ -80,17 +82,24 @@ def train_one(config: TrainConfig, source: Source, position_embedding: str, clas
     if config.optim.weight_decay:  # spare the position parameters of every kind, as the 1-D ones are spared
         variables = model.trainable_variables
         model.optimizer.exclude_from_weight_decay(
-            var_list=no_decay_variables(variables) + [v for v in variables if v.name in POSITION_VARIABLES])
+            var_list=no_decay_variables(variables) + [v for v in variables if v.name in POSITION_VARIABLES]
+        )
     augment, batch = steps.augment_of(config), config.optim.batch_size
-    model.fit(train_dataset(source.train, source.num_classes, batch, augment, seed=seed,
-                            shuffle_buffer=config.data.shuffle_buffer),
-              steps_per_epoch=config.optim.steps, epochs=1, verbose=0)
+    model.fit(
+        train_dataset(
+            source.train, source.num_classes, batch, augment, seed=seed, shuffle_buffer=config.data.shuffle_buffer
+        ),
+        steps_per_epoch=config.optim.steps,
+        epochs=1,
+        verbose=0,
+    )
     scores = model.evaluate(eval_dataset(source.eval, source.num_classes, batch, augment), return_dict=True, verbose=0)
     return model, float(scores["accuracy"])
 
 
-def run_ablation(config: TrainConfig, runs: Sequence[tuple[str, str]] = DEFAULT_RUNS, seeds: Sequence[int] = (0,),
-                 log=print) -> list[AblationRow]:
+def run_ablation(
+    config: TrainConfig, runs: Sequence[tuple[str, str]] = DEFAULT_RUNS, seeds: Sequence[int] = (0,), log=print
+) -> list[AblationRow]:
     """Train every ``(position_embedding, classifier)`` of ``runs`` once per seed; one row per run."""
     for position_embedding, classifier in runs:
         check_position_embedding(position_embedding)
@@ -98,8 +107,10 @@ def run_ablation(config: TrainConfig, runs: Sequence[tuple[str, str]] = DEFAULT_
             raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
     setup = steps.prepare(config)
     config, source, optim = setup.config, setup.source, setup.config.optim
-    log(f"{source.name}: ViT {config.model.name} {config.architecture()} at {config.model.image_size}px, "
-        f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}; seeds {list(seeds)}")
+    log(
+        f"{source.name}: ViT {config.model.name} {config.architecture()} at {config.model.image_size}px, "
+        f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}; seeds {list(seeds)}"
+    )
     rows = []
     for position_embedding, classifier in runs:
         accuracies, started = [], time.time()
@@ -114,12 +125,16 @@ def run_ablation(config: TrainConfig, runs: Sequence[tuple[str, str]] = DEFAULT_
 
 def table(rows: Sequence[AblationRow]) -> str:
     """The rows as a Markdown table."""
-    lines = ["| position embedding | classifier | parameters | held-out accuracy | seconds per run |",
-             "|---|---|---:|---:|---:|"]
+    lines = [
+        "| position embedding | classifier | parameters | held-out accuracy | seconds per run |",
+        "|---|---|---:|---:|---:|",
+    ]
     for row in rows:
         spread = f" ± {row.spread:.3f}" if len(row.accuracies) > 1 else ""
-        lines.append(f"| `{row.position_embedding}` | {row.classifier} | {row.parameters:,} | {row.mean:.3f}{spread} "
-                     f"| {row.seconds:.0f} |")
+        lines.append(
+            f"| `{row.position_embedding}` | {row.classifier} | {row.parameters:,} | {row.mean:.3f}{spread} "
+            f"| {row.seconds:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -137,28 +152,31 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m keras_vit.training.ablation",
         description="Train one ViT per position embedding (and classifier) under the same budget and print "
-                    "the held-out accuracies. Without a dataset: scikit-learn's digits, offline.")
+        "the held-out accuracies. Without a dataset: scikit-learn's digits, offline.",
+    )
     config_lib.add_arguments(p, BASE)
     fields.add_arguments(p.add_argument_group("ablation"), AblationOptions())
+    add_debug_flag(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> list[AblationRow]:
-    """Parse the command line, run the ablation, print the table and write it to ``OUTPUT_DIR``."""
+    """Parse the command line, run the ablation, print the table and write it to ``OUTPUT_DIR``; an error is one
+    line on stderr and exit status 1."""
     p = parser()
     args = p.parse_args(argv)
     config, options = config_lib.from_args(args, BASE), AblationOptions(**fields.given(args, AblationOptions))
     if config.model.weights:
         p.error("the ablation trains from scratch; --weights does not apply.")
-    rows = run_ablation(config, options.runs(), range(options.seeds))
-    text = table(rows)
-    print(text, flush=True)
-    out = config.run.output_dir
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "ablation.md"), "w") as file:
-        file.write(text + "\n")
-    with open(os.path.join(out, "ablation.json"), "w") as file:
-        json.dump([dataclasses.asdict(r) for r in rows], file, indent=2)
+    with command_errors(args):
+        rows = run_ablation(config, options.runs(), range(options.seeds))
+        text = table(rows)
+        print(text, flush=True)
+        out = config.run.output_dir
+        outputs.mark_output(out, "ablation")
+        with open(os.path.join(out, "ablation.md"), "w") as file:
+            file.write(text + "\n")
+        outputs.write_json(os.path.join(out, "ablation.json"), [dataclasses.asdict(r) for r in rows])
     return rows
 
 

@@ -49,11 +49,13 @@ __all__ = [
     "FLAT_NAMES",
     "PRESET",
     "PRESETS",
+    "RANGES",
     "RUN_ONLY_FIELDS",
     "SECTIONS",
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
+    "Range",
     "RunConfig",
     "TrainConfig",
     "add_arguments",
@@ -81,10 +83,15 @@ def parse_model_name(name: str) -> str:
 class ModelConfig:
     """The model: a variant with optional architecture overrides, its weights and regularisation."""
 
-    name: str | None = option("variant of keras_vit.variants: B/16, ViT_B16, Ti/16, R50+B/16, ViT_R26_S32, ...",
-                              unset=PRESET, flag="model", parse=parse_model_name)
-    patch_size: int | None = option("override the variant's patch size (feature-map cells for a hybrid)",
-                                    unset="the variant's")
+    name: str | None = option(
+        "variant of keras_vit.variants: B/16, ViT_B16, Ti/16, R50+B/16, ViT_R26_S32, ...",
+        unset=PRESET,
+        flag="model",
+        parse=parse_model_name,
+    )
+    patch_size: int | None = option(
+        "override the variant's patch size (feature-map cells for a hybrid)", unset="the variant's"
+    )
     hidden_size: int | None = option("override the variant's width", unset="the variant's")
     depth: int | None = option("override the variant's number of blocks", unset="the variant's")
     num_heads: int | None = option("override the variant's attention heads", unset="the variant's")
@@ -99,14 +106,17 @@ class ModelConfig:
 class DataConfig:
     """The data: where it comes from, how it is split, augmented and evaluated."""
 
-    dataset: str | None = option("a TFDS name (cifar10, oxford_iiit_pet, imagenet2012, ...) or an image folder "
-                                 "(one sub-folder per class)", unset="scikit-learn's digits")
+    dataset: str | None = option(
+        "a TFDS name (cifar10, oxford_iiit_pet, imagenet2012, ...) or an image folder (one sub-folder per class)",
+        unset="scikit-learn's digits",
+    )
     data_dir: str | None = option("TFDS data directory", unset="TFDS's")
     manual_dir: str | None = option("TFDS manual download directory (imagenet2012)")
     train_split: str = option("training split", "train")
     eval_split: str | None = option("held-out split", unset="validation for ImageNet, else test")
-    eval_fraction: float | None = option("fraction held out when the data has no held-out split",
-                                         unset="0.2 of digits, 0.1 of a folder")
+    eval_fraction: float | None = option(
+        "fraction held out when the data has no held-out split", unset="0.2 of digits, 0.1 of a folder"
+    )
     crop_area: tuple[float, float] | None = option("inception crop area range (1,1: no random crop)", unset=PRESET)
     flip: bool | None = option("random horizontal flips", unset=PRESET)
     randaugment: tuple[int, float] | None = option("RandAugment num_ops,factor (0,0: off)", unset=PRESET)
@@ -114,6 +124,9 @@ class DataConfig:
     cutmix: float | None = option("CutMix factor (0: off)", unset=PRESET)
     eval_crop: float | None = option("central crop fraction for evaluation (1: plain resize)", unset=PRESET)
     shuffle_buffer: int = option("shuffle buffer of streamed (TFDS) data", 10_000)
+    skip_corrupt: bool | None = option(
+        "leave out image-folder files that do not decode, naming them", unset="no: stop before training, naming them"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +137,9 @@ class OptimConfig:
     accumulation_steps: int = option("micro-batches accumulated per update", 1)
     steps: int | None = option("optimizer updates", unset=PRESET)
     epochs: int | None = option("passes over the training data (instead of --steps)", unset=PRESET)
-    eval_every: int | None = option("steps between evaluations (an 'epoch' in the logs)",
-                                    unset="one pass with --epochs, else a tenth of the steps")
+    eval_every: int | None = option(
+        "steps between evaluations (an 'epoch' in the logs)", unset="one pass with --epochs, else a tenth of the steps"
+    )
     lr: float | None = option("base learning rate", unset=PRESET)
     warmup: float | None = option("warmup steps (or a fraction of the steps when < 1)", unset=PRESET)
     schedule: str | None = option("decay after the warmup", unset=PRESET, choices=DECAYS)
@@ -135,8 +149,7 @@ class OptimConfig:
     weight_decay: float | None = option("decoupled weight decay", unset=PRESET)
     clip_norm: float | None = option("global gradient-norm clip (0: off)", unset=PRESET)
     label_smoothing: float | None = option("label smoothing", unset=PRESET)
-    mixed_precision: str = option("auto: bfloat16 on TPU, float16 on GPU, none on CPU", "auto",
-                                  choices=MIXED_PRECISION)
+    mixed_precision: str = option("auto: bfloat16 on TPU, float16 on GPU, none on CPU", "auto", choices=MIXED_PRECISION)
     seed: int = option("random seed (initialisation, data order, augmentation)", 0)
 
 
@@ -150,22 +163,28 @@ class RunConfig:
 
     strategy: str = option("tf.distribute strategy", "auto", choices=STRATEGIES)
     tpu: str | None = option("TPU name or address", unset="TPU_NAME or the local TPU VM")
-    cpu_devices: int | None = option("split the CPU into N logical devices (to try --strategy mirrored without "
-                                     "GPUs)", unset="no split")
+    cpu_devices: int | None = option(
+        "split the CPU into N logical devices (to try --strategy mirrored without GPUs)", unset="no split"
+    )
     output_dir: str = option("where checkpoints, logs, the model and metrics go", "runs/finetune")
     checkpoint_every: int = option("steps between checkpoints", 500)
     keep_checkpoints: int = option("checkpoints kept", 3)
     log_every: int = option("steps between train_log.jsonl / TensorBoard entries", 10)
     steps_per_execution: int = option("batches per compiled call of model.fit", 1)
-    verbose: int | str = option("0 silent, 1 progress bars, 2 one line per epoch, auto: Keras' choice", "auto",
-                                choices=(0, 1, 2, "auto"), parse=_verbosity)
+    verbose: int | str = option(
+        "0 silent, 1 progress bars, 2 one line per epoch, auto: Keras' choice",
+        "auto",
+        choices=(0, 1, 2, "auto"),
+        parse=_verbosity,
+    )
     overwrite: bool = option("delete output-dir first instead of resuming from it", False)
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
 # Flat name (option, keyword, run.json key) -> (section, field).
 FLAT_NAMES: dict[str, tuple[str, str]] = {
-    flag_name(f): (section, f.name) for section, cls in SECTIONS.items() for f in option_fields(cls)}
+    flag_name(f): (section, f.name) for section, cls in SECTIONS.items() for f in option_fields(cls)
+}
 RUN_ONLY_FIELDS = tuple(flag_name(f) for f in option_fields(RunConfig))
 
 
@@ -175,19 +194,53 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "finetune": dict(
         model=dict(name="B/16", image_size=384, dropout=0.0, drop_path=0.0),
         data=dict(_PLAIN, crop_area=(0.05, 1.0), flip=True),
-        optim=dict(batch_size=512, steps=10_000, lr=0.03, warmup=500, schedule="cosine", end_lr=0.0, optimizer="sgd",
-                   weight_decay=0.0, clip_norm=1.0, label_smoothing=0.0)),
+        optim=dict(
+            batch_size=512,
+            steps=10_000,
+            lr=0.03,
+            warmup=500,
+            schedule="cosine",
+            end_lr=0.0,
+            optimizer="sgd",
+            weight_decay=0.0,
+            clip_norm=1.0,
+            label_smoothing=0.0,
+        ),
+    ),
     "scratch": dict(
         model=dict(name="B/16", image_size=224, dropout=0.0, drop_path=0.1),
         data=dict(crop_area=(0.08, 1.0), flip=True, randaugment=(2, 0.5), mixup=0.8, cutmix=1.0, eval_crop=0.875),
-        optim=dict(batch_size=512, epochs=300, lr=1e-3, warmup=0.05, schedule="cosine", end_lr=0.0,
-                   optimizer="adamw", weight_decay=0.1, clip_norm=1.0, label_smoothing=0.1)),
+        optim=dict(
+            batch_size=512,
+            epochs=300,
+            lr=1e-3,
+            warmup=0.05,
+            schedule="cosine",
+            end_lr=0.0,
+            optimizer="adamw",
+            weight_decay=0.1,
+            clip_norm=1.0,
+            label_smoothing=0.1,
+        ),
+    ),
     "digits": dict(
-        model=dict(name="Ti/4", hidden_size=64, depth=4, num_heads=4, mlp_dim=128, image_size=16, dropout=0.0,
-                   drop_path=0.0),
+        model=dict(
+            name="Ti/4", hidden_size=64, depth=4, num_heads=4, mlp_dim=128, image_size=16, dropout=0.0, drop_path=0.0
+        ),
         data=dict(_PLAIN, crop_area=(0.6, 1.0)),
-        optim=dict(batch_size=64, steps=2000, lr=2e-3, warmup=100, schedule="cosine", end_lr=0.0, optimizer="adamw",
-                   weight_decay=0.05, clip_norm=1.0, label_smoothing=0.1)),
+        optim=dict(
+            batch_size=64,
+            steps=2000,
+            lr=2e-3,
+            warmup=100,
+            schedule="cosine",
+            end_lr=0.0,
+            optimizer="adamw",
+            weight_decay=0.05,
+            clip_norm=1.0,
+            label_smoothing=0.1,
+        ),
+    ),
 }
 # Per-dataset (and per-model) changes to the fine-tuning recipe, from the paper.
 FINETUNE_ADJUSTMENTS: dict[tuple[str, str | None], dict[str, dict[str, Any]]] = {
@@ -202,8 +255,11 @@ CPU_SCALED_PRESETS = ("finetune", "scratch")  # their batch of 512 becomes CPU_B
 class TrainConfig:
     """Everything a run needs; ``None`` fields come from the preset (see the module docstring)."""
 
-    preset: str = option("the recipe unset options come from (auto: digits without a dataset, finetune with "
-                         "weights, else scratch)", "auto", choices=("auto", *PRESETS))
+    preset: str = option(
+        "the recipe unset options come from (auto: digits without a dataset, finetune with weights, else scratch)",
+        "auto",
+        choices=("auto", *PRESETS),
+    )
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -233,8 +289,10 @@ class TrainConfig:
 
     def flat(self) -> dict[str, Any]:
         """``{flat name: value}`` of every field, ``preset`` first."""
-        return {"preset": self.preset,
-                **{flat: getattr(getattr(self, s), name) for flat, (s, name) in FLAT_NAMES.items()}}
+        return {
+            "preset": self.preset,
+            **{flat: getattr(getattr(self, s), name) for flat, (s, name) in FLAT_NAMES.items()},
+        }
 
     def set_fields(self) -> dict[str, dict[str, Any]]:
         """``{section: {field: value}}`` of the fields that are not ``None``."""
@@ -285,14 +343,16 @@ def resolve(config: TrainConfig, *, train_examples: int | None, accelerator: str
         optim["lr"] *= CPU_BATCH / optim["batch_size"]
         optim["batch_size"] = CPU_BATCH
     resolved = TrainConfig().update(values).update(config.set_fields(), preset=preset)
+    _check_ranges(resolved)  # before derived values: an error shows the value as given
     optim = resolved.optim
     steps, eval_every = optim.steps, optim.eval_every
     if optim.epochs is not None and steps is not None:
         raise ValueError("Give steps or epochs, not both.")
     if optim.epochs is not None:
         if not train_examples:
-            raise ValueError("epochs needs the number of training examples, which this dataset does not report; "
-                             "give steps instead.")
+            raise ValueError(
+                "epochs needs the number of training examples, which this dataset does not report; give steps instead."
+            )
         per_pass = math.ceil(train_examples / optim.batch_size)
         steps, eval_every = optim.epochs * per_pass, eval_every or per_pass
     eval_every = eval_every or max(1, math.ceil(steps / 10))
@@ -302,27 +362,96 @@ def resolve(config: TrainConfig, *, train_examples: int | None, accelerator: str
     return resolved
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The allowed values of a numeric setting: ``low <= value < high`` (ends open or closed as given)."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = True
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+_COUNT, _NON_NEGATIVE, _RATE, _FRACTION = Range(1), Range(0), Range(0, 1), Range(0, 1, low_open=True)
+# Flat name -> allowed values; a tuple setting's every element must be in its range.
+RANGES: dict[str, Range] = {
+    **dict.fromkeys(
+        (
+            "steps",
+            "epochs",
+            "batch_size",
+            "accumulation_steps",
+            "eval_every",
+            "image_size",
+            "patch_size",
+            "hidden_size",
+            "depth",
+            "num_heads",
+            "mlp_dim",
+            "shuffle_buffer",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "log_every",
+            "steps_per_execution",
+        ),
+        _COUNT,
+    ),
+    **dict.fromkeys(
+        ("lr", "warmup", "end_lr", "weight_decay", "clip_norm", "mixup", "cutmix", "randaugment", "cpu_devices"),
+        _NON_NEGATIVE,
+    ),
+    **dict.fromkeys(("dropout", "drop_path", "momentum", "label_smoothing"), _RATE),
+    "eval_fraction": _FRACTION,
+    "crop_area": Range(0, 1, low_open=True, high_open=False),
+    "eval_crop": Range(0, 1, low_open=True, high_open=False),
+}
+
+
+def _shown(value: Any) -> str:
+    """A value as typed on the command line (``-3``, ``0.05,1``)."""
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def _check_ranges(config: TrainConfig) -> None:
+    """A ``ValueError`` naming the first setting outside its :data:`RANGES` (and a crop area that is not low,high)."""
+    for name, allowed in RANGES.items():
+        section, field = FLAT_NAMES[name]
+        value = getattr(getattr(config, section), field)
+        if value is None:
+            continue
+        values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v in allowed for v in values):
+            raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {_shown(value)}.")
+    low, high = config.data.crop_area or (0, 1)
+    if low > high:
+        raise ValueError(f"--crop-area must be low,high with low <= high, got {_shown(config.data.crop_area)}.")
+
+
 def _check(config: TrainConfig, replicas: int) -> None:
-    optim, run = config.optim, config.run
-    positive = dict(steps=optim.steps, batch_size=optim.batch_size, image_size=config.model.image_size,
-                    accumulation_steps=optim.accumulation_steps, eval_every=optim.eval_every,
-                    checkpoint_every=run.checkpoint_every, log_every=run.log_every)
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}.")
+    optim = config.optim
     micro = optim.batch_size // optim.accumulation_steps
     if optim.batch_size % optim.accumulation_steps or micro % replicas:
         raise ValueError(
             f"batch_size {optim.batch_size} must split into accumulation_steps={optim.accumulation_steps} "
-            f"micro-batches that divide over {replicas} replicas.")
+            f"micro-batches that divide over {replicas} replicas."
+        )
     for section, cls in SECTIONS.items():
         for field in option_fields(cls):
             value, choices = getattr(getattr(config, section), field.name), field.metadata["choices"]
             if choices and value is not None and value not in choices:
                 expected = ", ".join(map(str, choices))
                 raise ValueError(f"Unknown {flag_name(field)} {value!r}; expected one of {expected}.")
-    if not 0 <= optim.label_smoothing < 1:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {optim.label_smoothing}.")
     parse_variant(config.model.name).replace(**config.architecture())
 
 

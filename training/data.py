@@ -9,17 +9,34 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorflow as tf
 
 from keras_vit import datasets
+from keras_vit.training.errors import CorruptDataError, warn
 
-__all__ = ["FOLDER_EVAL_NAMES", "IMAGE_EXTENSIONS", "TFDS_EVAL_SPLITS", "Source", "Split", "decode_image",
-           "load_digits", "load_folder", "load_source", "load_tfds"]
+__all__ = [
+    "FOLDER_EVAL_NAMES",
+    "IMAGE_EXTENSIONS",
+    "IMAGE_FORMATS",
+    "TFDS_EVAL_SPLITS",
+    "Source",
+    "Split",
+    "check_images",
+    "decode_image",
+    "image_problem",
+    "load_digits",
+    "load_folder",
+    "load_source",
+    "load_tfds",
+]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+IMAGE_FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP")  # what tf.io.decode_image reads (PIL's names)
+NAMED = 10  # bad files named in a message
 FOLDER_EVAL_NAMES = ("val", "validation", "test")
 # Held-out split per TFDS dataset where it is not "test" (ImageNet's test labels are not public).
 TFDS_EVAL_SPLITS = {"imagenet2012": "validation", "imagenet_v2": "test", "imagenet2012_real": "validation"}
@@ -79,7 +96,7 @@ class Source:
 
 
 def decode_image(data: tf.Tensor) -> tf.Tensor:
-    """Encoded bytes (JPEG, PNG, BMP, GIF's first frame) -> ``(H, W, 3)`` uint8."""
+    """Encoded bytes (JPEG, PNG, BMP, GIF's first frame, WebP) -> ``(H, W, 3)`` uint8."""
     image = tf.io.decode_image(data, channels=3, expand_animations=False)
     image.set_shape([None, None, 3])
     return image
@@ -104,38 +121,82 @@ def load_digits(eval_fraction: float = 0.2, seed: int = 0) -> Source:
     )
 
 
-def _list_classes(root: str) -> tuple[list[str], list[str], np.ndarray]:
-    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+def image_problem(path: str) -> str | None:
+    """Why the image file ``path`` would not decode (``None`` if it does): read in full, JPEGs at 1/8 scale."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            if image.format not in IMAGE_FORMATS:
+                return f"a {image.format} image, not one of {', '.join(IMAGE_FORMATS)}"
+            image.draft("RGB", (1, 1))  # JPEG: decode at the smallest scale, still reading every byte
+            image.load()
+    except UnidentifiedImageError:
+        return "not an image"
+    except (OSError, ValueError, SyntaxError) as error:  # PIL: truncated or malformed data
+        return str(error) or type(error).__name__
+    return None
+
+
+def check_images(paths: Sequence[str], skip: bool = False) -> np.ndarray:
+    """Decode every file (in threads); the mask of those that decode. Bad files raise :class:`CorruptDataError`
+    naming them, or with ``skip`` are left out with a warning naming them."""
+    with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
+        problems = list(pool.map(image_problem, paths))
+    bad = [f"{path} ({problem})" for path, problem in zip(paths, problems) if problem]
+    if bad:
+        named = "; ".join(bad[:NAMED]) + (f"; and {len(bad) - NAMED} more" if len(bad) > NAMED else "")
+        if not skip:
+            raise CorruptDataError(
+                f"{len(bad)} of {len(paths)} image files do not decode: {named}. Fix or remove "
+                "them, or leave them out with --skip-corrupt."
+            )
+        warn(f"skipping {len(bad)} of {len(paths)} image files that do not decode (--skip-corrupt): {named}")
+    return np.array([problem is None for problem in problems], bool)
+
+
+def _list_classes(root: str, skip_corrupt: bool = False) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The class folders of ``root`` (hidden ones are not classes), their image files and labels."""
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
     paths, labels = [], []
     for label, name in enumerate(classes):
         folder = os.path.join(root, name)
-        for file in sorted(os.listdir(folder)):
-            if file.lower().endswith(IMAGE_EXTENSIONS):
-                paths.append(os.path.join(folder, file))
-                labels.append(label)
-    return classes, paths, np.array(labels, np.int64)
+        files = [f for f in sorted(os.listdir(folder)) if f.lower().endswith(IMAGE_EXTENSIONS)]
+        paths += [os.path.join(folder, f) for f in files]
+        labels += [label] * len(files)
+    paths, labels = np.array(paths, dtype=str), np.array(labels, np.int64)
+    good = check_images(paths.tolist(), skip_corrupt)
+    paths, labels = paths[good], labels[good]
+    empty = [os.path.join(root, c) for c, n in zip(classes, np.bincount(labels, minlength=len(classes))) if not n]
+    if empty:
+        raise ValueError(
+            f"Class folders without images ({', '.join(IMAGE_EXTENSIONS)} that decode): "
+            f"{', '.join(empty)}; add images or remove the folders."
+        )
+    return classes, paths, labels
 
 
-def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0) -> Source:
+def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0, skip_corrupt: bool = False) -> Source:
     """Images in ``root/<class>/*.jpg|png|...``, one sub-folder per class (sorted names -> labels).
 
     If ``root`` has ``train/`` and one of ``val/``, ``validation/``, ``test/``, those are the splits;
-    otherwise ``eval_fraction`` of each class is held out (seeded).
+    otherwise ``eval_fraction`` of each class is held out (seeded). Every file is decoded first
+    (:func:`check_images`): one that does not decode is an error naming it, or with ``skip_corrupt``
+    left out. A class folder without images is an error naming it.
     """
     if not os.path.isdir(root):
         raise ValueError(f"Image folder {root!r} does not exist.")
     eval_dir = next((os.path.join(root, n) for n in FOLDER_EVAL_NAMES if os.path.isdir(os.path.join(root, n))), None)
     if os.path.isdir(os.path.join(root, "train")) and eval_dir is not None:
-        classes, paths, labels = _list_classes(os.path.join(root, "train"))
-        eval_classes, eval_paths, eval_labels = _list_classes(eval_dir)
+        classes, paths, labels = _list_classes(os.path.join(root, "train"), skip_corrupt)
+        eval_classes, eval_paths, eval_labels = _list_classes(eval_dir, skip_corrupt)
         if eval_classes != classes:
             raise ValueError(f"{eval_dir} has classes {eval_classes}, but {root}/train has {classes}.")
-        train_split = Split(len(paths), np.array(paths), labels)
-        eval_split, eval_name = Split(len(eval_paths), np.array(eval_paths), eval_labels), os.path.basename(eval_dir)
+        train_split = Split(len(paths), paths, labels)
+        eval_split, eval_name = Split(len(eval_paths), eval_paths, eval_labels), os.path.basename(eval_dir)
     else:
-        classes, paths, labels = _list_classes(root)
+        classes, paths, labels = _list_classes(root, skip_corrupt)
         train, held = datasets.stratified_split(labels, eval_fraction, seed)
-        paths = np.array(paths)
         train_split = Split(len(train), paths[train], labels[train])
         eval_split, eval_name = Split(len(held), paths[held], labels[held]), f"held-out {eval_fraction:.0%}"
     if len(classes) < 2 or train_split.num_examples == 0 or eval_split.num_examples == 0:
@@ -143,13 +204,21 @@ def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0) -> Source:
             f"Image folder {root!r} needs at least two class sub-folders with images ({IMAGE_EXTENSIONS}) "
             f"and images to hold out; found classes {classes} with {len(paths)} images."
         )
-    return Source(os.path.basename(os.path.normpath(root)), len(classes), train_split, eval_split, eval_name,
-                  tuple(classes))
+    return Source(
+        os.path.basename(os.path.normpath(root)), len(classes), train_split, eval_split, eval_name, tuple(classes)
+    )
 
 
-def load_tfds(name: str, *, data_dir: str | None = None, manual_dir: str | None = None,
-              train_split: str = "train", eval_split: str | None = None, download: bool = True,
-              seed: int = 0) -> Source:
+def load_tfds(
+    name: str,
+    *,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    train_split: str = "train",
+    eval_split: str | None = None,
+    download: bool = True,
+    seed: int = 0,
+) -> Source:
     """A ``tensorflow_datasets`` dataset with ``image`` and ``label`` features.
 
     ``manual_dir`` is where manually downloaded archives are (ImageNet); ``eval_split`` defaults to
@@ -170,9 +239,13 @@ def load_tfds(name: str, *, data_dir: str | None = None, manual_dir: str | None 
     eval_split = eval_split or TFDS_EVAL_SPLITS.get(name.split(":")[0].split("/")[0], "test")
 
     def split(split_name: str, shuffle: bool) -> Split:
-        stream = builder.as_dataset(split=split_name, as_supervised=True, shuffle_files=shuffle,
-                                    read_config=tfds.ReadConfig(shuffle_seed=seed),
-                                    decoders={"image": tfds.decode.SkipDecoding()})
+        stream = builder.as_dataset(
+            split=split_name,
+            as_supervised=True,
+            shuffle_files=shuffle,
+            read_config=tfds.ReadConfig(shuffle_seed=seed),
+            decoders={"image": tfds.decode.SkipDecoding()},
+        )
         stream = stream.map(lambda image, label: (image, tf.cast(label, tf.int64)))
         try:
             count = builder.info.splits[split_name].num_examples
@@ -180,19 +253,42 @@ def load_tfds(name: str, *, data_dir: str | None = None, manual_dir: str | None 
             count = None
         return Split(count or None, stream=stream, encoded=True)
 
-    return Source(name, features["label"].num_classes, split(train_split, True), split(eval_split, False), eval_split,
-                  tuple(features["label"].names))
+    return Source(
+        name,
+        features["label"].num_classes,
+        split(train_split, True),
+        split(eval_split, False),
+        eval_split,
+        tuple(features["label"].names),
+    )
 
 
-def load_source(dataset: str | None, *, data_dir: str | None = None, manual_dir: str | None = None,
-                train_split: str = "train", eval_split: str | None = None, eval_fraction: float | None = None,
-                download: bool = True, seed: int = 0) -> Source:
-    """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder; else a TFDS name."""
+def load_source(
+    dataset: str | None,
+    *,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    train_split: str = "train",
+    eval_split: str | None = None,
+    eval_fraction: float | None = None,
+    download: bool = True,
+    seed: int = 0,
+    skip_corrupt: bool = False,
+) -> Source:
+    """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder (``skip_corrupt``: see
+    :func:`load_folder`); else a TFDS name."""
     if dataset in (None, "digits"):
         return load_digits(eval_fraction or 0.2, seed)
     if os.path.isdir(dataset):
-        return load_folder(dataset, eval_fraction or 0.1, seed)
+        return load_folder(dataset, eval_fraction or 0.1, seed, skip_corrupt)
     if dataset.startswith((".", "~", os.sep)):
         raise ValueError(f"Image folder {dataset!r} does not exist.")
-    return load_tfds(dataset, data_dir=data_dir, manual_dir=manual_dir, train_split=train_split,
-                     eval_split=eval_split, download=download, seed=seed)
+    return load_tfds(
+        dataset,
+        data_dir=data_dir,
+        manual_dir=manual_dir,
+        train_split=train_split,
+        eval_split=eval_split,
+        download=download,
+        seed=seed,
+    )

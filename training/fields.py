@@ -23,8 +23,15 @@ from typing import Any
 __all__ = ["add_arguments", "flag_name", "given", "option", "option_fields"]
 
 
-def option(help: str, default: Any = None, *, unset: str | None = None, choices: Sequence | None = None,
-           flag: str | None = None, parse: Callable[[str], Any] | None = None) -> Any:
+def option(
+    help: str,
+    default: Any = None,
+    *,
+    unset: str | None = None,
+    choices: Sequence | None = None,
+    flag: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+) -> Any:
     """A dataclass field with its command-line help.
 
     ``unset`` says what ``None`` means (shown as the default); ``choices`` are the allowed values;
@@ -81,15 +88,17 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, def
     for field in option_fields(type(defaults)):
         kind = _value_type(hints[field.name])
         name = flag_name(field)
-        settings: dict[str, Any] = dict(dest=name, default=argparse.SUPPRESS,
-                                        help=_help(field, getattr(defaults, field.name)))
+        settings: dict[str, Any] = dict(
+            dest=name, default=argparse.SUPPRESS, help=_help(field, getattr(defaults, field.name))
+        )
         if kind is bool:
             settings["action"] = argparse.BooleanOptionalAction
         else:
             if typing.get_origin(kind) is tuple:
                 settings["metavar"] = ",".join(k.__name__.upper() for k in typing.get_args(kind))
-            settings["type"] = field.metadata["parse"] or (_pair(typing.get_args(kind))
-                                                           if typing.get_origin(kind) is tuple else kind)
+            settings["type"] = field.metadata["parse"] or (
+                _pair(typing.get_args(kind)) if typing.get_origin(kind) is tuple else kind
+            )
             if field.metadata["choices"]:
                 settings["choices"] = field.metadata["choices"]
         parser.add_argument(f"--{name.replace('_', '-')}", **settings)

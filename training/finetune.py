@@ -18,13 +18,19 @@ import tensorflow as tf
 
 from keras_vit.training import config as config_lib
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.errors import add_debug_flag, command_errors
 from keras_vit.training.supervised import FinetuneResult, train_classifier
 
 __all__ = ["FinetuneResult", "finetune", "main", "parser"]
 
 
-def finetune(config: TrainConfig | None = None, *, callbacks: Sequence[keras.callbacks.Callback] = (),
-             strategy: str | tf.distribute.Strategy | None = None, **fields) -> FinetuneResult:
+def finetune(
+    config: TrainConfig | None = None,
+    *,
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+    strategy: str | tf.distribute.Strategy | None = None,
+    **fields,
+) -> FinetuneResult:
     """Train as ``config`` says, changed by ``fields`` (flat :class:`TrainConfig` names: ``lr=0.1``, ``model="S/16"``).
 
     ``callbacks`` are added to ``model.fit``; ``strategy`` is a name (see ``keras_vit.training.strategy``) or a
@@ -40,14 +46,18 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m keras_vit.training.finetune",
         description="Fine-tune a (pre-trained) ViT, or train one from scratch, with model.fit. Without a "
-                    "dataset: a small ViT on scikit-learn's digits, offline. Unset options come from the preset.")
+        "dataset: a small ViT on scikit-learn's digits, offline. Unset options come from the preset.",
+    )
     config_lib.add_arguments(p)
+    add_debug_flag(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> FinetuneResult:
-    """Parse the command line and run :func:`finetune`."""
-    return finetune(config_lib.from_args(parser().parse_args(argv)))
+    """Parse the command line and run :func:`finetune`; an error is one line on stderr and exit status 1."""
+    args = parser().parse_args(argv)
+    with command_errors(args):
+        return finetune(config_lib.from_args(args))
 
 
 if __name__ == "__main__":

@@ -19,18 +19,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
+from keras_vit.training.errors import DivergedError, TrainingError, warn
+from keras_vit.training.outputs import write_json
 from keras_vit.training.strategy import is_chief
 
-__all__ = ["CheckpointEvery", "Checkpointer", "FitResult", "Segment", "StepCallback", "StepLog", "fit", "plan_segments",
-           "save_outputs", "truncate_log"]
+__all__ = [
+    "CheckpointEvery",
+    "Checkpointer",
+    "FitResult",
+    "Segment",
+    "StepCallback",
+    "StepLog",
+    "StopOnNonFinite",
+    "fit",
+    "plan_segments",
+    "save_outputs",
+    "truncate_log",
+]
+
+DIVERGED_HINT = "lower --lr, and check that --drop-path and --dropout are in [0, 1)"
+_READ_ERRORS = (tf.errors.OpError, OSError, ValueError, IndexError, EOFError)  # a checkpoint cut short or missing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,33 +90,80 @@ class Checkpointer:
 
     def __init__(self, model: keras.Model, directory: str, max_to_keep: int = 3, restore_directory: str | None = None):
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.checkpoint = tf.train.Checkpoint(step=self.step, model=list(model.variables),
-                                              optimizer=list(model.optimizer.variables))
+        self.checkpoint = tf.train.Checkpoint(
+            step=self.step, model=list(model.variables), optimizer=list(model.optimizer.variables)
+        )
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
         self.saved: int | None = None
         self.restore_directory = restore_directory or directory
 
+    def candidates(self) -> list[str]:
+        """The checkpoints of the restore directory (from their ``ckpt-N.index`` files), newest first."""
+        folder = self.restore_directory
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        steps = [int(n[5:-6]) for n in names if n.startswith("ckpt-") and n.endswith(".index") and n[5:-6].isdigit()]
+        return [os.path.join(folder, f"ckpt-{step}") for step in sorted(steps, reverse=True)]
+
     def restore(self) -> int:
-        """Restore the latest checkpoint if any; return its step (0 without one)."""
-        path = tf.train.latest_checkpoint(self.restore_directory)
-        if path is None:
-            return 0
-        try:
-            self.checkpoint.restore(path).assert_consumed()
-        except AssertionError as error:
-            raise ValueError(
-                f"Checkpoint {path} does not match this model and optimizer ({error}). Start a new "
-                "run in another output directory, or remove the old one (--overwrite)."
-            ) from error
-        self.saved = int(self.step.numpy())
-        return self.saved
+        """Restore the newest checkpoint that reads whole; return its step (0 without one).
+
+        The checkpoints are found from their files, not the ``checkpoint`` state file (which may be missing
+        or corrupt); one that does not read (cut short, its data or index missing) is passed over with a
+        warning. A checkpoint that reads but does not match the model, or checkpoints none of which read,
+        are errors.
+        """
+        state = tf.train.get_checkpoint_state(self.restore_directory)
+        recorded = state.model_checkpoint_path if state else None  # what the state file names, whole or not
+        failures = []
+        for path in self.candidates():
+            try:
+                self.checkpoint.restore(path).assert_consumed()
+            except AssertionError as error:
+                raise ValueError(
+                    f"Checkpoint {path} does not match this model and optimizer ({error}). Start a new "
+                    "run in another output directory, or remove the old one (--overwrite)."
+                ) from error
+            except _READ_ERRORS as error:
+                failures.append(f"{os.path.basename(path)}: {str(error).strip().splitlines()[0]}")
+                continue
+            self.saved = int(self.step.numpy())
+            if failures or os.path.basename(recorded or "") != os.path.basename(path):
+                why = (
+                    "; ".join(failures)
+                    if failures
+                    else (
+                        f"the checkpoint state file names {os.path.basename(recorded)}, which has no index file"
+                        if recorded
+                        else "the checkpoint state file is missing or unreadable"
+                    )
+                )
+                warn(f"resuming from {path} (step {self.saved}), the newest checkpoint that reads: {why}")
+            return self.saved
+        if failures:
+            raise TrainingError(
+                f"No checkpoint in {self.restore_directory} reads ({'; '.join(failures)}). Start "
+                "over with --overwrite, or use another --output-dir."
+            )
+        return 0
 
     def save(self, step: int) -> None:
-        """Save at ``step`` (once: saving the step just saved or restored again is a no-op)."""
+        """Save at ``step`` (once: saving the step just saved or restored again is a no-op); weights that are
+        NaN or infinite are a :class:`DivergedError` instead."""
         if step != self.saved:
+            if not _all_finite(self.checkpoint.model):
+                raise DivergedError(
+                    f"Training diverged: the weights are NaN or infinite at batch {step}; no "
+                    f"checkpoint saved there (the last one is batch {self.saved or 'none'}). "
+                    f"To fix: {DIVERGED_HINT}."
+                )
             self.step.assign(step)
             self.manager.save(checkpoint_number=step)
             self.saved = step
+
+
+def _all_finite(variables: Sequence[tf.Variable]) -> bool:
+    floats = [tf.convert_to_tensor(v) for v in variables if tf.as_dtype(v.dtype).is_floating]
+    return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in floats)
 
 
 class StepCallback(keras.callbacks.Callback):
@@ -130,6 +197,32 @@ class CheckpointEvery(StepCallback):
         if step // self.every > self.last // self.every:
             self.checkpointer.save(step)
         self.last = step
+
+
+class StopOnNonFinite(StepCallback):
+    """Stops the run at the first batch whose loss is NaN or infinite with a :class:`DivergedError`. It comes
+    before :class:`CheckpointEvery`, so no checkpoint is saved at or after that batch. (Keras reports the mean
+    loss of the epoch so far: it turns non-finite at the first non-finite batch.)"""
+
+    def __init__(self, checkpointer: Checkpointer, accumulation_steps: int = 1):
+        super().__init__()
+        self.checkpointer, self.accumulation_steps = checkpointer, accumulation_steps
+
+    def on_step_end(self, step, batches_in_epoch, logs):
+        loss = float(logs.get("loss", 0.0))
+        if math.isfinite(loss):
+            return
+        saved = self.checkpointer.saved
+        kept = (
+            f"the last checkpoint, step {saved // self.accumulation_steps}, is kept in "
+            f"{self.checkpointer.manager.directory}"
+            if saved
+            else "no checkpoint was saved"
+        )
+        raise DivergedError(
+            f"Training diverged: the loss is {loss} at step {math.ceil(step / self.accumulation_steps)}"
+            f" (batch {step}); {kept}. To fix: {DIVERGED_HINT}."
+        )
 
 
 class StepLog(StepCallback):
@@ -197,10 +290,22 @@ class FitResult:
     end_step: int
 
 
-def fit(model: keras.Model, data_fn: Callable[[int], tf.data.Dataset], *, total_steps: int, steps_per_epoch: int,
-        output_dir: str, strategy: tf.distribute.Strategy, eval_data: tf.data.Dataset | None = None,
-        checkpoint_every: int = 500, keep_checkpoints: int = 3, log_every: int = 10, accumulation_steps: int = 1,
-        callbacks: Sequence[keras.callbacks.Callback] = (), verbose: int | str = "auto") -> FitResult:
+def fit(
+    model: keras.Model,
+    data_fn: Callable[[int], tf.data.Dataset],
+    *,
+    total_steps: int,
+    steps_per_epoch: int,
+    output_dir: str,
+    strategy: tf.distribute.Strategy,
+    eval_data: tf.data.Dataset | None = None,
+    checkpoint_every: int = 500,
+    keep_checkpoints: int = 3,
+    log_every: int = 10,
+    accumulation_steps: int = 1,
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+    verbose: int | str = "auto",
+) -> FitResult:
     """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir`` if possible.
 
     ``data_fn(step)`` must return the endless training batches from batch ``step`` on. Steps here are
@@ -208,41 +313,117 @@ def fit(model: keras.Model, data_fn: Callable[[int], tf.data.Dataset], *, total_
     """
     chief = is_chief(strategy)
     work_dir = output_dir if chief else tempfile.mkdtemp(prefix="keras_vit_worker_")
+    previous = None
+    if not chief and threading.current_thread() is threading.main_thread():  # a launcher stops workers by SIGTERM
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return _fit(
+            model,
+            data_fn,
+            total_steps=total_steps,
+            steps_per_epoch=steps_per_epoch,
+            output_dir=output_dir,
+            work_dir=work_dir,
+            strategy=strategy,
+            eval_data=eval_data,
+            checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints,
+            log_every=log_every,
+            accumulation_steps=accumulation_steps,
+            callbacks=callbacks,
+            verbose=verbose,
+        )
+    finally:
+        if not chief:  # a worker's scratch goes, also when it fails or is stopped
+            shutil.rmtree(work_dir, ignore_errors=True)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def agree_on_start(strategy: tf.distribute.Strategy, start: int, output_dir: str) -> None:
+    """Check that every worker of a multi-worker run restored the same step (they all read the chief's
+    checkpoints, so ``output_dir`` must be on a file system every worker sees)."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or strategy.extended._num_workers < 2:
+        return
+    local = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant([1.0, start, float(start) ** 2], tf.float64)
+    )
+    count, total, squares = (float(v) for v in strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None))
+    if total * total != count * squares:  # equal iff every replica holds the same step
+        raise TrainingError(
+            f"The workers restored different steps (this one: {start}; mean {total / count:g}). Every worker "
+            f"resumes from the chief's checkpoints in {os.path.join(output_dir, 'checkpoints')}: put --output-dir "
+            "on a file system all workers share."
+        )
+
+
+def _fit(
+    model: keras.Model,
+    data_fn: Callable[[int], tf.data.Dataset],
+    *,
+    total_steps: int,
+    steps_per_epoch: int,
+    output_dir: str,
+    work_dir: str,
+    strategy: tf.distribute.Strategy,
+    eval_data: tf.data.Dataset | None,
+    checkpoint_every: int,
+    keep_checkpoints: int,
+    log_every: int,
+    accumulation_steps: int,
+    callbacks: Sequence[keras.callbacks.Callback],
+    verbose: int | str,
+) -> FitResult:
     os.makedirs(work_dir, exist_ok=True)
     with strategy.scope():
         model.optimizer.build(model.trainable_variables)
-    checkpointer = Checkpointer(model, os.path.join(work_dir, "checkpoints"), keep_checkpoints,
-                                restore_directory=os.path.join(output_dir, "checkpoints"))
+    checkpointer = Checkpointer(
+        model,
+        os.path.join(work_dir, "checkpoints"),
+        keep_checkpoints,
+        restore_directory=os.path.join(output_dir, "checkpoints"),
+    )
     start = checkpointer.restore()
+    agree_on_start(strategy, start, output_dir)
     log_path = os.path.join(work_dir, "train_log.jsonl")
     truncate_log(log_path, start)
     saver = CheckpointEvery(checkpointer, checkpoint_every)
-    steppers = [saver, StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps)]
+    guard = StopOnNonFinite(checkpointer, accumulation_steps)  # first: no checkpoint at a non-finite step
+    steppers = [
+        guard,
+        saver,
+        StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
+    ]
     tensorboard = keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"), update_freq="epoch")
     history: dict[str, list[float]] = {"epoch": []}
     for segment in plan_segments(start, total_steps, steps_per_epoch):
         for stepper in steppers:
             stepper.segment = segment
         saver.last = segment.start_step
-        run = model.fit(data_fn(segment.start_step), epochs=segment.first_epoch + segment.epochs, shuffle=False,
-                        initial_epoch=segment.first_epoch, steps_per_epoch=segment.steps_per_epoch,
-                        validation_data=eval_data, callbacks=[*steppers, tensorboard, *callbacks], verbose=verbose)
+        run = model.fit(
+            data_fn(segment.start_step),
+            epochs=segment.first_epoch + segment.epochs,
+            shuffle=False,
+            initial_epoch=segment.first_epoch,
+            steps_per_epoch=segment.steps_per_epoch,
+            validation_data=eval_data,
+            callbacks=[*steppers, tensorboard, *callbacks],
+            verbose=verbose,
+        )
         history["epoch"].extend(run.epoch)
         for key, values in run.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
     checkpointer.save(total_steps)
-    if not chief:
-        shutil.rmtree(work_dir, ignore_errors=True)
     return FitResult(history, start, total_steps)
 
 
 def save_outputs(model: keras.Model, metrics: dict, output_dir: str, strategy: tf.distribute.Strategy) -> str | None:
-    """Write ``model.keras`` (an uncompiled copy sharing the weights) and ``metrics.json``; chief only."""
+    """Write ``model.keras`` (an uncompiled copy sharing the weights) and ``metrics.json`` (strict JSON: NaN and
+    infinite values as ``null``); chief only."""
     if not is_chief(strategy):
         return None
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, "model.keras")
     keras.Model(model.inputs, model.outputs, name=model.name).save(path)
-    with open(os.path.join(output_dir, "metrics.json"), "w") as file:
-        json.dump(metrics, file, indent=2)
+    write_json(os.path.join(output_dir, "metrics.json"), metrics)
     return path

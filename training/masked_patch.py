@@ -28,8 +28,20 @@ from keras import layers, ops
 from keras_vit.training.data import Split
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 
-__all__ = ["KEEP", "KIND_NAMES", "MASK", "RANDOM", "UNCHANGED", "PatchCorruption", "PatchTokens", "colour_targets",
-           "masked_patch_dataset", "masked_patch_model", "patch_grid", "sample_corruption"]
+__all__ = [
+    "KEEP",
+    "KIND_NAMES",
+    "MASK",
+    "RANDOM",
+    "UNCHANGED",
+    "PatchCorruption",
+    "PatchTokens",
+    "colour_targets",
+    "masked_patch_dataset",
+    "masked_patch_model",
+    "patch_grid",
+    "sample_corruption",
+]
 
 KEEP, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: corrupted (predicted) but left as it is
 KIND_NAMES = ("keep", "mask", "random", "unchanged")
@@ -40,12 +52,15 @@ def _check_fractions(rate: float, mask_fraction: float, random_fraction: float) 
     if not 0 < rate <= 1:
         raise ValueError(f"corruption rate must be in (0, 1], got {rate}.")
     if mask_fraction < 0 or random_fraction < 0 or mask_fraction + random_fraction > 1:
-        raise ValueError(f"mask_fraction ({mask_fraction}) and random_fraction ({random_fraction}) must be "
-                         "non-negative and sum to at most 1 (the rest stay unchanged).")
+        raise ValueError(
+            f"mask_fraction ({mask_fraction}) and random_fraction ({random_fraction}) must be "
+            "non-negative and sum to at most 1 (the rest stay unchanged)."
+        )
 
 
-def sample_corruption(batch_size, num_patches: int, seed, *, rate: float = 0.5, mask_fraction: float = 0.8,
-                      random_fraction: float = 0.1) -> tuple[tf.Tensor, tf.Tensor]:
+def sample_corruption(
+    batch_size, num_patches: int, seed, *, rate: float = 0.5, mask_fraction: float = 0.8, random_fraction: float = 0.1
+) -> tuple[tf.Tensor, tf.Tensor]:
     """A corruption plan ``(kinds, sources)``, both int32 ``(batch_size, num_patches)``.
 
     Exactly ``round(rate * num_patches)`` patches of every image are corrupted, chosen uniformly; each
@@ -59,8 +74,7 @@ def sample_corruption(batch_size, num_patches: int, seed, *, rate: float = 0.5, 
         raise ValueError(f"rate={rate} corrupts no patch of {num_patches}.")
     if random_fraction and num_patches < 2:
         raise ValueError("random replacement needs at least two patches per image.")
-    choose_seed, kind_seed, source_seed = tf.unstack(
-        tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3))
+    choose_seed, kind_seed, source_seed = tf.unstack(tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3))
     shape = tf.stack([batch_size, num_patches])
     ranks = tf.argsort(tf.argsort(tf.random.stateless_uniform(shape, choose_seed), axis=1), axis=1)
     draw = tf.random.stateless_uniform(shape, kind_seed)
@@ -106,8 +120,9 @@ class PatchCorruption(layers.Layer):
     """
 
     def build(self, tokens_shape, kinds_shape=None, sources_shape=None):
-        self.mask_token = self.add_weight(name="mask_token", shape=(1, 1, tokens_shape[-1]),
-                                          initializer=keras.initializers.RandomNormal(stddev=0.02))
+        self.mask_token = self.add_weight(
+            name="mask_token", shape=(1, 1, tokens_shape[-1]), initializer=keras.initializers.RandomNormal(stddev=0.02)
+        )
 
     def call(self, tokens, kinds, sources):
         index = ops.broadcast_to(ops.expand_dims(ops.cast(sources, "int32"), -1), ops.shape(tokens))
@@ -128,7 +143,7 @@ class PatchTokens(layers.Layer):
         self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, tokens):
-        return tokens[:, self.num_prefix_tokens:]
+        return tokens[:, self.num_prefix_tokens :]
 
     def compute_output_shape(self, input_shape):
         b, n, d = input_shape
@@ -178,16 +193,27 @@ def _to_mpp_batch(images, step, *, seed: int, patch_size: int, num_patches: int,
     """``images`` in [-1, 1] -> ``(inputs, colour targets, corrupted-patch weights)``."""
     side = patch_size * round(num_patches**0.5)
     images = tf.ensure_shape(images, (None, side, side, 3))
-    kinds, sources = sample_corruption(tf.shape(images)[0], num_patches, tf.stack([tf.cast(seed, tf.int64), step]),
-                                       **corruption)
+    kinds, sources = sample_corruption(
+        tf.shape(images)[0], num_patches, tf.stack([tf.cast(seed, tf.int64), step]), **corruption
+    )
     targets = colour_targets(images, patch_size, bits, value_range=(-1.0, 1.0))
     weights = tf.cast(kinds != KEEP, tf.float32)
     return {"images": images, "corruption": kinds, "sources": sources}, targets, weights
 
 
-def masked_patch_dataset(split: Split, batch_size: int, augment: Augment, patch_size: int, *, start_step: int = 0,
-                         seed: int = 0, bits: int = 3, training: bool = True, shuffle_buffer: int = 10_000,
-                         **corruption) -> tf.data.Dataset:
+def masked_patch_dataset(
+    split: Split,
+    batch_size: int,
+    augment: Augment,
+    patch_size: int,
+    *,
+    start_step: int = 0,
+    seed: int = 0,
+    bits: int = 3,
+    training: bool = True,
+    shuffle_buffer: int = 10_000,
+    **corruption,
+) -> tf.data.Dataset:
     """Masked-patch batches of ``split``'s images (labels unused): ``({images, corruption, sources},
     targets (B, N), sample_weight (B, N))``.
 
@@ -201,8 +227,9 @@ def masked_patch_dataset(split: Split, batch_size: int, augment: Augment, patch_
         raise ValueError(f"image_size {size} is not divisible by the patch size {patch_size}.")
     num_patches = (size // patch_size) ** 2
     if training:
-        images = train_dataset(split, 1, batch_size, augment, start_step=start_step, seed=seed,
-                               shuffle_buffer=shuffle_buffer)
+        images = train_dataset(
+            split, 1, batch_size, augment, start_step=start_step, seed=seed, shuffle_buffer=shuffle_buffer
+        )
         first = start_step
     else:
         images = eval_dataset(split, 1, batch_size, augment)
@@ -210,6 +237,14 @@ def masked_patch_dataset(split: Split, batch_size: int, augment: Augment, patch_
     steps = tf.data.Dataset.range(first, tf.int64.max)
     batches = tf.data.Dataset.zip(images.map(lambda x, _: x), steps)
     return batches.map(
-        lambda x, step: _to_mpp_batch(x, step, seed=seed + (0 if training else 1), patch_size=patch_size,
-                                      num_patches=num_patches, bits=bits, corruption=corruption),
-        num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        lambda x, step: _to_mpp_batch(
+            x,
+            step,
+            seed=seed + (0 if training else 1),
+            patch_size=patch_size,
+            num_patches=num_patches,
+            bits=bits,
+            corruption=corruption,
+        ),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    ).prefetch(tf.data.AUTOTUNE)

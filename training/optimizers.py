@@ -52,9 +52,18 @@ def no_decay_variables(variables) -> list:
     return [v for v in variables if len(v.shape) <= 1 or v.name in names]
 
 
-def build_optimizer(name: str, learning_rate, *, momentum: float = 0.9, beta_1: float = 0.9,
-                    beta_2: float = 0.999, weight_decay: float = 0.0, clip_norm: float | None = 1.0,
-                    accumulation_steps: int = 1, variables=None) -> keras.optimizers.Optimizer:
+def build_optimizer(
+    name: str,
+    learning_rate,
+    *,
+    momentum: float = 0.9,
+    beta_1: float = 0.9,
+    beta_2: float = 0.999,
+    weight_decay: float = 0.0,
+    clip_norm: float | None = 1.0,
+    accumulation_steps: int = 1,
+    variables=None,
+) -> keras.optimizers.Optimizer:
     """One of :data:`OPTIMIZERS` with global-norm clipping at ``clip_norm`` (``None``/0: off).
 
     ``weight_decay`` (decoupled, multiplied by the learning rate as in PyTorch's AdamW) needs
@@ -65,8 +74,11 @@ def build_optimizer(name: str, learning_rate, *, momentum: float = 0.9, beta_1: 
         raise ValueError(f"Unknown optimizer {name!r}; expected one of {OPTIMIZERS}.")
     if weight_decay and name == "adam":
         raise ValueError("optimizer='adam' has no decoupled weight decay; use 'adamw' (or weight_decay=0).")
-    common = dict(learning_rate=learning_rate, global_clipnorm=clip_norm or None,
-                  gradient_accumulation_steps=accumulation_steps if accumulation_steps > 1 else None)
+    common = dict(
+        learning_rate=learning_rate,
+        global_clipnorm=clip_norm or None,
+        gradient_accumulation_steps=accumulation_steps if accumulation_steps > 1 else None,
+    )
     if name == "sgd":
         optimizer = SGD(momentum=momentum, weight_decay=weight_decay or None, **common)
     elif name == "adamw":

@@ -9,6 +9,15 @@ The training stream is a function of ``(seed, start_step)``: each example's crop
 stateless random ops keyed by its position in the stream, and splits with random access are
 shuffled per epoch by a stateless permutation, so a run restarted at step ``s`` sees exactly the
 batches an uninterrupted run sees from step ``s`` on. TFDS streams restart with a fresh shuffle.
+
+Sharding across the workers of a multi-worker run (:func:`distribute_options`): the auto-shard policy is
+``DATA`` for every source. Every worker builds the same stream of global batches and keeps its share of
+each (TensorFlow rebatches a global batch into per-replica parts and each worker takes its own): no
+example is seen twice in a step or an epoch, and the batches are those of a single process, so a
+multi-worker run equals a one-process run and restarts exactly. ``FILE`` (each worker reads its own
+files) cannot shard these streams: the stream position is zipped from a ``range`` source, which file
+sharding cannot split, and small TFDS datasets have fewer files than workers (cifar10: one per split);
+the price of ``DATA`` is that every worker reads and augments the whole stream.
 """
 
 from __future__ import annotations
@@ -22,7 +31,16 @@ import tensorflow as tf
 from keras_vit import preprocess_input
 from keras_vit.training.data import Split
 
-__all__ = ["Augment", "eval_dataset", "eval_transform", "inception_crop", "resize", "train_dataset", "train_transform"]
+__all__ = [
+    "Augment",
+    "distribute_options",
+    "eval_dataset",
+    "eval_transform",
+    "inception_crop",
+    "resize",
+    "train_dataset",
+    "train_transform",
+]
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -48,12 +66,25 @@ class Augment:
             raise ValueError(f"mixup and cutmix must be >= 0, got {self.mixup} and {self.cutmix}.")
 
 
+def distribute_options() -> tf.data.Options:
+    """The options of every pipeline: ``DATA`` auto-sharding across workers (see the module docstring)."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return options
+
+
 def inception_crop(image: tf.Tensor, seed: tf.Tensor, area: tuple[float, float]) -> tf.Tensor:
     """A random crop covering ``area`` (fraction range) of the image with aspect ratio 3/4..4/3."""
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), bounding_boxes=tf.zeros([0, 0, 4]), seed=seed, min_object_covered=0.0,
-        aspect_ratio_range=(3 / 4, 4 / 3), area_range=area, max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
+        tf.shape(image),
+        bounding_boxes=tf.zeros([0, 0, 4]),
+        seed=seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=area,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
     crop = tf.slice(image, begin, size)
     crop.set_shape([None, None, image.shape[-1]])
     return crop
@@ -125,8 +156,16 @@ def _mixer(augment: Augment, seed: int):
     return mix
 
 
-def train_dataset(split: Split, num_classes: int, batch_size: int, augment: Augment, *, start_step: int = 0,
-                  seed: int = 0, shuffle_buffer: int = 10_000) -> tf.data.Dataset:
+def train_dataset(
+    split: Split,
+    num_classes: int,
+    batch_size: int,
+    augment: Augment,
+    *,
+    start_step: int = 0,
+    seed: int = 0,
+    shuffle_buffer: int = 10_000,
+) -> tf.data.Dataset:
     """Endless batches ``(images (B, S, S, 3) in [-1, 1], one-hot labels (B, classes))`` from ``start_step``."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
@@ -146,13 +185,16 @@ def train_dataset(split: Split, num_classes: int, batch_size: int, augment: Augm
     mix = _mixer(augment, seed)
     if mix is not None:
         ds = ds.map(mix, num_parallel_calls=AUTOTUNE)
-    return ds.map(lambda x, y: (preprocess_input(x), y), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    ds = ds.map(lambda x, y: (preprocess_input(x), y), num_parallel_calls=AUTOTUNE)
+    return ds.prefetch(AUTOTUNE).with_options(distribute_options())
 
 
-def eval_dataset(split: Split, num_classes: int, batch_size: int, augment: Augment,
-                 drop_remainder: bool = False) -> tf.data.Dataset:
+def eval_dataset(
+    split: Split, num_classes: int, batch_size: int, augment: Augment, drop_remainder: bool = False
+) -> tf.data.Dataset:
     """The held-out split once: ``(images in [-1, 1], one-hot labels)`` batches."""
     ds = split.examples().map(
         lambda image, label: (preprocess_input(eval_transform(image, augment)), tf.one_hot(label, num_classes)),
-        num_parallel_calls=AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE)
+        num_parallel_calls=AUTOTUNE,
+    )
+    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE).with_options(distribute_options())

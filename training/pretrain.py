@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import shutil
 from collections.abc import Sequence
 
 import keras
 
 from keras_vit.training import config as config_lib
-from keras_vit.training import fields, steps
+from keras_vit.training import fields, outputs, steps
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.errors import add_debug_flag, command_errors
 from keras_vit.training.fields import option
 from keras_vit.training.loop import fit
 from keras_vit.training.masked_patch import masked_patch_dataset, masked_patch_model, patch_grid
@@ -43,8 +42,16 @@ from keras_vit.training.schedules import WarmupDecay
 from keras_vit.training.strategy import is_chief
 from keras_vit.training.supervised import FinetuneResult, train_classifier
 
-__all__ = ["LoadEncoder", "PretrainConfig", "PretrainResult", "copy_encoder_weights", "main", "parser", "pretrain",
-           "summary_table"]
+__all__ = [
+    "LoadEncoder",
+    "PretrainConfig",
+    "PretrainResult",
+    "copy_encoder_weights",
+    "main",
+    "parser",
+    "pretrain",
+    "summary_table",
+]
 
 HEAD_LAYERS = ("head", "pre_logits")
 BASE = TrainConfig().replace(output_dir="runs/pretrain")  # the command's defaults
@@ -63,8 +70,9 @@ class PretrainConfig:
     mask_fraction: float = option("fraction of corrupted patches replaced by [mask]", 0.8)
     random_fraction: float = option("fraction of corrupted patches replaced by another patch", 0.1)
     bits: int = option("bits per channel of the colour target", 3, flag="colour_bits")
-    eval_every: int | None = option("steps between masked-patch evaluations", unset="a fifth of the steps",
-                                    flag="pretrain_eval_every")
+    eval_every: int | None = option(
+        "steps between masked-patch evaluations", unset="a fifth of the steps", flag="pretrain_eval_every"
+    )
     compare_scratch: bool = option("also fine-tune from random initialisation", False)
 
 
@@ -125,8 +133,8 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
     config = config or PretrainConfig()
     strategy = steps.make_strategy(finetune_config)
     out = finetune_config.run.output_dir
-    if finetune_config.run.overwrite and is_chief(strategy) and os.path.isdir(out):
-        shutil.rmtree(out)
+    if finetune_config.run.overwrite and is_chief(strategy):
+        outputs.clear_output(out)
     setup = steps.prepare(finetune_config, strategy)
     resolved, source = setup.config, setup.source
     batch = config.batch_size or resolved.optim.batch_size
@@ -146,31 +154,58 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
     seed, shuffle_buffer = resolved.optim.seed, resolved.data.shuffle_buffer
 
     def data_fn(step: int):
-        return masked_patch_dataset(source.train, batch, augment, patch, start_step=step, seed=seed, bits=config.bits,
-                                    shuffle_buffer=shuffle_buffer, **corruption)
+        return masked_patch_dataset(
+            source.train,
+            batch,
+            augment,
+            patch,
+            start_step=step,
+            seed=seed,
+            bits=config.bits,
+            shuffle_buffer=shuffle_buffer,
+            **corruption,
+        )
 
-    eval_data = masked_patch_dataset(source.eval, batch, augment, patch, seed=seed, bits=config.bits,
-                                     training=False, **corruption)
+    eval_data = masked_patch_dataset(
+        source.eval, batch, augment, patch, seed=seed, bits=config.bits, training=False, **corruption
+    )
     verbose = resolved.run.verbose
     if setup.chief and verbose:
-        print(f"masked patch prediction: {encoder.name} ({encoder.count_params():,} parameters) on "
-              f"{source.name}, {config.steps} steps of {batch}, adam lr {config.lr:g}", flush=True)
+        print(
+            f"masked patch prediction: {encoder.name} ({encoder.count_params():,} parameters) on "
+            f"{source.name}, {config.steps} steps of {batch}, adam lr {config.lr:g}",
+            flush=True,
+        )
+    if setup.chief:
+        outputs.mark_output(out, "pretrain")
     every = config.eval_every or max(1, config.steps // 5)
-    result = fit(model, data_fn, total_steps=config.steps, steps_per_epoch=every,
-                 output_dir=os.path.join(out, "pretrain"), strategy=strategy, eval_data=eval_data,
-                 log_every=resolved.run.log_every, verbose=verbose)
+    result = fit(
+        model,
+        data_fn,
+        total_steps=config.steps,
+        steps_per_epoch=every,
+        output_dir=os.path.join(out, "pretrain"),
+        strategy=strategy,
+        eval_data=eval_data,
+        log_every=resolved.run.log_every,
+        verbose=verbose,
+    )
     encoder_path = os.path.join(out, "encoder.keras")
     if setup.chief:
         encoder.save(encoder_path)
     runs = {"finetune": [LoadEncoder(encoder_path)], **({"scratch": []} if config.compare_scratch else {})}
-    results = {name: train_classifier(finetune_config.replace(overwrite=False, output_dir=os.path.join(out, name)),
-                                      callbacks=callbacks, strategy=strategy)
-               for name, callbacks in runs.items()}
+    results = {
+        name: train_classifier(
+            finetune_config.replace(overwrite=False, output_dir=os.path.join(out, name)),
+            callbacks=callbacks,
+            strategy=strategy,
+        )
+        for name, callbacks in runs.items()
+    }
     summary = {name: r.metrics for name, r in results.items()}
     summary["pretrain_history"] = result.history
     if setup.chief:
-        with open(os.path.join(out, "summary.json"), "w") as file:
-            json.dump(summary, file, indent=2)
+        outputs.write_json(os.path.join(out, "summary.json"), summary)
         if verbose:
             print(summary_table(summary), flush=True)
     return PretrainResult(encoder_path, result.history, results["finetune"], results.get("scratch"))
@@ -189,17 +224,20 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m keras_vit.training.pretrain",
         description="Pre-train a ViT by masked patch prediction (the paper's Section 4.6), then fine-tune it "
-                    "as keras_vit.training.finetune does. Without a dataset: a small ViT on scikit-learn's digits, "
-                    "offline.")
+        "as keras_vit.training.finetune does. Without a dataset: a small ViT on scikit-learn's digits, "
+        "offline.",
+    )
     config_lib.add_arguments(p, BASE)
     fields.add_arguments(p.add_argument_group("masked patch prediction"), PretrainConfig())
+    add_debug_flag(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> PretrainResult:
-    """Parse the command line and run :func:`pretrain`."""
+    """Parse the command line and run :func:`pretrain`; an error is one line on stderr and exit status 1."""
     args = parser().parse_args(argv)
-    return pretrain(config_lib.from_args(args, BASE), PretrainConfig(**fields.given(args, PretrainConfig)))
+    with command_errors(args):
+        return pretrain(config_lib.from_args(args, BASE), PretrainConfig(**fields.given(args, PretrainConfig)))
 
 
 if __name__ == "__main__":

@@ -33,13 +33,22 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     schedule then advances once per ``A`` calls, i.e. once per update.
     """
 
-    def __init__(self, base_lr: float, total_steps: int, warmup_steps: int = 0, decay: str = "cosine",
-                 end_lr: float = 0.0, accumulation_steps: int = 1):
+    def __init__(
+        self,
+        base_lr: float,
+        total_steps: int,
+        warmup_steps: int = 0,
+        decay: str = "cosine",
+        end_lr: float = 0.0,
+        accumulation_steps: int = 1,
+    ):
         if decay not in DECAYS:
             raise ValueError(f"Unknown decay {decay!r}; expected one of {DECAYS}.")
         if total_steps < 1 or not 0 <= warmup_steps <= total_steps:
-            raise ValueError(f"Need total_steps >= 1 and 0 <= warmup_steps <= total_steps, got "
-                             f"total_steps={total_steps}, warmup_steps={warmup_steps}.")
+            raise ValueError(
+                f"Need total_steps >= 1 and 0 <= warmup_steps <= total_steps, got "
+                f"total_steps={total_steps}, warmup_steps={warmup_steps}."
+            )
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}.")
         self.base_lr = float(base_lr)
@@ -53,8 +62,9 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
             self.schedule = keras.optimizers.schedules.PolynomialDecay(self.base_lr, span, self.end_lr, power=1.0)
         else:
             alpha = 1.0 if decay == "constant" else (self.end_lr / self.base_lr if self.base_lr else 0.0)
-            self.schedule = keras.optimizers.schedules.CosineDecay(0.0, span, alpha=alpha, warmup_target=self.base_lr,
-                                                                   warmup_steps=self.warmup_steps)
+            self.schedule = keras.optimizers.schedules.CosineDecay(
+                0.0, span, alpha=alpha, warmup_target=self.base_lr, warmup_steps=self.warmup_steps
+            )
 
     def __call__(self, step):
         """The learning rate of optimizer call ``step`` (0-based): Keras' schedule at update ``t`` (1-based)."""
@@ -65,5 +75,11 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         return ops.where(t < self.warmup_steps, self.base_lr * t / max(1, self.warmup_steps), decayed)
 
     def get_config(self):
-        return {"base_lr": self.base_lr, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
-                "decay": self.decay, "end_lr": self.end_lr, "accumulation_steps": self.accumulation_steps}
+        return {
+            "base_lr": self.base_lr,
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+            "decay": self.decay,
+            "end_lr": self.end_lr,
+            "accumulation_steps": self.accumulation_steps,
+        }

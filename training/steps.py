@@ -2,8 +2,8 @@
 
 :func:`prepare` loads the source and the strategy and resolves the config (:class:`Setup`);
 :func:`build_model`, :func:`compile_model`, :func:`augment_of` and :func:`precision` turn a resolved
-config into a compiled model and the pipelines' settings; :func:`prepare_output` and :func:`describe`
-start a run's output directory and say what will run.
+config into a compiled model and the pipelines' settings; :func:`prepare_output`, :func:`start_output` and
+:func:`describe` check and start a run's output directory and say what will run.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Iterator
 
 import keras
@@ -20,16 +19,30 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit.training import config as config_lib
+from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, load_source
+from keras_vit.training.errors import OutputDirError
 from keras_vit.training.optimizers import build_optimizer
 from keras_vit.training.pipeline import Augment
 from keras_vit.training.schedules import WarmupDecay
 from keras_vit.training.strategy import accelerator, get_strategy, is_chief, split_cpu
 from keras_vit.variants import parse_variant
 
-__all__ = ["Setup", "augment_of", "build_model", "compile_model", "describe", "load_data", "make_strategy",
-           "precision", "prepare", "prepare_output", "strategy_name"]
+__all__ = [
+    "Setup",
+    "augment_of",
+    "build_model",
+    "compile_model",
+    "describe",
+    "load_data",
+    "make_strategy",
+    "precision",
+    "prepare",
+    "prepare_output",
+    "start_output",
+    "strategy_name",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +69,16 @@ def make_strategy(config: TrainConfig) -> tf.distribute.Strategy:
 def load_data(config: TrainConfig) -> Source:
     """The config's dataset."""
     data = config.data
-    return load_source(data.dataset, data_dir=data.data_dir, manual_dir=data.manual_dir, train_split=data.train_split,
-                       eval_split=data.eval_split, eval_fraction=data.eval_fraction, seed=config.optim.seed)
+    return load_source(
+        data.dataset,
+        data_dir=data.data_dir,
+        manual_dir=data.manual_dir,
+        train_split=data.train_split,
+        eval_split=data.eval_split,
+        eval_fraction=data.eval_fraction,
+        seed=config.optim.seed,
+        skip_corrupt=bool(data.skip_corrupt),
+    )
 
 
 def prepare(config: TrainConfig, strategy: tf.distribute.Strategy | None = None) -> Setup:
@@ -65,8 +86,9 @@ def prepare(config: TrainConfig, strategy: tf.distribute.Strategy | None = None)
     strategy = strategy or make_strategy(config)
     device = accelerator(strategy)
     source = load_data(config)
-    resolved = config_lib.resolve(config, train_examples=source.train.num_examples, accelerator=device,
-                                  replicas=strategy.num_replicas_in_sync)
+    resolved = config_lib.resolve(
+        config, train_examples=source.train.num_examples, accelerator=device, replicas=strategy.num_replicas_in_sync
+    )
     return Setup(resolved, source, strategy, device)
 
 
@@ -75,17 +97,31 @@ def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model
     :func:`keras_vit.ViT` (``classifier``, ``position_embedding``, ...)."""
     model = config.model
     variant = parse_variant(model.name).variant  # canonical: "ViT_R50_B16" -> "R50+B/16"
-    return keras_vit.ViT(variant, image_size=model.image_size, num_classes=num_classes, weights=model.weights,
-                         dropout=model.dropout, drop_path=model.drop_path, **config.architecture(), **options)
+    return keras_vit.ViT(
+        variant,
+        image_size=model.image_size,
+        num_classes=num_classes,
+        weights=model.weights,
+        dropout=model.dropout,
+        drop_path=model.drop_path,
+        **config.architecture(),
+        **options,
+    )
 
 
 def compile_model(model: keras.Model, config: TrainConfig) -> None:
     """Compile with the schedule, optimizer, label-smoothed cross-entropy and accuracy of ``config``."""
     optim = config.optim
     schedule = WarmupDecay(optim.lr, optim.steps, optim.warmup, optim.schedule, optim.end_lr, optim.accumulation_steps)
-    optimizer = build_optimizer(optim.optimizer, schedule, momentum=optim.momentum, weight_decay=optim.weight_decay,
-                                clip_norm=optim.clip_norm, accumulation_steps=optim.accumulation_steps,
-                                variables=model.trainable_variables)
+    optimizer = build_optimizer(
+        optim.optimizer,
+        schedule,
+        momentum=optim.momentum,
+        weight_decay=optim.weight_decay,
+        clip_norm=optim.clip_norm,
+        accumulation_steps=optim.accumulation_steps,
+        variables=model.trainable_variables,
+    )
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=optim.label_smoothing),
@@ -117,22 +153,33 @@ def precision(config: TrainConfig, device: str) -> Iterator[None]:
 
 
 def prepare_output(config: TrainConfig, chief: bool) -> None:
-    """Start afresh (``overwrite``) or check that a run already in ``output_dir`` is the same run."""
+    """Clear ``output_dir`` of a previous run's files (``overwrite``; see :mod:`keras_vit.training.outputs`), or
+    check that the run it holds is the same run. A folder without a checkpoint holds no run to compare with: a
+    run that failed before its first checkpoint does not bind the next one. Writes nothing (see :func:`start_output`).
+    """
     out = config.run.output_dir
+    if config.run.overwrite and chief:
+        outputs.clear_output(out)
     path = os.path.join(out, "run.json")
-    if config.run.overwrite and chief and os.path.isdir(out):
-        shutil.rmtree(out)
-    if os.path.exists(path):
+    if os.path.exists(path) and outputs.has_checkpoint(out):
         with open(path) as file:
             differences = config_lib.run_differences(json.load(file), config)
         if differences:
-            raise ValueError(
+            raise OutputDirError(
                 f"{out} holds a run with different settings ({', '.join(differences)}); "
-                "use another output_dir, or overwrite=True (--overwrite) to start over.")
-    elif chief:
-        os.makedirs(out, exist_ok=True)
-        with open(path, "w") as file:
-            json.dump(config_lib.json_ready(config), file, indent=2)
+                "use another output_dir, or overwrite=True (--overwrite) to start over."
+            )
+
+
+def start_output(config: TrainConfig, chief: bool, command: str = "finetune") -> None:
+    """Mark ``output_dir`` as a run's and write its settings (``run.json``): once the run really starts (the
+    model is built), and unless a run with a checkpoint is resumed."""
+    if not chief:
+        return
+    out = config.run.output_dir
+    outputs.mark_output(out, command)
+    if not outputs.has_checkpoint(out):
+        outputs.write_json(os.path.join(out, "run.json"), config_lib.json_ready(config))
 
 
 def strategy_name(strategy: tf.distribute.Strategy) -> str:

@@ -1,20 +1,39 @@
 """Choosing a ``tf.distribute`` strategy: automatically from the machine, or by name.
 
 ``auto`` picks, in order: ``tpu`` when a TPU is reachable (``TPU_NAME`` set, or a TPU VM's
-``/dev/accel0``), ``multi_worker`` when ``TF_CONFIG`` describes more than one task, ``mirrored`` when
-more than one GPU is visible, else ``default`` (one CPU or one GPU).
+``/dev/accel0``), ``multi_worker`` when ``TF_CONFIG`` describes more than one task,
+``mirrored`` when more than one GPU is visible, else ``default`` (one CPU or one GPU).
+
+``multi_worker`` waits at most ``KERAS_VIT_CONNECT_TIMEOUT`` seconds (default 600) for the other tasks
+of ``TF_CONFIG``; past it a watchdog process names the peers whose address does not answer a TCP
+connection and kills it (TensorFlow itself would wait forever). ``KERAS_VIT_COLLECTIVE_TIMEOUT`` sets
+``CommunicationOptions(timeout_seconds=...)`` of every collective (off by default: TensorFlow runs a
+thread per collective for it; a dead peer is found anyway by the strategy's health check).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import tensorflow as tf
 
-__all__ = ["STRATEGIES", "accelerator", "choose_strategy", "get_strategy", "is_chief", "split_cpu"]
+__all__ = [
+    "STRATEGIES",
+    "MultiWorkerMirroredStrategy",
+    "accelerator",
+    "choose_strategy",
+    "cluster_peers",
+    "get_strategy",
+    "is_chief",
+    "multi_worker_strategy",
+    "split_cpu",
+]
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
+DEFAULT_CONNECT_TIMEOUT = 600.0
 
 
 def split_cpu(num_devices: int) -> None:
@@ -82,7 +101,7 @@ def get_strategy(name: str = "auto", tpu: str | None = None) -> tf.distribute.St
         devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
         return tf.distribute.MirroredStrategy([device.name for device in devices])
     if name == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return multi_worker_strategy()
     address = tpu or _tpu_address(dict(os.environ))
     if address is None:
         raise ValueError("strategy='tpu' but no TPU was given (tpu=...) or found (TPU_NAME, /dev/accel0).")
@@ -91,6 +110,78 @@ def get_strategy(name: str = "auto", tpu: str | None = None) -> tf.distribute.St
         tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
+
+
+def cluster_peers(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """``[(task name, "host:port")]`` of the other tasks of ``TF_CONFIG`` (``"worker 1"``, ...)."""
+    env = dict(os.environ) if env is None else env
+    config = json.loads(env.get("TF_CONFIG") or "{}")
+    task = config.get("task", {})
+    me = (task.get("type"), int(task.get("index", 0)))
+    return [
+        (f"{role} {index}", address)
+        for role, addresses in config.get("cluster", {}).items()
+        for index, address in enumerate(addresses)
+        if (role, index) != me
+    ]
+
+
+# Run in a separate process: while TensorFlow waits for the cluster it holds the GIL, so no Python thread of
+# the waiting process runs. Exits quietly once its stdin closes (the parent joined the cluster, or died).
+_WATCHDOG = r"""
+import json, os, select, signal, socket, sys
+parent, timeout, peers = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+if select.select([sys.stdin], [], [], timeout)[0]:
+    sys.exit(0)
+down = []
+for name, address in peers:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+    except OSError as error:
+        down.append(f"{name} at {address} ({error.strerror or error})")
+reason = ("could not reach " + ", ".join(down)) if down else (
+    "every peer answered on TCP (" + ", ".join(f"{n} at {a}" for n, a in peers) + ") but the cluster did not "
+    "form (a peer started with another TF_CONFIG, or is stuck)")
+print(f"error: multi-worker task did not join the cluster within {timeout:g} s: {reason}", file=sys.stderr,
+      flush=True)
+os.kill(parent, signal.SIGKILL)
+"""
+
+
+class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """TensorFlow's strategy with a ``reduce`` that takes what Keras 3's ``fit`` passes it under several
+    workers (keras-team/keras#20585): a nested structure (a whole ``(x, y)`` batch, to build the model),
+    and scalars with ``axis=0`` (the step's logs), reduced across replicas only."""
+
+    def reduce(self, reduce_op, value, axis):
+        if not isinstance(value, tf.distribute.DistributedValues) and tf.nest.is_nested(value):
+            return tf.nest.map_structure(lambda v: self.reduce(reduce_op, v, axis), value)
+        if axis is not None and self.experimental_local_results(value)[0].shape.rank == 0:
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+
+def multi_worker_strategy(
+    connect_timeout: float | None = None, collective_timeout: float | None = None
+) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """``MultiWorkerMirroredStrategy`` over ``TF_CONFIG``'s tasks, giving up after ``connect_timeout`` seconds
+    (default ``KERAS_VIT_CONNECT_TIMEOUT`` or 600; see the module docstring) when a peer does not join."""
+    env = os.environ
+    if connect_timeout is None:
+        connect_timeout = float(env.get("KERAS_VIT_CONNECT_TIMEOUT") or DEFAULT_CONNECT_TIMEOUT)
+    if collective_timeout is None and env.get("KERAS_VIT_COLLECTIVE_TIMEOUT"):
+        collective_timeout = float(env["KERAS_VIT_COLLECTIVE_TIMEOUT"])
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout or None)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(connect_timeout), json.dumps(cluster_peers())],
+        stdin=subprocess.PIPE,
+    )
+    try:  # the constructor runs an all-reduce over every task: it returns once the whole cluster is up
+        return MultiWorkerMirroredStrategy(communication_options=options)
+    finally:
+        watchdog.stdin.close()
+        watchdog.wait()
 
 
 def accelerator(strategy: tf.distribute.Strategy) -> str:
@@ -106,5 +197,6 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
     task_type, task_id = resolver.task_type, resolver.task_id
-    return task_type in (None, "chief") or (task_type == "worker" and task_id == 0 and
-                                             "chief" not in resolver.cluster_spec().as_dict())
+    return task_type in (None, "chief") or (
+        task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
+    )

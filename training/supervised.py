@@ -2,7 +2,9 @@
 
 :func:`train_classifier`: load the data and the strategy, resolve the config, build and compile the
 model under the precision policy, ``model.fit`` with checkpoints (resuming from ``output_dir`` when it
-holds one), evaluate on held-out data, save ``model.keras`` and ``metrics.json``.
+holds one), evaluate on held-out data, save ``model.keras`` and ``metrics.json``. The run's settings
+(``run.json``) are written once the model is built: a run that fails before does not bind the next one.
+A loss that turns NaN or infinite stops the run with a ``DivergedError`` (no model is saved).
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ class FinetuneResult:
     output_dir: str
 
 
-def train_classifier(config: TrainConfig, *, callbacks: Sequence[keras.callbacks.Callback] = (),
-                     strategy: tf.distribute.Strategy | None = None) -> FinetuneResult:
+def train_classifier(
+    config: TrainConfig,
+    *,
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+    strategy: tf.distribute.Strategy | None = None,
+) -> FinetuneResult:
     """Train the classifier ``config`` describes, evaluate it and save it (see the module docstring).
 
     ``callbacks`` are added to ``model.fit``; ``strategy`` replaces the config's.
@@ -51,23 +57,42 @@ def train_classifier(config: TrainConfig, *, callbacks: Sequence[keras.callbacks
     with steps.precision(config, setup.device), strategy.scope():
         model = steps.build_model(config, source.num_classes)
         steps.compile_model(model, config)
+    steps.start_output(config, setup.chief)  # the run has started: its folder is marked, its settings written
 
     augment = steps.augment_of(config)
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate
-    eval_data = eval_dataset(source.eval, source.num_classes, micro_batch, augment,
-                             drop_remainder=setup.device == "tpu")
+    eval_data = eval_dataset(
+        source.eval, source.num_classes, micro_batch, augment, drop_remainder=setup.device == "tpu"
+    )
 
     def data_fn(step: int) -> tf.data.Dataset:
-        return train_dataset(source.train, source.num_classes, micro_batch, augment, start_step=step,
-                             seed=optim.seed, shuffle_buffer=config.data.shuffle_buffer)
+        return train_dataset(
+            source.train,
+            source.num_classes,
+            micro_batch,
+            augment,
+            start_step=step,
+            seed=optim.seed,
+            shuffle_buffer=config.data.shuffle_buffer,
+        )
 
     started = time.time()
-    result = fit(model, data_fn, total_steps=optim.steps * accumulate, steps_per_epoch=optim.eval_every * accumulate,
-                 output_dir=run.output_dir, strategy=strategy, eval_data=eval_data,
-                 checkpoint_every=run.checkpoint_every * accumulate, keep_checkpoints=run.keep_checkpoints,
-                 log_every=run.log_every * accumulate, accumulation_steps=accumulate, callbacks=callbacks,
-                 verbose=run.verbose)
+    result = fit(
+        model,
+        data_fn,
+        total_steps=optim.steps * accumulate,
+        steps_per_epoch=optim.eval_every * accumulate,
+        output_dir=run.output_dir,
+        strategy=strategy,
+        eval_data=eval_data,
+        checkpoint_every=run.checkpoint_every * accumulate,
+        keep_checkpoints=run.keep_checkpoints,
+        log_every=run.log_every * accumulate,
+        accumulation_steps=accumulate,
+        callbacks=callbacks,
+        verbose=run.verbose,
+    )
     train_seconds = time.time() - started
     scores = model.evaluate(eval_data, return_dict=True, verbose=0)
     metrics = {
@@ -85,6 +110,9 @@ def train_classifier(config: TrainConfig, *, callbacks: Sequence[keras.callbacks
     }
     save_outputs(model, metrics, run.output_dir, strategy)
     if setup.chief and run.verbose:
-        print(f"held-out accuracy: {scores['accuracy']:.4f} on {source.eval.num_examples or '?'} images "
-              f"({source.name}, {source.eval_split}); model and metrics in {run.output_dir}", flush=True)
+        print(
+            f"held-out accuracy: {scores['accuracy']:.4f} on {source.eval.num_examples or '?'} images "
+            f"({source.name}, {source.eval_split}); model and metrics in {run.output_dir}",
+            flush=True,
+        )
     return FinetuneResult(model, metrics["eval"], result.history, config, run.output_dir)

@@ -28,8 +28,20 @@ from .validate import check_npz
 CATALOGUE = Path(__file__).with_name("catalogue.json")
 MIRROR_ENV = "KERAS_VIT_ZOO_URL"
 
-__all__ = ["Checkpoint", "CorruptCheckpointError", "DownloadError", "base_url", "cache_path", "cache_root", "catalogue",
-           "check_cached", "fetch", "find", "get", "names"]
+__all__ = [
+    "Checkpoint",
+    "CorruptCheckpointError",
+    "DownloadError",
+    "base_url",
+    "cache_path",
+    "cache_root",
+    "catalogue",
+    "check_cached",
+    "fetch",
+    "find",
+    "get",
+    "names",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,10 +56,13 @@ class Checkpoint:
     finetune: str | None  # "imagenet2012" or None (pre-trained only)
     image_size: int
     num_classes: int
-    top1: float | None  # reported ImageNet-1k top-1 (%), None where no source was checked
-    top1_source: str | None
+    top1: float | None  # reported ImageNet-1k top-1 (%); None for pre-training-only checkpoints (no such number)
+    top1_source: str | None  # where top1 is reported (timm's own evaluation says so)
     sha256: str | None  # None: unknown, not checked
     size: int | None = None  # bytes; None: unknown, not checked
+    parameters: int | None = None  # values in the file (the model at image_size with its head)
+    paper: str | None = None  # the publication the checkpoint comes from
+    licence: str | None = None  # SPDX identifier, e.g. "Apache-2.0"
 
     @property
     def url(self) -> str:
@@ -110,8 +125,15 @@ def cache_path(entry: Checkpoint | str, cache_dir: str | os.PathLike | None = No
     return cache_root(cache_dir) / entry.path
 
 
-def fetch(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None, *, progress: bool = False,
-          timeout: float = DEFAULT_TIMEOUT, deadline: float | None = None, **download_kwargs) -> Path:
+def fetch(
+    name: Checkpoint | str,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    progress: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    deadline: float | None = None,
+    **download_kwargs,
+) -> Path:
     """The local path of a catalogue checkpoint, downloading it first when it is not cached.
 
     ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call (None: no
@@ -120,9 +142,17 @@ def fetch(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None, *,
     ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again behind the user's back.
     """
     entry = get(name) if isinstance(name, str) else name
-    return download(entry.url, cache_path(entry, cache_dir), sha256=entry.sha256, size=entry.size, validate=check_npz,
-                    timeout=timeout, deadline=deadline, progress=ProgressBar(entry.name) if progress else None,
-                    **download_kwargs)
+    return download(
+        entry.url,
+        cache_path(entry, cache_dir),
+        sha256=entry.sha256,
+        size=entry.size,
+        validate=check_npz,
+        timeout=timeout,
+        deadline=deadline,
+        progress=ProgressBar(entry.name) if progress else None,
+        **download_kwargs,
+    )
 
 
 def check_cached(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None) -> tuple[str, str] | None:

@@ -1,10 +1,13 @@
 """``python -m keras_vit.zoo`` (or ``keras-vit-zoo``): list, download, inspect and convert the published checkpoints.
 
-    python -m keras_vit.zoo list [--family augreg] [--json]
-    python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384 [--timeout 30] [--deadline 3600]
-    python -m keras_vit.zoo verify [NAMES...]      # OK / corrupt / unrecorded per cached file; exit 1 if corrupt
-    python -m keras_vit.zoo info B_16.orig_in21k | path/to/file.npz
-    python -m keras_vit.zoo convert B_16.orig_in21k_ft_in1k vit_b16_384.keras [--image-size 512] [--num-classes 10]
+python -m keras_vit.zoo list [--family augreg] [--json]
+python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384 [--timeout 30] [--deadline 3600]
+python -m keras_vit.zoo verify [NAMES...]      # OK / corrupt / unrecorded per cached file; exit 1 if corrupt
+python -m keras_vit.zoo info B_16.orig_in21k | path/to/file.npz
+python -m keras_vit.zoo convert B_16.orig_in21k_ft_in1k vit_b16_384.keras [--image-size 512] [--num-classes 10]
+python -m keras_vit.zoo convert timm_or_hf_checkpoint.safetensors out.weights.h5 | model.keras out.safetensors
+python -m keras_vit.zoo convert B_16.augreg_in21k_ft_in1k_224 vit.tflite [--quantize dynamic_int8] | vit.onnx
+python -m keras_vit.zoo convert B_16.augreg_in21k_ft_in1k_224 vit_savedmodel --format saved_model
 """
 
 from __future__ import annotations
@@ -25,12 +28,24 @@ def _list(args) -> None:
     if args.json:
         print(json.dumps([dict(dataclasses.asdict(e), url=e.url) for e in entries], indent=1))
         return
-    print(f"{'name':36} {'variant':9} {'pre-training':13} {'fine-tuning':13} {'res':>4} {'top-1':>7}  cached")
+    head = f"{'name':36} {'variant':9} {'pre-training':13} {'fine-tuning':13} {'res':>4} {'top-1':>7}  {'params':>7}"
+    print(f"{head}  {'licence':10} cached")
     for e in entries:
         top1 = "-" if e.top1 is None else f"{e.top1:.2f}"
+        mark = "*" if e.top1 is not None and _timm_number(e) else " "
+        params = "-" if e.parameters is None else f"{e.parameters / 1e6:.1f}M"
         cached = "yes" if zoo.cache_path(e, args.cache_dir).is_file() else ""
-        print(f"{e.name:36} {e.variant:9} {e.pretrain:13} {e.finetune or '-':13} {e.image_size:4} {top1:>7}  {cached}")
+        print(
+            f"{e.name:36} {e.variant:9} {e.pretrain:13} {e.finetune or '-':13} {e.image_size:4} {top1:>7}{mark} "
+            f"{params:>7}  {e.licence or '-':10} {cached}"
+        )
+    if any(e.top1 is not None and _timm_number(e) for e in entries):
+        print("* top-1 of timm's own evaluation, not the authors' (see top1_source: --json)")
     print(f"\n{len(entries)} checkpoints from {zoo.base_url()} (cache: {zoo.cache_root(args.cache_dir)})")
+
+
+def _timm_number(entry) -> bool:
+    return (entry.top1_source or "").startswith("timm's own evaluation")
 
 
 def _download(args) -> None:
@@ -57,7 +72,7 @@ def _verify(args) -> int:
 
 def _local(source: str, cache_dir) -> Path:
     """A local path for ``source``: a file, or a catalogue name that is cached (downloading it if asked)."""
-    if Path(source).is_file():
+    if Path(source).exists():  # a file, or a Hugging Face / keras-hub folder
         return Path(source)
     return zoo.fetch(source, cache_dir=cache_dir, progress=True)
 
@@ -73,23 +88,90 @@ def _info(args) -> None:
     print(checkpoint_info(arrays).describe())
 
 
+# --format -> (output suffix, what it writes); without --format the output's suffix picks the format.
+FORMATS = {
+    "keras": (".keras", "a .keras model"),
+    "weights_h5": (".weights.h5", "Keras weights"),
+    "timm-safetensors": (".safetensors", "a timm state dict"),
+    "saved_model": ("", "a TensorFlow SavedModel folder"),
+    "litert": (".tflite", "a LiteRT (TFLite) flatbuffer"),
+    "onnx": (".onnx", "an ONNX file"),
+}
+
+
+def _output_format(output: Path, chosen: str | None) -> str:
+    """The format to write ``output`` in: ``--format``, else the one its suffix names."""
+    if chosen is not None:
+        suffix = FORMATS[chosen][0]
+        if not output.name.endswith(suffix):
+            raise ValueError(f"--format {chosen} writes a path ending in {suffix!r}, got {output}.")
+        return chosen
+    for name, (suffix, _) in FORMATS.items():
+        if suffix and output.name.endswith(suffix):
+            return name
+    known = ", ".join(suffix for suffix, _ in FORMATS.values() if suffix)
+    raise ValueError(f"Can't tell the output format of {output}: end it in {known}, or pass --format saved_model.")
+
+
+def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
+    """Write ``model`` to ``path`` in ``output_format`` (the keras_vit.export functions for serving formats)."""
+    from keras_vit import export
+    from keras_vit.checkpoints import save_timm_safetensors
+
+    writers = {
+        "keras": model.save,
+        "weights_h5": model.save_weights,
+        "timm-safetensors": lambda p: save_timm_safetensors(model, p),
+        "saved_model": lambda p: export.export_saved_model(model, p),
+        "litert": lambda p: export.export_litert(model, p, quantize=quantize),
+        "onnx": lambda p: export.export_onnx(model, p),
+    }
+    if output_format == "onnx":  # Keras' ONNX export needs a model that has run once
+        import numpy as np
+
+        model.predict_on_batch(np.zeros((1, *(size or 224 for size in model.input_shape[1:])), "float32"))
+    try:
+        writers[output_format](path)
+    except ImportError as exc:
+        raise ValueError(f"--format {output_format} needs {exc.name or exc}: pip install it first.") from None
+
+
+def _write_atomically(model, out: Path, output_format: str, quantize: str | None) -> None:
+    """Write into a new temporary folder beside ``out``, then rename into place: a failure leaves no partial
+    output and removes only that folder."""
+    import shutil
+    import tempfile
+
+    if output_format == "saved_model" and out.exists():
+        raise ValueError(f"{out} exists; remove it or choose another folder for the SavedModel.")
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        _write(model, scratch / out.name, output_format, quantize)
+        os.replace(scratch / out.name, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _convert(args) -> None:
+    import keras
+
     from keras_vit.checkpoints import model_from_checkpoint
 
     out = Path(args.output)
-    if not out.name.endswith((".keras", ".weights.h5")):
-        raise SystemExit(f"The output must end in .keras or .weights.h5, got {out}.")
-    kwargs = dict(gelu=args.gelu, include_top=not args.no_top)
-    if args.image_size:
-        kwargs["image_size"] = args.image_size
-    if args.num_classes:
-        kwargs["num_classes"] = args.num_classes
-    model = model_from_checkpoint(_local(args.source, args.cache_dir), resize_method=args.resize_method, **kwargs)
-    suffix = ".keras" if out.name.endswith(".keras") else ".weights.h5"
-    partial = out.with_name(out.name[: -len(suffix)] + ".partial" + suffix)
-    (model.save if suffix == ".keras" else model.save_weights)(partial)
-    os.replace(partial, out)
-    print(f"{model.name}: {model.count_params():,} parameters, input {model.input_shape} -> {out}")
+    output_format = _output_format(out, args.format)
+    if args.quantize and output_format != "litert":
+        raise ValueError(f"--quantize applies to --format litert (.tflite), not {output_format}.")
+    kwargs = dict(include_top=not args.no_top)
+    for option in ("gelu", "image_size", "num_classes", "num_heads"):
+        if getattr(args, option):
+            kwargs[option] = getattr(args, option)
+    if args.source.endswith(".keras") and Path(args.source).is_file():
+        model = keras.saving.load_model(args.source)  # e.g. a model fine-tuned here, back to timm
+    else:
+        model = model_from_checkpoint(_local(args.source, args.cache_dir), resize_method=args.resize_method, **kwargs)
+    _write_atomically(model, out, output_format, args.quantize)
+    written = FORMATS[output_format][1] + (f", {args.quantize}" if args.quantize else "")
+    print(f"{model.name}: {model.count_params():,} parameters, input {model.input_shape} -> {out} ({written})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,8 +185,12 @@ def main(argv: list[str] | None = None) -> None:
     listing.set_defaults(run=_list)
     download = commands.add_parser("download", help="download checkpoints into the cache")
     download.add_argument("names", nargs="+")
-    download.add_argument("--timeout", type=float, default=zoo.DEFAULT_TIMEOUT,
-                          help="seconds without a byte before a try fails (default: %(default)s)")
+    download.add_argument(
+        "--timeout",
+        type=float,
+        default=zoo.DEFAULT_TIMEOUT,
+        help="seconds without a byte before a try fails (default: %(default)s)",
+    )
     download.add_argument("--deadline", type=float, help="seconds for each file, all tries included (default: none)")
     download.set_defaults(run=_download)
     verify = commands.add_parser("verify", help="check cached files against their recorded sha256")
@@ -113,13 +199,20 @@ def main(argv: list[str] | None = None) -> None:
     info = commands.add_parser("info", help="the architecture a checkpoint's shapes describe")
     info.add_argument("source", help="catalogue name or .npz path")
     info.set_defaults(run=_info)
-    convert = commands.add_parser("convert", help="a checkpoint as a .keras (or .weights.h5) file")
-    convert.add_argument("source", help="catalogue name or .npz path")
-    convert.add_argument("output", help="path ending in .keras or .weights.h5")
+    convert = commands.add_parser(
+        "convert", help="a checkpoint as .keras, .weights.h5, timm .safetensors, SavedModel, .tflite or .onnx"
+    )
+    convert.add_argument("source", help="catalogue name, .npz, timm / Hugging Face / keras-hub checkpoint, or .keras")
+    convert.add_argument(
+        "output", help="path ending in .keras, .weights.h5, .safetensors (timm), .tflite or .onnx; or a folder"
+    )
+    convert.add_argument("--format", choices=list(FORMATS), help="default: from the output's suffix")
+    convert.add_argument("--quantize", choices=("dynamic_int8",), help="int8 weights (--format litert only)")
     convert.add_argument("--image-size", type=int, help="resolution (default: the checkpoint's)")
     convert.add_argument("--num-classes", type=int, help="classes (default: the checkpoint's head)")
     convert.add_argument("--no-top", action="store_true", help="drop the classifier (features only)")
-    convert.add_argument("--gelu", choices=("tanh", "exact"), default="tanh", help="tanh: as the Flax models")
+    convert.add_argument("--gelu", choices=("tanh", "exact"), help="default: the source's (tanh for .npz)")
+    convert.add_argument("--num-heads", type=int, help="attention heads of a timm state dict (default: from width)")
     convert.add_argument("--resize-method", choices=("zoom_linear", "bilinear", "bicubic"), default="zoom_linear")
     convert.set_defaults(run=_convert)
     args = parser.parse_args(argv)

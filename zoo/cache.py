@@ -18,8 +18,18 @@ from typing import NamedTuple
 
 from .errors import CorruptCheckpointError
 
-__all__ = ["CORRUPT", "OK", "UNRECORDED", "FileCheck", "check_file", "ensure_intact", "record", "record_path",
-           "recorded", "sha256sum"]
+__all__ = [
+    "CORRUPT",
+    "OK",
+    "UNRECORDED",
+    "FileCheck",
+    "check_file",
+    "ensure_intact",
+    "record",
+    "record_path",
+    "recorded",
+    "sha256sum",
+]
 
 OK, CORRUPT, UNRECORDED = "OK", "corrupt", "unrecorded"
 CHUNK = 1 << 20

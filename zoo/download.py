@@ -94,14 +94,16 @@ def _seconds_left(end: float | None, timeout: float) -> float:
     return min(timeout, left)
 
 
-def _attempt(url: str, part: Path, state: Path, size: int | None, timeout: float, end: float | None,
-             progress: Progress | None) -> bool:
+def _attempt(
+    url: str, part: Path, state: Path, size: int | None, timeout: float, end: float | None, progress: Progress | None
+) -> bool:
     """One request into ``part``; True when its length is proven (``Content-Length`` or ``size``)."""
     have, validator = _resumable(part, state, url)
     headers = {"Range": f"bytes={have}-", "If-Range": validator} if have else {}
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                          timeout=_seconds_left(end, timeout))
+        response = urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=_seconds_left(end, timeout)
+        )
     except urllib.error.HTTPError as exc:
         if exc.code == 416:  # the .part does not fit the file (any more): start over
             _discard(part, state)
@@ -141,8 +143,9 @@ def _attempt(url: str, part: Path, state: Path, size: int | None, timeout: float
     return total is not None
 
 
-def _accept(url: str, part: Path, state: Path, dest: Path, sha256: str | None,
-            validate: Callable[[Path], None] | None) -> None:
+def _accept(
+    url: str, part: Path, state: Path, dest: Path, sha256: str | None, validate: Callable[[Path], None] | None
+) -> None:
     """Check the finished ``part`` (deleted when it fails), record its sha256 and move it onto ``dest``."""
     try:
         digest = sha256sum(part)
@@ -158,8 +161,19 @@ def _accept(url: str, part: Path, state: Path, dest: Path, sha256: str | None,
     _discard(state)
 
 
-def _transfer(url: str, dest: Path, *, sha256: str | None, size: int | None, validate, retries: int, timeout: float,
-              end: float | None, backoff: float, progress: Progress | None) -> None:
+def _transfer(
+    url: str,
+    dest: Path,
+    *,
+    sha256: str | None,
+    size: int | None,
+    validate,
+    retries: int,
+    timeout: float,
+    end: float | None,
+    backoff: float,
+    progress: Progress | None,
+) -> None:
     part = dest.with_name(dest.name + ".part")
     state = part.with_name(part.name + ".json")
     failures: list[str] = []
@@ -232,8 +246,18 @@ def download(
         with file_lock(dest.with_name(dest.name + ".lock"), end):
             if dest.is_file():  # another downloader finished while we waited
                 return ensure_intact(dest, sha256=sha256, validate=validate)
-            _transfer(url, dest, sha256=sha256, size=size, validate=validate, retries=retries, timeout=timeout,
-                      end=end, backoff=backoff, progress=progress)
+            _transfer(
+                url,
+                dest,
+                sha256=sha256,
+                size=size,
+                validate=validate,
+                retries=retries,
+                timeout=timeout,
+                end=end,
+                backoff=backoff,
+                progress=progress,
+            )
     except DownloadError:
         raise
     except OSError as exc:  # network errors are handled above: this is the local disk

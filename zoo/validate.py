@@ -21,8 +21,19 @@ __all__ = ["REQUIRED_KEYS", "check_npz"]
 
 REQUIRED_KEYS = ("embedding/kernel", "Transformer/posembed_input/pos_embedding")
 _END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes and a comment
-_BROKEN = (zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError, OSError, ValueError, NotImplementedError,
-           RuntimeError, OverflowError, struct.error, KeyError)
+_BROKEN = (
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+    OSError,
+    ValueError,
+    NotImplementedError,
+    RuntimeError,
+    OverflowError,
+    struct.error,
+    KeyError,
+)
 
 
 def _check_ends_with_archive(f: BinaryIO, size: int) -> None:

@@ -6,19 +6,34 @@ Example (a random-init tiny model, all five figures into ./vit_analysis)::
 
 Writes ``attention_maps.png``, ``attention_distance.png``, ``position_similarity.png``,
 ``embedding_filters.png``, ``few_shot.png`` and ``results.json`` (the numbers behind them).
+
+Everything is checked and computed before anything is written (the model, the chosen analyses, the images,
+the few-shot dataset against ``--shots``); then every file is drawn under a temporary name and renamed into
+place, so a failure leaves the output folder as it was. Errors are one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["ANALYSES", "applicable_analyses", "build_model", "build_parser", "main", "model_input", "run",
-           "run_few_shot"]
+__all__ = [
+    "ANALYSES",
+    "applicable_analyses",
+    "build_model",
+    "build_parser",
+    "few_shot_split",
+    "main",
+    "model_input",
+    "run",
+    "run_few_shot",
+]
 
 ANALYSES = ("attention", "distance", "position", "filters", "fewshot")
 OVERRIDES = ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim")
@@ -35,22 +50,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--image-size", type=int, default=None, help="default: the checkpoint's, else 224")
     parser.add_argument("--classifier", choices=("token", "gap"), default="token")
     parser.add_argument("--gelu", choices=("tanh", "exact"), default="tanh")
-    parser.add_argument("--position-embedding", default="learned_1d",
-                        help="learned_1d (published), learned_2d, sincos_2d, relative or none")
+    parser.add_argument(
+        "--position-embedding",
+        default="learned_1d",
+        help="learned_1d (published), learned_2d, sincos_2d, relative or none",
+    )
     for field in OVERRIDES:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None,
-                            help=f"override the variant's {field}")
-    parser.add_argument("--analyses", nargs="+", choices=ANALYSES, default=None,
-                        help="which figures (default: all that apply to the model)")
-    parser.add_argument("--images", nargs="+", default=None,
-                        help="image files for the attention analyses "
-                        "(default: scikit-learn's china.jpg and flower.jpg)")
-    parser.add_argument("--dataset", default="digits",
-                        help="few-shot dataset: 'digits' (scikit-learn), a .npz file or 'tfds:NAME' (default: digits)")
+        parser.add_argument(
+            f"--{field.replace('_', '-')}", type=int, default=None, help=f"override the variant's {field}"
+        )
+    parser.add_argument(
+        "--analyses",
+        nargs="+",
+        choices=ANALYSES,
+        default=None,
+        help="which figures (default: all that apply to the model)",
+    )
+    parser.add_argument(
+        "--images",
+        nargs="+",
+        default=None,
+        help="image files for the attention analyses (default: scikit-learn's china.jpg and flower.jpg)",
+    )
+    parser.add_argument(
+        "--dataset",
+        default="digits",
+        help="few-shot dataset: 'digits' (scikit-learn), a .npz file or 'tfds:NAME' (default: digits)",
+    )
     parser.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
     parser.add_argument("--seeds", type=int, default=3, help="few-shot draws averaged per n")
-    parser.add_argument("--pooling", choices=("token", "avg"), default=None,
-                        help="few-shot features (default: the class token, or the patch mean without one)")
+    parser.add_argument(
+        "--pooling",
+        choices=("token", "avg"),
+        default=None,
+        help="few-shot features (default: the class token, or the patch mean without one)",
+    )
     parser.add_argument("--pool-per-class", type=int, default=50, help="training examples kept per class")
     parser.add_argument("--test-examples", type=int, default=1000, help="held-out examples scored")
     parser.add_argument("--components", type=int, default=28, help="principal components of the filters to draw")
@@ -65,9 +99,16 @@ def build_model(args: argparse.Namespace):
     import keras_vit
 
     kwargs = {f: getattr(args, f) for f in OVERRIDES if getattr(args, f) is not None}
-    return keras_vit.ViT(args.variant, image_size=args.image_size, include_top=False, weights=args.weights,
-                         classifier=args.classifier, gelu=args.gelu, position_embedding=args.position_embedding,
-                         **kwargs)
+    return keras_vit.ViT(
+        args.variant,
+        image_size=args.image_size,
+        include_top=False,
+        weights=args.weights,
+        classifier=args.classifier,
+        gelu=args.gelu,
+        position_embedding=args.position_embedding,
+        **kwargs,
+    )
 
 
 def applicable_analyses(model) -> list[str]:
@@ -94,10 +135,11 @@ def _keep_per_class(labels: np.ndarray, per_class: int, rng: np.random.Generator
     return np.sort(np.asarray(keep, dtype=np.int64))
 
 
-def run_few_shot(model, args, size: tuple[int, int], pooling: str) -> tuple[dict[int, np.ndarray], float]:
-    """n-shot accuracies on the dataset of ``args.dataset``, and the chance level."""
+def few_shot_split(args) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The few-shot training pool and test examples of ``args.dataset``: ``(images, labels, test_images,
+    test_labels)``; a ``ValueError`` when a class of the pool has fewer examples than the largest of ``args.shots``."""
     from keras_vit import datasets
-    from keras_vit.analysis import data, fewshot
+    from keras_vit.analysis import data
 
     dataset = data.load_fewshot_dataset(args.dataset)
     images, labels = dataset.images, np.asarray(dataset.labels, dtype=np.int64)
@@ -110,13 +152,36 @@ def run_few_shot(model, args, size: tuple[int, int], pooling: str) -> tuple[dict
     rng = np.random.default_rng(0)
     pool = _keep_per_class(labels, args.pool_per_class, rng)
     test = np.sort(rng.permutation(len(test_labels))[: args.test_examples])
+    classes, counts = np.unique(labels[pool], return_counts=True)
+    if len(classes) < 2 or len(test) == 0:
+        raise ValueError(
+            f"Few-shot dataset {args.dataset!r} needs training examples of 2 or more classes and test "
+            f"examples; it has {len(classes)} classes and {len(test)} test examples."
+        )
+    if counts.min() < max(args.shots):
+        raise ValueError(
+            f"--shots {max(args.shots)} needs {max(args.shots)} training examples of every class, but "
+            f"class {classes[counts.argmin()]} of {args.dataset!r} has {counts.min()} "
+            f"(--pool-per-class {args.pool_per_class})."
+        )
+    return images[pool], labels[pool], test_images[test], test_labels[test]
+
+
+def run_few_shot(
+    model, args, size: tuple[int, int], pooling: str, split: tuple[np.ndarray, ...] | None = None
+) -> tuple[dict[int, np.ndarray], float]:
+    """n-shot accuracies on ``split`` (default: :func:`few_shot_split` of ``args``), and the chance level."""
+    from keras_vit.analysis import data, fewshot
+
+    images, labels, test_images, test_labels = few_shot_split(args) if split is None else split
 
     def features(x):
         batch = model_input(data.resize_images(x, size))
         return fewshot.extract_features(model, batch, pooling=pooling, batch_size=args.batch_size)
 
-    accuracies = fewshot.few_shot_evaluation(features(images[pool]), labels[pool], features(test_images[test]),
-                                             test_labels[test], shots=args.shots, seeds=args.seeds)
+    accuracies = fewshot.few_shot_evaluation(
+        features(images), labels, features(test_images), test_labels, shots=args.shots, seeds=args.seeds
+    )
     return accuracies, 1.0 / len(np.unique(labels))
 
 
@@ -145,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     try:
         results = run(args)
-    except (ValueError, TypeError, FileNotFoundError) as error:
+    except (ValueError, TypeError, OSError) as error:  # bad input or files (OSError: unwritable output folder)
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     for name in results["figures"]:
@@ -157,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Compute and draw the chosen analyses; returns what results.json holds."""
+    """Check, compute, then draw the chosen analyses; returns what results.json holds.
+
+    Nothing is written until every input is checked and every number computed; the files are then written
+    under temporary names and renamed into ``args.output_dir`` together (:func:`_write_outputs`).
+    """
     from keras_vit.analysis import attention, data, embeddings, plots
     from keras_vit.analysis.geometry import token_geometry
 
@@ -166,51 +235,97 @@ def run(args: argparse.Namespace) -> dict:
     applicable = applicable_analyses(model)
     chosen = args.analyses or applicable
     if set(chosen) - set(applicable):
-        raise ValueError(f"--analyses {' '.join(sorted(set(chosen) - set(applicable)))} does not apply to this model "
-                         "(a hybrid's embedding filters act on ResNet features; relative/none position embeddings).")
-    out_dir = args.output_dir
-    os.makedirs(out_dir, exist_ok=True)
-    results: dict = {"variant": args.variant, "weights": args.weights, "image_size": list(size), "figures": []}
-
-    def figure(name: str) -> str:
-        path = os.path.join(out_dir, name)
-        results["figures"].append(name)
-        return path
-
+        raise ValueError(
+            f"--analyses {' '.join(sorted(set(chosen) - set(applicable)))} does not apply to this model "
+            "(a hybrid's embedding filters act on ResNet features; relative/none position embeddings)."
+        )
+    # Read every input first: a missing or unreadable image, or a dataset too small for --shots, fails here.
+    originals = None
     if {"attention", "distance"} & set(chosen):
         if args.images:
             originals = [data.load_image(path) for path in args.images]
         else:
             originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
+    split = few_shot_split(args) if "fewshot" in chosen else None
+
+    results: dict = {"variant": args.variant, "weights": args.weights, "image_size": list(size), "figures": []}
+    drawings: list[tuple[str, Callable[[str], str]]] = []  # (file name, draw(path)), drawn once all is computed
+    if originals is not None:
         pictures = data.resize_images(originals, size)
         found = attention.analyse_attention(model, model_input(pictures), batch_size=args.batch_size)
         if "attention" in chosen:
             shown = pictures.astype(np.float32) / 255.0
             overlays = np.stack([attention.overlay(p, m) for p, m in zip(shown, found.maps)])
-            plots.plot_attention_maps(shown, overlays, figure("attention_maps.png"), dpi=args.dpi)
+            drawings.append(
+                ("attention_maps.png", lambda path: plots.plot_attention_maps(shown, overlays, path, dpi=args.dpi))
+            )
         if "distance" in chosen:
-            plots.plot_attention_distance(found.distances, figure("attention_distance.png"), dpi=args.dpi)
+            drawings.append(
+                (
+                    "attention_distance.png",
+                    lambda path: plots.plot_attention_distance(found.distances, path, dpi=args.dpi),
+                )
+            )
             results["mean_attention_distance"] = found.distances.round(3).tolist()
     if "position" in chosen:
         similarity = embeddings.model_position_similarity(model)
-        plots.plot_position_similarity(similarity, figure("position_similarity.png"), dpi=args.dpi)
+        drawings.append(
+            ("position_similarity.png", lambda path: plots.plot_position_similarity(similarity, path, dpi=args.dpi))
+        )
     if "filters" in chosen:
         kernel_shape = model.get_layer("embedding").kernel.shape
         k = min(args.components, int(np.prod(kernel_shape[:3])), kernel_shape[3] - 1)
         components, explained = embeddings.model_filter_components(model, k)
-        plots.plot_filter_components(embeddings.to_rgb_tiles(components), figure("embedding_filters.png"),
-                                     explained=explained, dpi=args.dpi)
+        tiles = embeddings.to_rgb_tiles(components)
+        drawings.append(
+            (
+                "embedding_filters.png",
+                lambda path: plots.plot_filter_components(tiles, path, explained=explained, dpi=args.dpi),
+            )
+        )
         results["filter_variance_explained"] = explained.round(5).tolist()
-    if "fewshot" in chosen:
+    if split is not None:
         pooling = args.pooling or ("token" if token_geometry(model).num_prefix_tokens else "avg")
-        few_shot, chance = run_few_shot(model, args, size, pooling)
-        plots.plot_few_shot(few_shot, figure("few_shot.png"), dpi=args.dpi, chance=chance)
-        results["few_shot"] = {str(n): {"mean": float(a.mean()), "std": float(a.std()), "per_seed": a.tolist()}
-                               for n, a in few_shot.items()}
+        few_shot, chance = run_few_shot(model, args, size, pooling, split)
+        drawings.append(("few_shot.png", lambda path: plots.plot_few_shot(few_shot, path, dpi=args.dpi, chance=chance)))
+        results["few_shot"] = {
+            str(n): {"mean": float(a.mean()), "std": float(a.std()), "per_seed": a.tolist()}
+            for n, a in few_shot.items()
+        }
         results["few_shot_pooling"] = pooling
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    results["figures"] = [name for name, _ in drawings]
+    _write_outputs(args.output_dir, drawings, results)
     return results
+
+
+def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]], results: dict) -> None:
+    """Draw every figure and results.json under a temporary name in ``out_dir``, then rename them all into place.
+
+    A failure removes the temporary files (and ``out_dir`` if this call created it and it is still empty):
+    files already in ``out_dir`` are left as they were.
+    """
+    from keras_vit.analysis.files import atomic_open, temporary_path
+
+    created = not os.path.isdir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    staged: list[tuple[str, str]] = []  # (temporary path, final path)
+    try:
+        for name, draw in drawings:
+            staged.append((temporary_path(os.path.join(out_dir, name)), os.path.join(out_dir, name)))
+            draw(staged[-1][0])
+        staged.append((temporary_path(os.path.join(out_dir, "results.json")), os.path.join(out_dir, "results.json")))
+        with atomic_open(staged[-1][0]) as file:
+            file.write(json.dumps(results, indent=2).encode())
+    except BaseException:
+        for temporary, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)  # only if empty
+        raise
+    for temporary, final in staged:
+        os.replace(temporary, final)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,18 @@ from PIL import Image
 import keras_vit
 from keras_vit.analysis.geometry import check_choice, positive_pair, token_geometry
 
-__all__ = ["HEAD_FUSIONS", "AttentionAnalysis", "analyse_attention", "attention_rollout", "iter_attentions",
-           "mean_attention_distance", "overlay", "patch_distances", "rollout_map", "upsample"]
+__all__ = [
+    "HEAD_FUSIONS",
+    "AttentionAnalysis",
+    "analyse_attention",
+    "attention_rollout",
+    "iter_attentions",
+    "mean_attention_distance",
+    "overlay",
+    "patch_distances",
+    "rollout_map",
+    "upsample",
+]
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -45,8 +55,9 @@ def _check_tokens(num_tokens: int, grid: tuple[int, int], num_prefix_tokens: int
         )
 
 
-def attention_rollout(attentions: Sequence[np.ndarray], *, head_fusion: str = "mean",
-                      residual: bool = True) -> np.ndarray:
+def attention_rollout(
+    attentions: Sequence[np.ndarray], *, head_fusion: str = "mean", residual: bool = True
+) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020): how much each output token draws on each input token.
 
     Per block the heads are fused (``"mean"``, as in the paper; ``"max"``/``"min"`` also offered),
@@ -110,8 +121,12 @@ def patch_distances(grid_size: int | tuple[int, int], patch_size: int | tuple[in
     return np.linalg.norm(centres[:, None] - centres[None], axis=-1)
 
 
-def mean_attention_distance(attentions: Sequence[np.ndarray], grid_size: int | tuple[int, int],
-                            patch_size: int | tuple[int, int], num_prefix_tokens: int = 1) -> np.ndarray:
+def mean_attention_distance(
+    attentions: Sequence[np.ndarray],
+    grid_size: int | tuple[int, int],
+    patch_size: int | tuple[int, int],
+    num_prefix_tokens: int = 1,
+) -> np.ndarray:
     """Mean attention distance in pixels per block and head, ``(blocks, heads)`` (Figure 7, right).
 
     For each patch query: ``sum_k a_qk * d_qk`` over patch keys, ``d`` the pixel distance between patch
@@ -140,7 +155,7 @@ def iter_attentions(model: keras.Model, images: np.ndarray, batch_size: int = 8)
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
     probe = keras_vit.attention_model(model)
     for start in range(0, len(images), batch_size):
-        outputs = probe(np.asarray(images[start:start + batch_size], dtype=np.float32), training=False)
+        outputs = probe(np.asarray(images[start : start + batch_size], dtype=np.float32), training=False)
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         yield [keras.ops.convert_to_numpy(o) for o in outputs]
 
@@ -154,8 +169,9 @@ class AttentionAnalysis:
     distances: np.ndarray
 
 
-def analyse_attention(model: keras.Model, images: np.ndarray, *, batch_size: int = 8,
-                      head_fusion: str = "mean") -> AttentionAnalysis:
+def analyse_attention(
+    model: keras.Model, images: np.ndarray, *, batch_size: int = 8, head_fusion: str = "mean"
+) -> AttentionAnalysis:
     """Rollout maps and mean attention distances of a keras_vit model on preprocessed ``images``,
     batch by batch so that only one batch's attention matrices are held at a time."""
     if len(images) == 0:

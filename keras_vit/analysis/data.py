@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from keras_vit import datasets
-from keras_vit.analysis.geometry import check_choice
+from keras_vit.checks import check_choice
 
 __all__ = ["SAMPLE_IMAGES", "LabelledImages", "load_fewshot_dataset", "load_image", "resize_images", "sample_image"]
 
@@ -30,11 +30,24 @@ def sample_image(name: str = "china.jpg") -> np.ndarray:
 
 
 def load_image(path: str) -> np.ndarray:
-    """An image file as uint8 RGB ``(H, W, 3)``."""
+    """An image file as uint8 RGB ``(H, W, 3)``.
+
+    16-bit grey images (PIL modes ``I;16*``, e.g. 16-bit PNGs) are scaled to 8 bits as ``round(v / 257)``
+    (65535 -> 255), not clipped. A missing file is a ``FileNotFoundError``; a file that is not an image, or a
+    truncated or damaged one, a ``ValueError`` naming it.
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No image file {path!r}.")
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+    try:
+        with Image.open(path) as image:
+            image.load()  # decode now: a truncated file fails here, not later
+            if image.mode.startswith("I;16"):
+                wide = np.asarray(image).astype(np.uint32)
+                grey = ((wide + 128) // 257).astype(np.uint8)  # round(v / 257): the inverse of v * 257
+                return np.repeat(grey[..., None], 3, axis=-1)
+            return np.asarray(image.convert("RGB"))
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise ValueError(f"Cannot read image file {path!r}: not an image, or truncated or damaged ({error}).") from None
 
 
 def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
@@ -52,7 +65,7 @@ def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
         h, w = image.shape[:2]
         crop_h, crop_w = min(h, round(w * height / width)), min(w, round(h * width / height))
         top, left = (h - crop_h) // 2, (w - crop_w) // 2
-        crop = np.repeat(image, 3 // image.shape[-1], axis=-1)[top:top + crop_h, left:left + crop_w]
+        crop = np.repeat(image, 3 // image.shape[-1], axis=-1)[top : top + crop_h, left : left + crop_w]
         resized = Image.fromarray(np.ascontiguousarray(crop, dtype=np.uint8)).resize(
             (width, height), Image.Resampling.BILINEAR
         )
@@ -76,7 +89,7 @@ def load_fewshot_dataset(spec: str = "digits") -> LabelledImages:
     if spec == "digits":
         return LabelledImages(*datasets.load_digits())
     if spec.startswith("tfds:"):
-        return _load_tfds(spec[len("tfds:"):])
+        return _load_tfds(spec[len("tfds:") :])
     if spec.endswith(".npz"):
         return _load_npz(spec)
     raise ValueError(f"Unknown few-shot dataset {spec!r}: expected 'digits', a .npz file or 'tfds:NAME'.")

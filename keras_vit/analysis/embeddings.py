@@ -11,12 +11,18 @@ from keras_vit.analysis.geometry import get_layer, positive_pair
 from keras_vit.layers import PatchEmbed
 from keras_vit.position import AddPositionEmbs
 
-__all__ = ["filter_components", "model_filter_components", "model_position_similarity", "position_similarity",
-           "to_rgb_tiles"]
+__all__ = [
+    "filter_components",
+    "model_filter_components",
+    "model_position_similarity",
+    "position_similarity",
+    "to_rgb_tiles",
+]
 
 
-def position_similarity(pos_embedding: np.ndarray, grid_size: int | tuple[int, int],
-                        num_prefix_tokens: int = 0) -> np.ndarray:
+def position_similarity(
+    pos_embedding: np.ndarray, grid_size: int | tuple[int, int], num_prefix_tokens: int = 0
+) -> np.ndarray:
     """Cosine similarity of every patch's position embedding with every other: ``(gh, gw, gh, gw)``.
 
     ``pos_embedding`` is ``(N, D)`` or ``(1, N, D)`` with ``N = num_prefix_tokens + gh * gw``; the

@@ -20,8 +20,15 @@ from sklearn.preprocessing import StandardScaler
 from keras_vit.analysis.geometry import check_choice, get_layer, token_geometry
 from keras_vit.layers import TokenPooling
 
-__all__ = ["L2_GRID", "SHOTS", "extract_features", "few_shot_evaluation", "fit_linear_probe", "linear_probe",
-           "sample_per_class"]
+__all__ = [
+    "L2_GRID",
+    "SHOTS",
+    "extract_features",
+    "few_shot_evaluation",
+    "fit_linear_probe",
+    "linear_probe",
+    "sample_per_class",
+]
 
 SHOTS = (1, 5, 10, 25)
 L2_GRID = tuple(2.0 ** np.arange(-10, 11))
@@ -48,8 +55,7 @@ def linear_probe(l2_reg: float | Sequence[float] = L2_GRID) -> Pipeline:
     return make_pipeline(StandardScaler(), RidgeClassifierCV(alphas=alphas))
 
 
-def fit_linear_probe(features: np.ndarray, labels: np.ndarray,
-                     l2_reg: float | Sequence[float] = L2_GRID) -> Pipeline:
+def fit_linear_probe(features: np.ndarray, labels: np.ndarray, l2_reg: float | Sequence[float] = L2_GRID) -> Pipeline:
     """:func:`linear_probe` fitted on ``features`` ``(n, dim)`` and integer ``labels`` ``(n,)``."""
     x, y = _check_xy(features, labels)
     if len(np.unique(y)) < 2:
@@ -69,9 +75,15 @@ def sample_per_class(labels: np.ndarray, shots: int, rng: np.random.Generator) -
     return np.sort(np.concatenate(picks))
 
 
-def few_shot_evaluation(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,
-                        test_labels: np.ndarray, shots: Sequence[int] = SHOTS, seeds: int = 3,
-                        l2_reg: float | Sequence[float] = L2_GRID) -> dict[int, np.ndarray]:
+def few_shot_evaluation(
+    train_features: np.ndarray,
+    train_labels: np.ndarray,
+    test_features: np.ndarray,
+    test_labels: np.ndarray,
+    shots: Sequence[int] = SHOTS,
+    seeds: int = 3,
+    l2_reg: float | Sequence[float] = L2_GRID,
+) -> dict[int, np.ndarray]:
     """n-shot accuracy on held-out examples: ``{n: accuracies (seeds,)}``.
 
     For each seed and n, draw n examples per class from the training pool, fit the probe and score
@@ -92,8 +104,9 @@ def few_shot_evaluation(train_features: np.ndarray, train_labels: np.ndarray, te
     return results
 
 
-def extract_features(model: keras.Model, images: np.ndarray, *, pooling: str | None = None,
-                     batch_size: int = 32) -> np.ndarray:
+def extract_features(
+    model: keras.Model, images: np.ndarray, *, pooling: str | None = None, batch_size: int = 32
+) -> np.ndarray:
     """Frozen features ``(n, D)`` of preprocessed ``images``.
 
     ``pooling=None``: the model's own output, which must be ``(batch, D)`` (a ViT built with
@@ -111,6 +124,8 @@ def extract_features(model: keras.Model, images: np.ndarray, *, pooling: str | N
             f"Model {model.name!r} outputs {[tuple(o.shape) for o in model.outputs]}, not (batch, D) "
             "features; build it with include_top=False and pooling='token' or 'avg', or pass pooling=."
         )
-    batches = [model(np.asarray(images[start:start + batch_size], np.float32), training=False)
-               for start in range(0, len(images), batch_size)]
+    batches = [
+        model(np.asarray(images[start : start + batch_size], np.float32), training=False)
+        for start in range(0, len(images), batch_size)
+    ]
     return np.concatenate([keras.ops.convert_to_numpy(batch) for batch in batches])

@@ -3,23 +3,20 @@
 Read from the model's ``"embedding"`` layer (:class:`keras_vit.layers.PatchEmbed`: its input, the image or a
 hybrid's feature map, and its patch size), its input shape and whether it has a ``"class_token"``, so it
 holds for hybrids (their patches are ``image / grid`` pixels wide) and every position-embedding kind.
-Also the analyses' small argument checks.
+Also the analyses' small argument checks (``check_choice`` comes from :mod:`keras_vit.checks`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
-from typing import TypeVar
 
 import keras
 import numpy as np
 
+from keras_vit.checks import check_choice
 from keras_vit.layers import ClassToken, PatchEmbed
 
 __all__ = ["TokenGeometry", "check_choice", "get_layer", "positive_pair", "token_geometry"]
-
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +35,6 @@ class TokenGeometry:
     @property
     def num_tokens(self) -> int:
         return self.num_prefix_tokens + self.num_patches
-
-
-def check_choice(value: T, choices: Collection, name: str) -> T:
-    """``value`` if it is one of ``choices``; a ``ValueError`` naming ``name`` and the choices otherwise."""
-    if value not in choices:
-        raise ValueError(f"Unknown {name} {value!r}; expected one of {tuple(choices)}.")
-    return value
 
 
 def positive_pair(value, name: str) -> tuple[int, int]:

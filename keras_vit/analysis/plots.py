@@ -14,15 +14,27 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
-__all__ = ["mosaic", "plot_attention_distance", "plot_attention_maps", "plot_few_shot", "plot_filter_components",
-           "plot_position_similarity"]
+from keras_vit.analysis.files import atomic_open
+
+__all__ = [
+    "mosaic",
+    "plot_attention_distance",
+    "plot_attention_maps",
+    "plot_few_shot",
+    "plot_filter_components",
+    "plot_position_similarity",
+]
 
 
 def _save(fig, path: str, dpi: int) -> str:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fig.savefig(path, dpi=dpi, format="png")
-    plt.close(fig)
+    """Write ``fig`` to ``path`` atomically (:func:`~keras_vit.analysis.files.atomic_open`): a failure leaves no
+    file behind, and ``path``, if it existed, as it was."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with atomic_open(path) as file:
+            fig.savefig(file, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -34,12 +46,13 @@ def mosaic(tiles: np.ndarray, columns: int, pad: int = 1, fill: float = np.nan) 
     out = np.full((rows * (h + pad) - pad, columns * (w + pad) - pad, *tiles.shape[3:]), fill)
     for i, tile in enumerate(tiles):
         top, left = (i // columns) * (h + pad), (i % columns) * (w + pad)
-        out[top:top + h, left:left + w] = tile
+        out[top : top + h, left : left + w] = tile
     return out
 
 
-def plot_attention_maps(images: np.ndarray, overlays: np.ndarray, path: str, *,
-                        figsize: tuple[float, float] | None = None, dpi: int = 100) -> str:
+def plot_attention_maps(
+    images: np.ndarray, overlays: np.ndarray, path: str, *, figsize: tuple[float, float] | None = None, dpi: int = 100
+) -> str:
     """Figure 6: each input image above its attention-weighted version (images in [0, 1])."""
     if len(images) != len(overlays) or len(images) == 0:
         raise ValueError(f"Need as many overlays as images (at least one), got {len(images)} and {len(overlays)}.")
@@ -53,8 +66,14 @@ def plot_attention_maps(images: np.ndarray, overlays: np.ndarray, path: str, *,
     return _save(fig, path, dpi)
 
 
-def plot_attention_distance(distances: np.ndarray, path: str, *, image_size: float | None = None,
-                            figsize: tuple[float, float] = (5, 4), dpi: int = 100) -> str:
+def plot_attention_distance(
+    distances: np.ndarray,
+    path: str,
+    *,
+    image_size: float | None = None,
+    figsize: tuple[float, float] = (5, 4),
+    dpi: int = 100,
+) -> str:
     """Figure 7 (right): mean attention distance (pixels), a dot per head, against the block index."""
     distances = np.asarray(distances)
     if distances.ndim != 2:
@@ -73,8 +92,9 @@ def plot_attention_distance(distances: np.ndarray, path: str, *, image_size: flo
     return _save(fig, path, dpi)
 
 
-def plot_position_similarity(similarity: np.ndarray, path: str, *, figsize: tuple[float, float] = (6, 5),
-                             dpi: int = 100) -> str:
+def plot_position_similarity(
+    similarity: np.ndarray, path: str, *, figsize: tuple[float, float] = (6, 5), dpi: int = 100
+) -> str:
     """Figure 7 (centre): a grid of grids, tile (i, j) the cosine similarity of patch (i, j)'s
     position embedding with every patch's."""
     similarity = np.asarray(similarity)
@@ -94,9 +114,15 @@ def plot_position_similarity(similarity: np.ndarray, path: str, *, figsize: tupl
     return _save(fig, path, dpi)
 
 
-def plot_filter_components(tiles: np.ndarray, path: str, *, columns: int = 7,
-                           explained: np.ndarray | None = None, figsize: tuple[float, float] = (6, 4),
-                           dpi: int = 100) -> str:
+def plot_filter_components(
+    tiles: np.ndarray,
+    path: str,
+    *,
+    columns: int = 7,
+    explained: np.ndarray | None = None,
+    figsize: tuple[float, float] = (6, 4),
+    dpi: int = 100,
+) -> str:
     """Figure 7 (left): the principal components of the embedding filters as RGB tiles in [0, 1]."""
     tiles = np.asarray(tiles)
     if tiles.ndim != 4 or tiles.shape[-1] != 3:
@@ -112,8 +138,14 @@ def plot_filter_components(tiles: np.ndarray, path: str, *, columns: int = 7,
     return _save(fig, path, dpi)
 
 
-def plot_few_shot(results: dict[int, np.ndarray], path: str, *, figsize: tuple[float, float] = (5, 4),
-                  dpi: int = 100, chance: float | None = None) -> str:
+def plot_few_shot(
+    results: dict[int, np.ndarray],
+    path: str,
+    *,
+    figsize: tuple[float, float] = (5, 4),
+    dpi: int = 100,
+    chance: float | None = None,
+) -> str:
     """n-shot linear-probe accuracy (mean and standard deviation over seeds) against n."""
     if not results:
         raise ValueError("No few-shot results to plot.")

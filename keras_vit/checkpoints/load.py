@@ -4,6 +4,9 @@
 shape mismatches are listed, each by name, in one ``ValueError``, and the model is left untouched. A
 model without the checkpoint's classifier (``include_top=False``, another ``num_classes``, no
 ``pre_logits`` layer) skips the head on purpose, with a warning that says what was skipped and why.
+Every format :mod:`~keras_vit.checkpoints.read` reads arrives here in the ``.npz`` layout, so all of this
+holds for timm, Hugging Face and keras-hub checkpoints too; a Keras ``.weights.h5`` goes to
+``keras.Model.load_weights``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import numpy as np
 
 from keras_vit.checkpoints.inspect import checkpoint_info
 from keras_vit.checkpoints.keymap import KeyMap, npz_key_map
-from keras_vit.checkpoints.read import read_checkpoint
-from keras_vit.models import DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES, build_vit
+from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, with_num_heads
+from keras_vit.layers import TransformerBlock
+from keras_vit.models import DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES, build_vit, uses_fc_norm
+from keras_vit.resnet import ResNetStem
 
 __all__ = ["LoadResult", "checkpoint_defaults", "load_weights", "model_from_checkpoint"]
 
@@ -61,18 +66,63 @@ def _listing(title: str, items: list[str]) -> str:
     return f"  {title} ({len(items)}):\n" + "\n".join(f"    {item}" for item in shown) + more
 
 
+def _layers_of(model: keras.Model, cls) -> list:
+    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, cls)]
+
+
+def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
+    """A ``ValueError`` where the model's structure differs from the source's (``fc_norm``); a warning where
+    only its numerics do (GELU, a hybrid's ResNet epsilons)."""
+    options = arrays.model_options
+    fix = "build the model with {} (keras_vit.model_from_checkpoint does)"
+    if "fc_norm" in options and options["fc_norm"] != uses_fc_norm(model):
+        raise ValueError(
+            f"Cannot load {arrays.source} into model {model.name!r}: the checkpoint's final LayerNorm is "
+            f"{'after' if options['fc_norm'] else 'before'} the pooling; "
+            + fix.format(f"fc_norm={options['fc_norm']}.")
+        )
+    blocks = _layers_of(model, TransformerBlock)
+    if "gelu" in options and blocks and blocks[0].gelu != options["gelu"]:
+        warnings.warn(
+            f"{arrays.source} ({arrays.format}) was trained with gelu={options['gelu']!r}, model {model.name!r} uses "
+            f"{blocks[0].gelu!r}: outputs differ slightly; " + fix.format(f"gelu={options['gelu']!r}") + ".",
+            stacklevel=3,
+        )
+    stems = _layers_of(model, ResNetStem)
+    resnet = options.get("resnet_options", {})
+    if stems and any(getattr(stems[0], name) != value for name, value in resnet.items()):
+        warnings.warn(
+            f"{arrays.source} ({arrays.format}) uses the ResNet numerics {resnet}; model {model.name!r}'s differ: "
+            + fix.format("resnet=dict(num_layers=..., **keras_vit.resnet.TIMM_RESNET)")
+            + ".",
+            stacklevel=3,
+        )
+
+
+def _load_keras_weights(model: keras.Model, arrays: CheckpointArrays) -> LoadResult:
+    try:
+        model.load_weights(arrays.keras_weights)
+    except ValueError as exc:
+        raise ValueError(
+            f"Cannot load the Keras weights file {arrays.source} into model {model.name!r} (a .weights.h5 holds "
+            f"no architecture: build the same model it was saved from): {exc}"
+        ) from exc
+    return LoadResult(loaded=tuple(variable.path for variable in model.weights), skipped=())
+
+
 def load_weights(
     model: keras.Model,
     weights: str | os.PathLike | Mapping[str, np.ndarray],
     *,
     resize_method: str = "zoom_linear",
 ) -> LoadResult:
-    """Load a Google ``.npz`` checkpoint into ``model``.
+    """Load a checkpoint into ``model``: a Google ``.npz``, a timm or Hugging Face state dict or folder, a
+    keras-hub preset, or a Keras ``.weights.h5`` (see :mod:`keras_vit.checkpoints.formats`).
 
     Args:
         model: a keras-vit model (plain or hybrid).
-        weights: a zoo catalogue name (downloaded into the Keras cache), a path to an ``.npz`` file, or
-            its arrays as a mapping.
+        weights: a zoo catalogue name (downloaded into the Keras cache), a path to a file or folder, or
+            arrays as a mapping (``.npz``, timm or Hugging Face keys).
         resize_method: how position embeddings of another grid size are resized (see
             :mod:`keras_vit.position`).
 
@@ -80,6 +130,12 @@ def load_weights(
     assigned then.
     """
     arrays = read_checkpoint(weights)
+    if arrays.format == "keras_weights":
+        return _load_keras_weights(model, arrays)
+    blocks = _layers_of(model, TransformerBlock)
+    if blocks:
+        arrays = with_num_heads(arrays, blocks[0].num_heads)
+    _check_model_options(model, arrays)
     key_map = npz_key_map(model, resize_method=resize_method)
     skipped, reason = _skipped_head(key_map, arrays)
     for key in skipped:
@@ -149,6 +205,8 @@ def checkpoint_defaults(
     ``num_classes=None`` keeps the checkpoint's whole classifier: its classes and its ``pre_logits``
     layer (unless ``representation_size`` is given).
     """
+    if getattr(arrays, "format", "npz") == "keras_weights":
+        return image_size, num_classes, representation_size  # no shapes to read before the model exists
     info = checkpoint_info(arrays)
     if image_size is None:
         image_size = info.image_size
@@ -162,14 +220,26 @@ def model_from_checkpoint(
     weights: str | os.PathLike | Mapping[str, np.ndarray], *, resize_method: str = "zoom_linear", **kwargs
 ) -> keras.Model:
     """Build the model a checkpoint's shapes describe and load it; ``kwargs`` go to
-    :func:`keras_vit.models.build_vit` (``gelu``, ``include_top``, ``resnet_options``, ...).
+    :func:`keras_vit.models.build_vit` (``gelu``, ``include_top``, ``resnet_options``, ...), except
+    ``num_heads``, for a timm state dict (which does not record it; default: guessed from the width).
 
     The architecture (patch size, widths, depth, a hybrid's ResNet stages) and the classifier come from
-    the checkpoint; image size, classes and ``pre_logits`` too unless given (see :func:`checkpoint_defaults`).
+    the checkpoint; image size, classes and ``pre_logits`` too unless given (see :func:`checkpoint_defaults`);
+    a foreign checkpoint's numerics (``gelu="exact"``, ``fc_norm``, timm's ResNet epsilons) too unless given.
     The model is named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
     """
     arrays = read_checkpoint(weights)
+    if arrays.format == "keras_weights":
+        raise ValueError(
+            f"{arrays.source} is a Keras .weights.h5: it holds no architecture. Build the model it was saved from "
+            "and load it there (keras_vit.ViT(..., weights=path) or model.load_weights(path))."
+        )
+    num_heads = kwargs.pop("num_heads", None)
+    if num_heads is not None:
+        arrays = with_num_heads(arrays, num_heads)
     info = checkpoint_info(arrays)
+    for option, value in arrays.model_options.items():
+        kwargs.setdefault(option, value)
     kwargs.setdefault("classifier", info.classifier)
     image_size, num_classes, representation_size = checkpoint_defaults(
         arrays, kwargs.pop("image_size", None), kwargs.pop("num_classes", None), kwargs.pop("representation_size", None)

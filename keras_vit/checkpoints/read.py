@@ -1,4 +1,6 @@
-"""Reading the published Google ``.npz`` checkpoints (google-research/vision_transformer): files, catalogue names.
+"""Reading checkpoints: the published Google ``.npz`` files (google-research/vision_transformer) and catalogue
+names, and every other format :mod:`~keras_vit.checkpoints.formats` detects (timm and Hugging Face state dicts
+and folders, keras-hub presets), converted into the ``.npz`` key layout; a Keras ``.weights.h5`` is passed on.
 
 A checkpoint is a flat ``.npz`` whose keys are the Flax module paths: ``embedding/kernel``, ``cls``,
 ``Transformer/posembed_input/pos_embedding``, ``Transformer/encoderblock_{i}/...``,
@@ -10,6 +12,7 @@ nest these under ``opt/target/``; they read the same.
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -18,18 +21,56 @@ from pathlib import Path
 import numpy as np
 
 from keras_vit import zoo
+from keras_vit.checkpoints.formats import (
+    EXPECTED,
+    HUGGINGFACE_WEIGHT_FILES,
+    detect_format,
+    read_json,
+    read_state_dict,
+)
+from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
+from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
+from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
 
-__all__ = ["CheckpointArrays", "read_checkpoint", "read_npz", "resolve_weights"]
+__all__ = [
+    "CheckpointArrays",
+    "from_state_dict",
+    "read_checkpoint",
+    "read_npz",
+    "read_path",
+    "resolve_weights",
+    "with_num_heads",
+]
 
 _TRAINING_PREFIX = "opt/target/"  # checkpoints saved with their optimizer state nest the parameters here
 
 
 class CheckpointArrays(dict):
-    """A checkpoint's arrays by key, remembering where they came from (for messages)."""
+    """A checkpoint's arrays by key (the ``.npz`` layout), remembering where they came from (for messages).
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], source: str):
+    ``format`` is one of :data:`~keras_vit.checkpoints.formats.FORMATS`; ``model_options`` are the
+    :func:`~keras_vit.models.build_vit` options that reproduce the source model (``gelu``, ``fc_norm``,
+    ``resnet_options``); ``heads_known`` is False where the file does not record the head count (timm)
+    and the attention arrays are regrouped for the model's (:func:`with_num_heads`). A ``keras_weights``
+    file has no arrays here: ``keras_weights`` is its path, for ``keras.Model.load_weights``.
+    """
+
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        source: str,
+        *,
+        format: str = "npz",
+        model_options: Mapping | None = None,
+        heads_known: bool = True,
+        keras_weights: Path | None = None,
+    ):
         super().__init__(arrays)
         self.source = source
+        self.format = format
+        self.model_options = dict(model_options or {})
+        self.heads_known = heads_known
+        self.keras_weights = keras_weights
 
 
 def read_npz(path: str | os.PathLike) -> CheckpointArrays:
@@ -56,22 +97,99 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
     return CheckpointArrays(arrays, str(path))
 
 
+_PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")
+
+
 def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A local checkpoint path for ``weights``: an existing file, or a zoo catalogue name (downloaded)."""
+    """A local checkpoint path for ``weights``: an existing file or folder, or a zoo catalogue name (downloaded)."""
     path = Path(weights).expanduser()
-    if path.is_file():
+    if path.exists():
         return path
     if zoo.find(str(weights)) is None:
-        if str(weights).endswith(".npz"):
-            raise FileNotFoundError(f"No checkpoint file at {path}.")
+        if isinstance(weights, os.PathLike) or _PATH_LIKE.search(str(weights)):
+            raise FileNotFoundError(f"No checkpoint file at {path} (nor a folder); expected {EXPECTED}.")
         zoo.get(str(weights))  # raises, suggesting close names
     return zoo.fetch(str(weights), cache_dir=cache_dir)
 
 
+def from_state_dict(
+    state: Mapping[str, np.ndarray], source: str, config: Mapping | None = None, fmt: str = "npz"
+) -> CheckpointArrays:
+    """Arrays in any key layout -> :class:`CheckpointArrays` in the ``.npz`` layout (timm and Hugging Face
+    state dicts are converted; ``config`` is a Hugging Face ``config.json``)."""
+    try:
+        if looks_like_timm(state):
+            arrays, options = timm_to_npz(state, source=source)
+            return CheckpointArrays(arrays, source, format="timm", model_options=options, heads_known=False)
+        if looks_like_huggingface(state):
+            arrays, options, known = huggingface_to_npz(state, config, source=source)
+            return CheckpointArrays(arrays, source, format="huggingface", model_options=options, heads_known=known)
+    except (KeyError, TypeError, AttributeError) as exc:  # a tensor a whole layer needs is absent
+        raise ValueError(f"{source} is an incomplete ViT state dict: a layer lacks {exc}.") from exc
+    if fmt != "npz" and "embedding/kernel" not in state:
+        listed = ", ".join(sorted(state)[:5]) or "none"
+        raise ValueError(
+            f"{source} is {fmt} but not a ViT state dict keras-vit knows (timm: patch_embed.proj.weight, "
+            f"blocks.*; Hugging Face: [vit.]embeddings.patch_embeddings.*); its keys start {listed}."
+        )
+    return CheckpointArrays(state, source)
+
+
+def read_path(path: str | os.PathLike) -> CheckpointArrays:
+    """The arrays of an existing checkpoint file or folder of any format :func:`detect_format` knows."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "npz":
+        return read_npz(path)
+    if fmt == "keras":
+        raise ValueError(
+            f"{path} is a whole saved Keras model (.keras), not a checkpoint to load into another model: open it "
+            "with keras.saving.load_model(path) (after import keras_vit, which registers its layers)."
+        )
+    if fmt == "keras_weights":
+        return CheckpointArrays({}, str(path), format=fmt, keras_weights=path)
+    if fmt == "keras_hub":
+        arrays, options = read_keras_hub_preset(path)
+        return CheckpointArrays(arrays, str(path), format=fmt, model_options=options)
+    config = None
+    if fmt == "huggingface":
+        config = read_json(path / "config.json")
+        path = next(path / name for name in HUGGINGFACE_WEIGHT_FILES if (path / name).is_file())
+        fmt = detect_format(path)
+    elif path.with_name("config.json").is_file():  # a Hugging Face weights file in its folder
+        config = read_json(path.with_name("config.json"))
+    return from_state_dict(read_state_dict(path, fmt), str(path), config, fmt)
+
+
+_ATTENTION_KEY = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1/(query|key|value|out)/kernel")
+
+
+def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays:
+    """``arrays`` with its attention arrays regrouped into ``num_heads`` heads where the file did not
+    record the head count (``heads_known=False``); unchanged otherwise."""
+    if arrays.heads_known:
+        return arrays
+    regrouped = dict(arrays)
+    for key, kernel in arrays.items():
+        match = _ATTENTION_KEY.fullmatch(key)
+        if not match or kernel.size % num_heads:
+            continue
+        bias = key[: -len("kernel")] + "bias"
+        if match[1] == "out":
+            regrouped[key] = kernel.reshape(num_heads, -1, kernel.shape[-1])
+        else:
+            regrouped[key] = kernel.reshape(kernel.shape[0], num_heads, -1)
+            if bias in arrays:
+                regrouped[bias] = arrays[bias].reshape(num_heads, -1)
+    fields = dict(format=arrays.format, model_options=arrays.model_options, heads_known=True)
+    return CheckpointArrays(regrouped, arrays.source, **fields)
+
+
 def read_checkpoint(weights: str | os.PathLike | Mapping[str, np.ndarray]) -> CheckpointArrays:
-    """The arrays of ``weights``: a catalogue name (downloaded), an ``.npz`` path, or arrays already read."""
+    """The arrays of ``weights``: a catalogue name (downloaded), a path of any format :func:`read_path`
+    reads, or arrays already read (a state dict in the ``.npz``, timm or Hugging Face layout)."""
     if isinstance(weights, CheckpointArrays):
         return weights
     if isinstance(weights, Mapping):
-        return CheckpointArrays(weights, "the given arrays")
-    return read_npz(resolve_weights(weights))
+        return from_state_dict(weights, "the given arrays")
+    return read_path(resolve_weights(weights))

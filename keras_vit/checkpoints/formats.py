@@ -1,0 +1,183 @@
+"""What a checkpoint file or folder is, told from its content (the suffix only breaks ties), and reading
+the raw tensors of the torch-world formats.
+
+    npz             Google's .npz (a zip of .npy arrays)                        read.read_npz
+    safetensors     a safetensors state dict (timm, Hugging Face)              safetensors.numpy
+    torch           a torch.save state dict (.pth, .pt, .bin; zip or pickle)   torch.load(weights_only=True)
+    huggingface     a Hugging Face folder: config.json + model.safetensors / pytorch_model.bin
+    keras_hub       a keras-hub preset folder: config.json (keras_hub>...) + model.weights.h5
+    keras_weights   Keras' own .weights.h5 (HDF5)                              keras.Model.load_weights
+    keras           a whole saved Keras model (.keras)                         keras.saving.load_model
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "FORMATS",
+    "HUGGINGFACE_WEIGHT_FILES",
+    "detect_format",
+    "read_json",
+    "read_state_dict",
+    "reject_unsupported",
+]
+
+FORMATS = {
+    "npz": "a Google .npz checkpoint",
+    "safetensors": "a safetensors state dict",
+    "torch": "a torch state dict (.pth / .bin)",
+    "huggingface": "a Hugging Face model folder",
+    "keras_hub": "a keras-hub preset folder",
+    "keras_weights": "a Keras .weights.h5 file",
+    "keras": "a whole saved Keras model (.keras)",
+}
+EXPECTED = (
+    "a Google .npz, a timm or Hugging Face state dict (.safetensors, .pth, .bin), a Hugging Face folder "
+    "(config.json + model.safetensors or pytorch_model.bin), a keras-hub preset folder (config.json + "
+    "model.weights.h5) or a Keras .weights.h5"
+)
+HUGGINGFACE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_SUFFIXES = {
+    ".npz": "npz",
+    ".safetensors": "safetensors",
+    ".pth": "torch",
+    ".pt": "torch",
+    ".bin": "torch",
+    ".h5": "keras_weights",
+    ".keras": "keras",
+}
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file's object; a ``ValueError`` naming the file when it is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}).") from exc
+
+
+def _folder_format(path: Path) -> str:
+    config = path / "config.json"
+    if config.is_file():
+        content = read_json(config)
+        if str(content.get("registered_name", "")).startswith("keras_hub>") or "keras_hub" in str(
+            content.get("module", "")
+        ):
+            return "keras_hub"
+        if any((path / name).is_file() for name in HUGGINGFACE_WEIGHT_FILES):
+            return "huggingface"
+    listed = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
+    raise ValueError(
+        f"{path} is a folder without a checkpoint keras-vit reads (it holds {listed}); expected {EXPECTED}."
+    )
+
+
+def _zip_format(path: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return None  # truncated: the suffix decides, and that reader names the damage
+    if any(name.endswith("data.pkl") for name in names):
+        return "torch"
+    if "config.json" in names and any(name.endswith(".weights.h5") or name == "metadata.json" for name in names):
+        return "keras"
+    if any(name.endswith(".npy") for name in names):
+        return "npz"
+    return None
+
+
+def detect_format(path: str | Path) -> str:
+    """One of :data:`FORMATS` for an existing file or folder, from its content; a ``ValueError`` saying
+    what the file is not and what was expected when no format fits."""
+    path = Path(path)
+    if path.is_dir():
+        return _folder_format(path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+    size = path.stat().st_size
+    found = None
+    if head.startswith(_HDF5_MAGIC):
+        found = "keras_weights"
+    elif head.startswith(b"PK\x03\x04"):
+        found = _zip_format(path)
+    elif head[:1] == b"\x80":  # a pickle protocol opcode: the legacy torch.save format
+        found = "torch"
+    elif len(head) >= 9 and 0 < int.from_bytes(head[:8], "little") <= size - 8 and head[8:9] == b"{":
+        found = "safetensors"
+    found = found or next((fmt for suffix, fmt in _SUFFIXES.items() if path.name.endswith(suffix)), None)
+    if found is None:
+        raise ValueError(
+            f"{path} ({size:,} bytes, starting {head[:8]!r}) is not a checkpoint keras-vit reads: expected {EXPECTED}."
+        )
+    return found
+
+
+def _torch_to_numpy(value):
+    if hasattr(value, "detach"):  # a torch tensor: bfloat16 has no numpy dtype
+        value = value.detach().cpu()
+        return (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+    return value
+
+
+def _state_dict_of(loaded, path: Path) -> dict[str, np.ndarray]:
+    """The tensors of a torch checkpoint, unwrapping the usual ``{"state_dict": ...}`` / ``{"model": ...}``."""
+    for key in ("state_dict", "model", "module"):
+        if isinstance(loaded, Mapping) and isinstance(loaded.get(key), Mapping):
+            loaded = loaded[key]
+    if not isinstance(loaded, Mapping):
+        raise ValueError(f"{path} holds a {type(loaded).__name__}, not a state dict (a mapping of name -> tensor).")
+    arrays = {str(k): _torch_to_numpy(v) for k, v in loaded.items()}
+    return {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)}
+
+
+def read_state_dict(path: str | Path, fmt: str) -> dict[str, np.ndarray]:
+    """The arrays of a ``"safetensors"`` or ``"torch"`` state dict file (torch needed for the latter only)."""
+    path = Path(path)
+    if fmt == "safetensors":
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+
+        try:
+            return dict(load_file(path))
+        except (SafetensorError, OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}).") from exc
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            f"{path} is a torch checkpoint (torch.save); reading it needs PyTorch: pip install torch. "
+            "Or convert it once to .safetensors (safetensors.torch.save_file), which keras-vit reads without torch."
+        ) from None
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch.load raises many kinds (UnpicklingError, KeyError, RuntimeError, ...)
+        raise ValueError(f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {exc}).") from exc
+    return _state_dict_of(loaded, path)
+
+
+def reject_unsupported(keys: Iterable[str], unsupported: Mapping[str, str], source: str) -> None:
+    """A ``ValueError`` naming each unsupported feature whose pattern (a regex searched in a key) matches."""
+    keys = list(keys)
+    found = {}
+    for pattern, feature in unsupported.items():
+        hits = [key for key in keys if re.search(pattern, key)]
+        if hits:
+            found[feature] = hits
+    if found:
+        listed = "; ".join(
+            f"{feature} ({', '.join(hits[:3])}{', ...' if len(hits) > 3 else ''})" for feature, hits in found.items()
+        )
+        raise ValueError(
+            f"{source} is a ViT variant keras-vit does not implement: {listed}. Nothing was loaded; keras-vit "
+            "builds the plain ViT of Dosovitskiy et al. (and its hybrids)."
+        )

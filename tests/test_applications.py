@@ -1,0 +1,92 @@
+"""keras.applications habits of ``ViT`` and the named constructors: ``input_shape``, ``classes``, a positional
+``include_top``, ``input_tensor`` and ``include_preprocessing``. Tiny models (one block, small images)."""
+
+import keras
+import numpy as np
+import pytest
+from npz_layout import vit_checkpoint, write_checkpoint
+from sklearn.datasets import load_sample_image
+
+from keras_vit import ImagePreprocessor, ViT, ViT_R26_S32, ViT_Ti16
+
+TINY = dict(depth=1)
+
+
+def _same_weights(model: keras.Model, other: keras.Model) -> None:
+    other.set_weights(model.get_weights())
+
+
+def test_input_shape_and_classes_are_aliases():
+    by_shape = ViT_Ti16(input_shape=(64, 64, 3), classes=10, **TINY)
+    by_size = ViT_Ti16(image_size=64, num_classes=10, **TINY)
+    assert by_shape.input_shape == by_size.input_shape == (None, 64, 64, 3)
+    assert by_shape.output_shape == by_size.output_shape == (None, 10)
+    assert by_shape.count_params() == by_size.count_params()
+    assert ViT("Ti/16", input_shape=(32, 64, 1), **TINY).input_shape == (None, 32, 64, 1)
+    assert ViT_Ti16(input_shape=(None, None, 3), **TINY).input_shape == (None, None, None, 3)  # any size
+    assert ViT_Ti16(input_shape=(32, 32, 3), image_size=32, classes=4, num_classes=4, **TINY).output_shape == (None, 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        (dict(input_shape=(64, 64, 3), image_size=32), ("image_size", "input_shape")),
+        (dict(input_shape=(64, 64, 3), channels=1), ("channels", "input_shape")),
+        (dict(classes=10, num_classes=5), ("num_classes", "classes")),
+    ],
+)
+def test_conflicting_spellings_raise_naming_both(kwargs, names):
+    with pytest.raises(ValueError, match=f"{names[0]}.*{names[1]}"):
+        ViT_Ti16(**kwargs, **TINY)
+
+
+@pytest.mark.parametrize("constructor", [ViT_Ti16, ViT_R26_S32, ViT])
+def test_a_positional_bool_is_not_taken_for_a_size(constructor):
+    for value in (False, True):
+        with pytest.raises(ValueError, match=f"include_top={value}"):
+            constructor(value)
+
+
+def test_input_tensor_keeps_the_layers_that_made_it():
+    images = keras.Input((32, 32, 3))
+    scaled = keras.layers.Rescaling(1 / 127.5, offset=-1, name="scale")(images)
+    model = ViT_Ti16(input_tensor=scaled, num_classes=5, **TINY)  # no image_size: 32 from the tensor
+    assert model.input_shape == (None, 32, 32, 3) and model.inputs[0] is images
+    assert "scale" in [layer.name for layer in model.layers]
+    plain = ViT_Ti16(image_size=32, num_classes=5, **TINY)
+    _same_weights(model, plain)
+    pixels = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(model(pixels), plain(pixels / 127.5 - 1.0), atol=1e-5)
+    with pytest.raises(ValueError, match="image_size"):
+        ViT_Ti16(input_tensor=scaled, image_size=64, **TINY)
+
+
+def _photos() -> list[np.ndarray]:
+    china, flower = load_sample_image("china.jpg"), load_sample_image("flower.jpg")
+    return [china[None, :300, :400], flower[None, 100:, 50:]]  # uint8, two different sizes
+
+
+def test_include_preprocessing_takes_raw_photos_of_any_size(tmp_path):
+    model = ViT_Ti16(include_preprocessing=True, image_size=32, num_classes=5, **TINY)
+    assert model.input_shape == (None, None, None, 3)
+    plain = ViT_Ti16(image_size=32, num_classes=5, **TINY)
+    _same_weights(model, plain)
+    preprocess = ImagePreprocessor(32)
+    for photo in _photos():
+        assert photo.dtype == np.uint8
+        np.testing.assert_allclose(model.predict(photo, verbose=0), plain(preprocess(photo)), atol=1e-5)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    photo = _photos()[1]
+    np.testing.assert_array_equal(reloaded.predict(photo, verbose=0), model.predict(photo, verbose=0))
+
+
+def test_include_preprocessing_uses_the_checkpoint_resolution(tmp_path):
+    path = write_checkpoint(tmp_path / "tiny.npz", vit_checkpoint(width=64, depth=1, heads=4, mlp=128, grid=(3, 3)))
+    arch = dict(patch_size=16, hidden_size=64, depth=1, num_heads=4, mlp_dim=128)
+    model = ViT(None, weights=str(path), include_preprocessing=True, **arch)
+    plain = ViT(None, weights=str(path), **arch)
+    assert plain.input_shape == (None, 48, 48, 3) and model.get_layer("preprocessing").image_size == (48, 48)
+    photo = _photos()[0]
+    np.testing.assert_allclose(model.predict(photo, verbose=0), plain(ImagePreprocessor(48)(photo)), atol=1e-5)

@@ -1,0 +1,343 @@
+"""Checkpoints from elsewhere: timm and Hugging Face state dicts, keras-hub presets, Keras' own files.
+
+timm and transformers run in subprocesses that never import TensorFlow (torch after TensorFlow in one
+process crashes here): they build small random models, save them with their own libraries and write their
+logits on real photo crops; keras-vit loads the files here and must give the same logits (float32, 1e-4).
+Without timm / torch / transformers those tests skip.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+from sklearn.datasets import load_sample_image
+
+import keras_vit
+from keras_vit.checkpoints.read import read_checkpoint
+
+TOLERANCE = 1e-4
+SKIP = 3  # exit status of a reference script whose library is missing
+
+TIMM_SCRIPT = """
+import json, sys
+import numpy as np
+try:
+    import timm, torch
+    from safetensors.torch import save_file
+except ImportError as exc:
+    print(f"needs timm and torch: {exc}"); sys.exit(3)
+torch.manual_seed(0)
+torch.set_num_threads(2)
+for job in json.load(open(sys.argv[1])):
+    model = timm.create_model(job["model"], pretrained=False, **job["kwargs"]).eval()
+    if "load" in job:
+        from safetensors.torch import load_file
+        model.load_state_dict(load_file(job["load"]))
+    else:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.add_(torch.randn_like(p) * (0.2 if p.ndim == 1 else 0.05))
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if job["save"].endswith(".safetensors"):
+            save_file(state, job["save"])
+        else:
+            torch.save(state, job["save"])
+    images = torch.from_numpy(np.load(job["images"])).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        np.save(job["logits"], model(images).numpy())
+"""
+
+HF_SCRIPT = """
+import sys
+import numpy as np
+try:
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTModel
+except ImportError as exc:
+    print(f"needs transformers and torch: {exc}"); sys.exit(3)
+torch.manual_seed(0)
+out, images = sys.argv[1], torch.from_numpy(np.load(sys.argv[2])).permute(0, 3, 1, 2)
+config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                   image_size=32, patch_size=8, num_labels=5)
+for cls, name in ((ViTForImageClassification, "classifier"), (ViTModel, "model")):
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.2 if p.ndim == 1 else 0.05))
+        model.save_pretrained(f"{out}/{name}")
+        result = model(pixel_values=images)
+    if name == "classifier":
+        np.save(f"{out}/classifier.npy", result.logits.numpy())
+    else:
+        np.save(f"{out}/tokens.npy", result.last_hidden_state.numpy())
+        np.save(f"{out}/pooler.npy", result.pooler_output.numpy())
+"""
+
+
+def photos(size: int, count: int = 2) -> np.ndarray:
+    """``count`` crops of scikit-learn's china.jpg, scaled to [-1, 1]."""
+    image = load_sample_image("china.jpg").astype("float32")
+    crops = [image[40 + 90 * i : 40 + 90 * i + size, 100 + 130 * i : 100 + 130 * i + size] for i in range(count)]
+    return (np.stack(crops) - 127.5) / 127.5
+
+
+def run_reference(script: str, *args) -> None:
+    """Run a reference script in a fresh interpreter; skip the test when its library is missing."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)], capture_output=True, text=True, timeout=600
+    )
+    if result.returncode == SKIP:
+        pytest.skip(result.stdout.strip())
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+TIMM_CASES = {
+    "tiny": ("vit_tiny_patch16_224", dict(depth=1, img_size=32, num_classes=5), 32, ".safetensors"),
+    "gap_fc_norm": (
+        "vit_base_patch16_224",
+        dict(
+            depth=1,
+            img_size=32,
+            patch_size=8,
+            embed_dim=64,
+            num_heads=4,
+            num_classes=5,
+            global_pool="avg",
+            class_token=False,
+            fc_norm=True,
+        ),
+        32,
+        ".pth",
+    ),
+    "hybrid": ("vit_small_r26_s32_224", dict(depth=1, img_size=64, num_classes=5), 64, ".safetensors"),
+}
+
+
+@pytest.fixture(scope="module")
+def timm_files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("timm")
+    jobs = []
+    for name, (model, kwargs, size, suffix) in TIMM_CASES.items():
+        np.save(tmp / f"images{size}.npy", photos(size))
+        jobs.append(
+            dict(
+                model=model,
+                kwargs=kwargs,
+                images=str(tmp / f"images{size}.npy"),
+                save=str(tmp / f"{name}{suffix}"),
+                logits=str(tmp / f"{name}.npy"),
+            )
+        )
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    run_reference(TIMM_SCRIPT, tmp / "jobs.json")
+    return tmp
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("case", list(TIMM_CASES))
+def test_timm_state_dict_gives_timms_logits(timm_files, case):
+    _, kwargs, size, suffix = TIMM_CASES[case]
+    path = timm_files / f"{case}{suffix}"
+    heads = dict(num_heads=kwargs["num_heads"]) if "num_heads" in kwargs else {}
+    model = keras_vit.model_from_checkpoint(path, **heads)
+    logits = np.asarray(model(photos(size)))
+    np.testing.assert_allclose(logits, np.load(timm_files / f"{case}.npy"), atol=TOLERANCE, rtol=0)
+    if case == "gap_fc_norm":  # ViT(weights=...) with the same options loads it too
+        again = keras_vit.ViT(
+            None,
+            patch_size=8,
+            hidden_size=64,
+            depth=1,
+            num_heads=4,
+            mlp_dim=256,
+            classifier="gap",
+            fc_norm=True,
+            gelu="exact",
+            weights=str(path),
+        )
+        np.testing.assert_allclose(np.asarray(again(photos(size))), logits, atol=1e-6)
+
+
+@pytest.mark.reference
+def test_keras_vit_to_timm_round_trip(tmp_path):
+    model = keras_vit.ViT(
+        None,
+        patch_size=8,
+        hidden_size=64,
+        depth=2,
+        num_heads=4,
+        mlp_dim=128,
+        image_size=32,
+        num_classes=5,
+        gelu="exact",
+    )
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(0, 0.1, variable.shape))
+    keras_vit.save_timm_safetensors(model, tmp_path / "model.safetensors")
+    np.save(tmp_path / "images.npy", photos(32))
+    kwargs = keras_vit.checkpoints.timm_model_kwargs(model)
+    job = dict(
+        model=kwargs.pop("model_name"),
+        kwargs=kwargs,
+        load=str(tmp_path / "model.safetensors"),
+        images=str(tmp_path / "images.npy"),
+        logits=str(tmp_path / "logits.npy"),
+    )
+    (tmp_path / "jobs.json").write_text(json.dumps([job]))
+    run_reference(TIMM_SCRIPT, tmp_path / "jobs.json")
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), model(photos(32)), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.reference
+def test_huggingface_folders_give_transformers_outputs(tmp_path):
+    np.save(tmp_path / "images.npy", photos(32))
+    run_reference(HF_SCRIPT, tmp_path, tmp_path / "images.npy")
+    classifier = keras_vit.model_from_checkpoint(tmp_path / "classifier")
+    np.testing.assert_allclose(classifier(photos(32)), np.load(tmp_path / "classifier.npy"), atol=TOLERANCE, rtol=0)
+    # ViTModel: the tokens after the final LayerNorm, and its pooler as pre_logits (a tanh Dense)
+    encoder = keras_vit.model_from_checkpoint(tmp_path / "model", include_top=False)
+    np.testing.assert_allclose(encoder(photos(32)), np.load(tmp_path / "tokens.npy"), atol=TOLERANCE, rtol=0)
+    assert "pre_logits/kernel" in keras_vit.load_weights(encoder, tmp_path / "model").skipped
+    pooled = read_checkpoint(tmp_path / "model/model.safetensors")
+    tokens = np.load(tmp_path / "tokens.npy")
+    pooler = np.tanh(tokens[:, 0] @ pooled["pre_logits/kernel"] + pooled["pre_logits/bias"])
+    np.testing.assert_allclose(pooler, np.load(tmp_path / "pooler.npy"), atol=TOLERANCE, rtol=0)
+
+
+def test_keras_hub_preset_matches_its_backbone(tmp_path):
+    keras_hub = pytest.importorskip("keras_hub", reason="keras-hub is not installed")
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
+    )
+    rng = np.random.default_rng(0)
+    for variable in backbone.weights:
+        variable.assign(variable + rng.normal(0, 0.1, variable.shape))
+    backbone.save_to_preset(str(tmp_path / "preset"))
+    model = keras_vit.model_from_checkpoint(tmp_path / "preset", include_top=False)
+    np.testing.assert_allclose(model(photos(32)), backbone(photos(32)), atol=TOLERANCE, rtol=0)
+
+
+def small_model(**kwargs):
+    return keras_vit.ViT(
+        None, patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, image_size=32, num_classes=5, **kwargs
+    )
+
+
+def randomised(model):
+    rng = np.random.default_rng(1)
+    for variable in model.weights:
+        variable.assign(rng.normal(0, 0.1, variable.shape))
+    return model
+
+
+@pytest.mark.parametrize("options", [dict(), dict(classifier="gap", fc_norm=True)])
+def test_timm_safetensors_without_torch_round_trip(tmp_path, options):
+    model = randomised(small_model(gelu="exact", **options))
+    state = keras_vit.save_timm_safetensors(model, tmp_path / "m.safetensors")
+    assert "patch_embed.proj.weight" in state and state["blocks.0.attn.qkv.weight"].shape == (96, 32)
+    again = keras_vit.model_from_checkpoint(tmp_path / "m.safetensors", num_heads=2)
+    np.testing.assert_allclose(again(photos(32)), model(photos(32)), atol=1e-6)
+    loaded = small_model(**options)  # another GELU: loads, with a warning that says so
+    with pytest.warns(UserWarning, match="gelu='exact'"):
+        keras_vit.load_weights(loaded, tmp_path / "m.safetensors")
+
+
+def test_fc_norm_mismatch_is_an_error(tmp_path):
+    keras_vit.save_timm_safetensors(randomised(small_model(classifier="gap", fc_norm=True)), tmp_path / "m.safetensors")
+    with pytest.raises(ValueError, match="fc_norm=True"):
+        keras_vit.load_weights(small_model(classifier="gap"), tmp_path / "m.safetensors")
+
+
+def test_timm_keys_mismatch_lists_names(tmp_path):
+    state = keras_vit.to_timm_state_dict(randomised(small_model()))
+    state["blocks.0.mystery.weight"] = np.zeros(3, "float32")
+    del state["blocks.0.mlp.fc1.bias"]
+    with pytest.raises(ValueError) as info:
+        keras_vit.load_weights(small_model(gelu="exact"), state)
+    message = str(info.value)
+    assert "unexpected" in message and "blocks.0.mystery.weight" in message
+    assert "missing" in message and "MlpBlock_3/Dense_0/bias" in message
+
+
+@pytest.mark.parametrize(
+    "extra, feature",
+    [
+        ("reg_token", "register tokens"),
+        ("dist_token", "distillation token"),
+        ("norm_pre.weight", "norm_pre"),
+        ("blocks.0.ls1.gamma", "layer scale"),
+        ("blocks.0.attn.q_norm.weight", "qk-norm"),
+    ],
+)
+def test_unsupported_timm_variants_are_named(tmp_path, extra, feature):
+    from safetensors.numpy import save_file
+
+    state = keras_vit.to_timm_state_dict(small_model())
+    state[extra] = np.zeros((1, 1, 32), "float32")
+    save_file(state, tmp_path / "m.safetensors")
+    with pytest.raises(ValueError, match=feature):
+        keras_vit.model_from_checkpoint(tmp_path / "m.safetensors")
+
+
+def test_torch_file_without_torch_says_so(tmp_path, monkeypatch):
+    path = tmp_path / "model.pth"
+    with zipfile.ZipFile(path, "w") as archive:  # the torch.save layout, enough to be recognised
+        archive.writestr("model/data.pkl", b"\x80\x02}q\x00.")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ImportError, match="needs PyTorch"):
+        keras_vit.load_weights(small_model(), path)
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda p: p / "missing.safetensors", FileNotFoundError, "No checkpoint file at"),
+        (lambda p: p, ValueError, "folder without a checkpoint"),
+        (
+            lambda p: (p / "x.dat").write_bytes(b"hello world, not weights") and p / "x.dat",
+            ValueError,
+            "not a checkpoint keras-vit reads",
+        ),
+        (
+            lambda p: (
+                (p / "t.safetensors").write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a"') and p / "t.safetensors"
+            ),
+            ValueError,
+            "not a readable safetensors",
+        ),
+    ],
+)
+def test_unreadable_paths_say_what_they_are(tmp_path, make, error, match):
+    with pytest.raises(error, match=match):
+        keras_vit.load_weights(small_model(), make(tmp_path))
+
+
+def test_keras_files(tmp_path):
+    model = randomised(small_model())
+    model.save_weights(tmp_path / "m.weights.h5")
+    model.save(tmp_path / "m.keras")
+    again = small_model(weights=str(tmp_path / "m.weights.h5"))
+    np.testing.assert_allclose(again(photos(32)), model(photos(32)), atol=1e-6)
+    with pytest.raises(ValueError, match=r"keras\.saving\.load_model"):
+        keras_vit.load_weights(small_model(), tmp_path / "m.keras")
+    with pytest.raises(ValueError, match="holds no architecture"):
+        keras_vit.model_from_checkpoint(tmp_path / "m.weights.h5")
+
+
+def test_convert_command_both_ways(tmp_path):
+    from keras_vit.zoo.__main__ import main
+
+    model = randomised(small_model(gelu="exact"))
+    keras_vit.save_timm_safetensors(model, tmp_path / "timm.safetensors")
+    main(["convert", str(tmp_path / "timm.safetensors"), str(tmp_path / "m.keras"), "--num-heads", "2"])
+    converted = keras.saving.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(converted(photos(32)), model(photos(32)), atol=1e-6)
+    main(["convert", str(tmp_path / "m.keras"), str(tmp_path / "back.safetensors")])
+    again = keras_vit.model_from_checkpoint(tmp_path / "back.safetensors", num_heads=2)
+    np.testing.assert_allclose(again(photos(32)), model(photos(32)), atol=1e-6)

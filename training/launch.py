@@ -1,0 +1,233 @@
+"""Start a multi-worker run: ``python -m keras_vit.training.launch --workers 2 -- <finetune options>``.
+
+On one machine (``--workers N``) it picks N free ports on 127.0.0.1, starts N worker processes of
+``python -m keras_vit.training.finetune <options> --strategy multi_worker``, each with its own
+``TF_CONFIG`` (worker 0 is the chief) and, unless ``--gpus-per-worker`` says otherwise, no GPU
+(``CUDA_VISIBLE_DEVICES=""``: one CPU device each). With ``--hosts h0:p0,h1:p1,... --index i`` it starts
+only task ``i`` of that cluster, on this machine: run it once per host.
+
+Each worker's output is printed with a ``[worker i]`` prefix. The launcher waits for all of them; as
+soon as one fails, it stops the others (SIGTERM, then SIGKILL) and exits with the failed worker's
+status (128 + signal when it was killed). A worker that cannot reach its peers within
+``--connect-timeout`` seconds exits naming the addresses (see :mod:`keras_vit.training.strategy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+__all__ = ["Worker", "free_ports", "main", "parser", "run", "tf_config", "worker_env"]
+
+GRACE_SECONDS = 10.0
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` now (the OS's choice; another program may take one later)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(addresses: Sequence[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` of a cluster of ``addresses`` (worker 0 is the chief)."""
+    return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
+
+
+def worker_env(
+    addresses: Sequence[str], index: int, *, connect_timeout: float, collective_timeout: float | None, gpus: str | None
+) -> dict[str, str]:
+    """The environment of a worker process: ``TF_CONFIG``, the timeouts, and its GPUs (``None``: inherited)."""
+    env = {
+        **os.environ,
+        "TF_CONFIG": tf_config(addresses, index),
+        "KERAS_VIT_CONNECT_TIMEOUT": str(connect_timeout),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if collective_timeout:
+        env["KERAS_VIT_COLLECTIVE_TIMEOUT"] = str(collective_timeout)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+@dataclasses.dataclass
+class Worker:
+    """A started worker process and the thread copying its output."""
+
+    index: int
+    process: subprocess.Popen
+    reader: threading.Thread
+
+
+def _copy_output(index: int, stream, lock: threading.Lock) -> None:
+    for line in stream:
+        with lock:
+            sys.stdout.write(f"[worker {index}] {line}" if line.endswith("\n") else f"[worker {index}] {line}\n")
+            sys.stdout.flush()
+    stream.close()
+
+
+def _start(index: int, command: list[str], env: dict[str, str], lock: threading.Lock) -> Worker:
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    reader = threading.Thread(target=_copy_output, args=(index, process.stdout, lock), daemon=True)
+    reader.start()
+    return Worker(index, process, reader)
+
+
+def _stop(workers: Sequence[Worker], grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM every running worker's process group, SIGKILL what is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        running = [w for w in workers if w.process.poll() is None]
+        for worker in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, sig)
+        deadline = time.monotonic() + wait
+        for worker in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run(
+    command: Sequence[str],
+    addresses: Sequence[str],
+    indices: Sequence[int],
+    *,
+    connect_timeout: float = 600,
+    collective_timeout: float | None = None,
+    gpus_per_worker: int | None = 0,
+    timeout: float | None = None,
+) -> int:
+    """Run ``command`` as the tasks ``indices`` of the cluster ``addresses``; return the exit status (0: all
+    succeeded; a failed worker's status; 124 past ``timeout`` seconds). Workers are always stopped on return."""
+    lock, workers = threading.Lock(), []
+    started = time.monotonic()
+    try:
+        for slot, index in enumerate(indices):
+            gpus = (
+                None
+                if gpus_per_worker is None
+                else ",".join(str(slot * gpus_per_worker + g) for g in range(gpus_per_worker))
+            )
+            env = worker_env(
+                addresses, index, connect_timeout=connect_timeout, collective_timeout=collective_timeout, gpus=gpus
+            )
+            workers.append(_start(index, list(command), env, lock))
+        while True:
+            codes = {w.index: w.process.poll() for w in workers}
+            failed = [(i, c) for i, c in codes.items() if c not in (None, 0)]
+            if failed:
+                index, code = failed[0]
+                print(f"launch: worker {index} failed with status {_status(code)}; stopping the others", flush=True)
+                return _status(code)
+            if all(c == 0 for c in codes.values()):
+                return 0
+            if timeout is not None and time.monotonic() - started > timeout:
+                print(f"launch: the workers did not finish within {timeout:g} s; stopping them", flush=True)
+                return 124
+            time.sleep(0.2)
+    finally:
+        _stop(workers)
+        for worker in workers:
+            worker.reader.join(5)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (the training options come after ``--``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m keras_vit.training.launch",
+        description="Run a training command as a MultiWorkerMirroredStrategy cluster: N local workers on "
+        "127.0.0.1, or this host's task of --hosts. Options after -- go to the training command.",
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--workers", type=int, help="start this many workers on 127.0.0.1 (free ports)")
+    where.add_argument(
+        "--hosts", help="host:port of every task, comma-separated (task 0 is the chief); starts only task --index here"
+    )
+    p.add_argument("--index", type=int, help="this host's task in --hosts")
+    p.add_argument("--module", default="keras_vit.training.finetune", help="the training command's module")
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a worker waits for its peers before it fails naming them",
+    )
+    p.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=None,
+        help="CommunicationOptions(timeout_seconds) of each collective (debugging; default off)",
+    )
+    p.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=None,
+        help="local workers: GPUs per worker (0: CPU only). Default: 0 with --workers, all with --hosts",
+    )
+    p.add_argument("--timeout", type=float, default=None, help="stop the whole job after this many seconds")
+    p.add_argument("options", nargs=argparse.REMAINDER, help="-- then the training command's options")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, run the workers, return the exit status."""
+    args = parser().parse_args(argv)
+    options = args.options[1:] if args.options[:1] == ["--"] else args.options
+    if any(o == "--strategy" or o.startswith("--strategy=") for o in options):
+        parser().error("the launcher sets --strategy multi_worker; do not pass --strategy")
+    if args.workers is not None:
+        if args.workers < 1 or args.index is not None:
+            parser().error("--workers needs a count >= 1 and no --index")
+        addresses, indices = [f"127.0.0.1:{port}" for port in free_ports(args.workers)], list(range(args.workers))
+        gpus = 0 if args.gpus_per_worker is None else args.gpus_per_worker
+    else:
+        addresses = [a.strip() for a in args.hosts.split(",") if a.strip()]
+        if args.index is None or not 0 <= args.index < len(addresses):
+            parser().error(f"--hosts needs --index in 0..{len(addresses) - 1}")
+        indices = [args.index]
+        gpus = None if args.gpus_per_worker is None else args.gpus_per_worker
+    command = [sys.executable, "-m", args.module, *options, "--strategy", "multi_worker"]
+    print(f"launch: {len(addresses)} workers {','.join(addresses)}; starting {indices} here", flush=True)
+    return run(
+        command,
+        addresses,
+        indices,
+        connect_timeout=args.connect_timeout,
+        collective_timeout=args.collective_timeout,
+        gpus_per_worker=gpus,
+        timeout=args.timeout,
+    )
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run's finally stops the workers
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""A run's output folder: the marker that says a run wrote it, what ``--overwrite`` may delete, strict JSON.
+
+Every command writes :data:`MARKER` into its output folder before anything else of its own.
+:func:`clear_output` (``--overwrite``) deletes only the entries of :data:`RUN_FILES`, and only in a
+folder that holds the marker (or a ``run.json``, which runs wrote before the marker existed); a
+non-empty folder without either is refused, naming it. Other files in a run folder are left alone.
+
+JSON outputs are strict JSON: :func:`write_json` writes NaN and infinite floats as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from typing import Any
+
+from keras_vit.training.errors import OutputDirError
+
+__all__ = [
+    "MARKER",
+    "RUN_FILES",
+    "clear_output",
+    "finite_json",
+    "has_checkpoint",
+    "is_run_folder",
+    "mark_output",
+    "write_json",
+]
+
+MARKER = ".keras_vit_run"
+RUN_FILES = (
+    MARKER,
+    "run.json",
+    "checkpoints",
+    "tensorboard",
+    "train_log.jsonl",
+    "model.keras",
+    "metrics.json",
+    "encoder.keras",
+    "pretrain",
+    "finetune",
+    "scratch",
+    "summary.json",
+    "ablation.md",
+    "ablation.json",
+)
+
+
+def is_run_folder(path: str) -> bool:
+    """Whether ``path`` holds a run's marker (or the ``run.json`` of a run older than the marker)."""
+    return any(os.path.isfile(os.path.join(path, name)) for name in (MARKER, "run.json"))
+
+
+def has_checkpoint(path: str) -> bool:
+    """Whether ``path/checkpoints`` holds a checkpoint (an index file)."""
+    folder = os.path.join(path, "checkpoints")
+    return os.path.isdir(folder) and any(n.startswith("ckpt-") and n.endswith(".index") for n in os.listdir(folder))
+
+
+def mark_output(path: str, command: str) -> None:
+    """Create ``path`` if needed and write the marker (which ``command`` wrote it)."""
+    os.makedirs(path, exist_ok=True)
+    write_json(os.path.join(path, MARKER), {"command": command})
+
+
+def clear_output(path: str) -> None:
+    """Delete what runs write in ``path`` (:data:`RUN_FILES`); refuse a non-empty folder that is not a run's."""
+    if not os.path.isdir(path) or not os.listdir(path):
+        return
+    if not is_run_folder(path):
+        raise OutputDirError(
+            f"--overwrite refuses to clear {path}: it is not empty and holds no run (no {MARKER} or run.json). "
+            "Choose another --output-dir."
+        )
+    for name in RUN_FILES:
+        entry = os.path.join(path, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            shutil.rmtree(entry)
+        elif os.path.lexists(entry):
+            os.remove(entry)
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with NaN and infinite floats (also inside lists and dicts) replaced by ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def write_json(path: str, value: Any) -> None:
+    """Write ``value`` as strict JSON (non-finite floats as ``null``), indented."""
+    with open(path, "w") as file:
+        json.dump(finite_json(value), file, indent=2, allow_nan=False)
