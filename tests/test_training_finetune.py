@@ -8,23 +8,12 @@ import keras
 import numpy as np
 import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
-from training_support import TINY
+from training_support import TINY, TINY_MODEL_FLAGS
 
 from keras_vit.training.finetune import finetune, main
 
 TINY_ARGS = [
-    "--model",
-    "Ti/4",
-    "--image-size",
-    "8",
-    "--hidden-size",
-    "16",
-    "--depth",
-    "1",
-    "--num-heads",
-    "2",
-    "--mlp-dim",
-    "32",
+    *TINY_MODEL_FLAGS,
     "--batch-size",
     "16",
     "--eval-every",

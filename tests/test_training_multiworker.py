@@ -20,25 +20,14 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
 from tensorflow.python.distribute import input_ops
-from training_support import REPO, read_log
+from training_support import REPO, TINY_MODEL_FLAGS, read_log
 
 from keras_vit.training.data import Split
 from keras_vit.training.launch import free_ports
 from keras_vit.training.pipeline import Augment, train_dataset
 
 TINY_FLAGS = [
-    "--model",
-    "Ti/4",
-    "--image-size",
-    "8",
-    "--hidden-size",
-    "16",
-    "--depth",
-    "1",
-    "--num-heads",
-    "2",
-    "--mlp-dim",
-    "32",
+    *TINY_MODEL_FLAGS,
     "--batch-size",
     "24",
     "--warmup",

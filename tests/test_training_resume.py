@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from training_support import REPO, TINY, read_log
+from training_support import REPO, TINY, TINY_MODEL_FLAGS, read_log
 
 from keras_vit.training.finetune import finetune
 from keras_vit.training.loop import plan_segments, truncate_log
@@ -121,18 +121,7 @@ def test_killed_command_resumes_from_its_last_checkpoint(tmp_path):
         sys.executable,
         "-m",
         "keras_vit.training.finetune",
-        "--model",
-        "Ti/4",
-        "--image-size",
-        "8",
-        "--hidden-size",
-        "16",
-        "--depth",
-        "1",
-        "--num-heads",
-        "2",
-        "--mlp-dim",
-        "32",
+        *TINY_MODEL_FLAGS,
         "--batch-size",
         "16",
         "--steps",

@@ -24,6 +24,12 @@ TINY = dict(
     crop_area=(0.6, 1.0),
 )
 
+# The model part of TINY as command-line flags.
+TINY_MODEL_FLAGS = [
+    f"--{name.replace('_', '-')}={TINY[name]}"
+    for name in ("model", "image_size", "hidden_size", "depth", "num_heads", "mlp_dim")
+]
+
 
 def python_json(code: str, timeout: int = 300):
     """Run ``code`` in a fresh Python (TensorFlow device set-up must precede TF's start); return the
