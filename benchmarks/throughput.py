@@ -41,6 +41,7 @@ library's choice of TensorFlow CPU kernels: oneDNN for keras_vit (``keras_vit/ru
 TensorFlow's own default for keras-hub (Eigen on CPUs without AVX-512); the worker list prints
 which ran. A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_compile=True)``),
 ``+onednn`` / ``+eigen`` (``TF_ENABLE_ONEDNN_OPTS=1`` / ``0``), ``+bf16`` (``mixed_bfloat16``),
+``+remat`` (keras_vit only: ``ViT(remat=True)``, blocks recomputed in the backward pass),
 e.g. ``--frameworks keras_vit keras_hub keras_hub+onednn keras_vit+eigen timm`` (the same kernels
 side by side); ``timm+bf16`` runs timm under ``torch.autocast("cpu", torch.bfloat16)``. Workers get
 ``OMP_WAIT_POLICY=PASSIVE`` (unless set): on a shared, oversubscribed machine torch's spinning
@@ -71,7 +72,7 @@ from roofline import numpy_matmul  # benchmarks/roofline.py, beside this script
 
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"  # as keras_vit.runtime; not imported: that loads keras_vit
 FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
-TF_OPTIONS = ("xla", "onednn", "eigen", "bf16")
+TF_OPTIONS = ("xla", "onednn", "eigen", "bf16", "remat")
 TIMM_OPTIONS = ("bf16",)
 PEAK = "peak"  # the worker that measures the matmul peaks
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
@@ -142,6 +143,8 @@ def _split_spec(spec: str) -> tuple[str, set[str]]:
         )
     if {"onednn", "eigen"} <= set(options):
         raise ValueError(f"{spec!r}: +onednn and +eigen exclude each other.")
+    if "remat" in options and name != "keras_vit":
+        raise ValueError(f"{spec!r}: +remat is a keras_vit option (ViT(remat=True)).")
     return name, set(options)
 
 
@@ -167,7 +170,7 @@ class KerasRunner:
         self.keras = keras
         if "bf16" in options:
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        self.model = self._build(name, variant, image_size)
+        self.model = self._build(name, variant, image_size, remat="remat" in options)
         self.model.compile(
             optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -177,14 +180,14 @@ class KerasRunner:
         self.image_size = image_size
 
     @staticmethod
-    def _build(name: str, variant: str, image_size: int):
+    def _build(name: str, variant: str, image_size: int, remat: bool = False):
         if name == "keras_vit":
             import keras_vit
 
-            return keras_vit.ViT(variant, image_size=image_size, num_classes=NUM_CLASSES, gelu="exact")
+            return keras_vit.ViT(variant, image_size=image_size, num_classes=NUM_CLASSES, gelu="exact", remat=remat)
         import keras_hub
 
-        from keras_vit.models import parse_variant
+        from keras_vit.variants import parse_variant
 
         c = parse_variant(variant)
         backbone = keras_hub.models.ViTBackbone(
@@ -298,14 +301,15 @@ def worker_main(spec: str, variant: str, image_size: int) -> None:
             start = time.perf_counter()
             step(*seen[key])
             result["warmup_s"] = time.perf_counter() - start
-        times = []
+        times, cpu_times = [], []
         while not times or sum(times) < request["min_time"]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             step(*seen[key])
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
         if "warmup_s" in result:
             result["peak_mb"] = peak_rss_mb() - baseline
-        result["seconds"] = statistics.median(times)
+        result["seconds"], result["cpu_seconds"] = statistics.median(times), statistics.median(cpu_times)
         reply.write(json.dumps(result) + "\n")
 
 
@@ -379,6 +383,7 @@ def compare(args) -> dict:
         workers = [Worker(spec, variant, args.image_size, args.threads) for spec in args.frameworks]
         peak_worker = Worker(PEAK, variant, args.image_size, args.threads)
         runs = {w.spec: {_phase_name(p): [] for p in phases} for w in workers}
+        cpu_runs = {w.spec: {_phase_name(p): [] for p in phases} for w in workers}  # images per CPU-second
         memory, peaks, numpy_peaks = {w.spec: {} for w in workers}, {"float32": [], "bfloat16": []}, []
         try:
             for phase in phases:
@@ -390,6 +395,7 @@ def compare(args) -> dict:
                     for worker in workers[shift:] + workers[:shift]:
                         out = worker.measure(*phase, args.min_time)
                         runs[worker.spec][_phase_name(phase)].append(phase[1] / out["seconds"])
+                        cpu_runs[worker.spec][_phase_name(phase)].append(phase[1] / out["cpu_seconds"])
                         if "peak_mb" in out:
                             memory[worker.spec][_phase_name(phase)] = out["peak_mb"]
                     print(
@@ -403,6 +409,7 @@ def compare(args) -> dict:
         results[variant] = dict(
             phases=[_phase_name(p) for p in phases],
             runs=runs,
+            cpu_runs=cpu_runs,
             memory=memory,
             peaks=peaks,
             numpy_peaks=numpy_peaks,
@@ -447,6 +454,18 @@ def report(results: dict, args) -> str:
         ]
         for spec in list(runs)[1:]:
             ratios = [statistics.median(a / b for a, b in zip(runs[first][p], runs[spec][p])) for p in phases]
+            lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
+        cpu = r["cpu_runs"]
+        lines += [
+            "",
+            f"Ratio {first} / peer by CPU time (images per CPU-second of the worker process: less sensitive to "
+            "other jobs' load than wall time, but it counts threads that spin while they wait):",
+            "",
+            "| peer | " + " | ".join(phases) + " |",
+            "|---" * (1 + len(phases)) + "|",
+        ]
+        for spec in list(cpu)[1:]:
+            ratios = [statistics.median(a / b for a, b in zip(cpu[first][p], cpu[spec][p])) for p in phases]
             lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
         lines += [
             "",

@@ -2,6 +2,7 @@
 
 Where things are (each module imports only the ones above it, never this package):
 
+    optional        imports on demand (TensorFlow where Keras runs JAX or torch), naming the install command
     variants        the one table of variants ("B/16", "R50+B/16") and the Architecture record
     layers          the encoder's layers: PatchEmbed, ClassToken, TransformerBlock, ...
     position        position embeddings of every kind, and resizing them for another image size
@@ -11,7 +12,7 @@ Where things are (each module imports only the ones above it, never this package
     applications    ViT(variant, weights=...) and the named constructors ViT_B16, ViT_R50_B16, ...
     features        feature_model: chosen blocks' tokens or (B, h, w, D) maps, sharing the weights
     lora            enable_lora / merge_lora: LoRA adapters on the blocks' Dense layers
-    preprocessing   preprocess_input and ImagePreprocessor: pixels as the checkpoints expect them
+    preprocessing   preprocess_input and ImagePreprocessor: pixels as the checkpoints expect them (any backend, tf.data)
     labels          ImageNet-1k / 21k class names and decode_predictions
     predict, export the predict command; SavedModel, LiteRT and ONNX export
     zoo             the catalogue of published checkpoints and their download cache

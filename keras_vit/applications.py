@@ -153,6 +153,7 @@ def ViT(
     input_shape: Sequence[int | None] | None = None,
     classes: int | None = None,
     include_preprocessing: bool = False,
+    remat: bool = False,
     name: str | None = None,
     **overrides: int,
 ) -> keras.Model:
@@ -201,6 +202,9 @@ def ViT(
         include_preprocessing: put a :class:`~keras_vit.preprocessing.ImagePreprocessor` (resize to the model's
             image size, scale to [-1, 1]) in front: the model then takes ``(B, H, W, channels)`` images in
             [0, 255] (uint8 or float) of any size.
+        remat: rematerialise every encoder block while training (recompute its activations in the backward
+            pass instead of keeping them): less memory for one more forward pass of the encoder; results are
+            unchanged. Saved in the model's config.
 
     Inputs are images scaled to [-1, 1] (see :func:`keras_vit.preprocess_input`), unless ``include_preprocessing``.
     Two spellings of one argument (``image_size`` and ``input_shape``, ``num_classes`` and ``classes``) must agree.
@@ -243,6 +247,7 @@ def ViT(
         fc_norm=fc_norm,
         dynamic_image_size=dynamic_image_size,
         input_tensor=input_tensor,
+        remat=remat,
         name=name or _model_name(variant, architecture),
     )
     if input_tensor is not None:  # start at the keras.Input behind it, keeping the layers in between:

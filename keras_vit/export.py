@@ -25,6 +25,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_vit.optional import require
+
 __all__ = [
     "FORMATS",
     "QUANTIZATIONS",
@@ -41,6 +43,25 @@ __all__ = [
 QUANTIZATIONS = (None, "dynamic_int8")
 Runner = Callable[[np.ndarray], np.ndarray]
 
+# (backend, format) -> why Keras' exporter does not run there (keras 3.15, torch 2.14; docs/backends.md).
+UNSUPPORTED = {
+    ("jax", "litert"): "Keras converts to LiteRT from TensorFlow or torch only",
+    ("torch", "litert"): "Keras' torch path needs litert-torch and fixes the batch size; not tested here",
+    ("torch", "saved_model"): "Keras' torch SavedModel export fails in torch.export, even for a Dense layer",
+    ("torch", "onnx"): "Keras' torch ONNX export fails on its own LayerNormalization",
+}
+
+
+def _check_backend(fmt: str) -> None:
+    """A ``ValueError`` with the way round it when the current Keras backend cannot export ``fmt``."""
+    backend = keras.backend.backend()
+    reason = UNSUPPORTED.get((backend, fmt))
+    if reason is not None:
+        raise ValueError(
+            f"{fmt} export does not run on the {backend} backend ({reason}). Save the model as .keras here "
+            "and export it in a process with KERAS_BACKEND=tensorflow: .keras files load on every backend."
+        )
+
 
 def with_preprocessing(
     model: keras.Model, *, crop_fraction: float | None = None, input_dtype: str = "uint8"
@@ -54,7 +75,12 @@ def with_preprocessing(
 
 
 def export_saved_model(model: keras.Model, path: str | os.PathLike, **kwargs) -> Path:
-    """A TensorFlow SavedModel folder with a ``serve`` endpoint (``model.export(format="tf_saved_model")``)."""
+    """A TensorFlow SavedModel folder with a ``serve`` endpoint (``model.export(format="tf_saved_model")``).
+
+    Runs on the TensorFlow and JAX (through ``jax2tf``) backends; needs TensorFlow installed.
+    """
+    _check_backend("saved_model")
+    require("tensorflow", "SavedModel export")
     model.export(str(path), format="tf_saved_model", verbose=False, **kwargs)
     return Path(path)
 
@@ -64,12 +90,12 @@ def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str 
 
     ``quantize=None`` keeps float32; ``"dynamic_int8"`` stores the weights as int8 (dynamic-range
     quantisation: activations stay float, no calibration data), about 4x smaller. ``kwargs`` go to
-    ``tf.lite.TFLiteConverter`` through ``model.export(format="litert")``.
+    ``tf.lite.TFLiteConverter`` through ``model.export(format="litert")``. TensorFlow backend only.
     """
-    import tensorflow as tf
-
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"Unknown quantize {quantize!r}; expected one of {QUANTIZATIONS}.")
+    _check_backend("litert")
+    tf = require("tensorflow", "LiteRT export")
     if quantize == "dynamic_int8":
         kwargs.setdefault("optimizations", [tf.lite.Optimize.DEFAULT])
     model.export(str(path), format="litert", verbose=False, **kwargs)
@@ -77,14 +103,15 @@ def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str 
 
 
 def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: int | None = None, **kwargs) -> Path:
-    """An ONNX file (``model.export(format="onnx")``, through ``tf2onnx``; needs ``tf2onnx`` and ``onnx``)."""
+    """An ONNX file (``model.export(format="onnx")``): through ``tf2onnx`` on TensorFlow (needs ``tf2onnx`` and
+    ``onnx``), through ``jax2onnx`` on JAX (untested here)."""
+    _check_backend("onnx")
     model.export(str(path), format="onnx", verbose=False, opset_version=opset_version, **kwargs)
     return Path(path)
 
 
 def _saved_model_runner(path: Path) -> Runner:
-    import tensorflow as tf
-
+    tf = require("tensorflow", "Running a SavedModel")
     loaded = tf.saved_model.load(str(path))  # kept alive by the closure: it owns the variables
     return lambda images: np.asarray(loaded.serve(images))
 
@@ -93,9 +120,7 @@ def _litert_runner(path: Path) -> Runner:
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
-        import tensorflow as tf
-
-        Interpreter = tf.lite.Interpreter
+        Interpreter = require("tensorflow", "Running a .tflite file without ai-edge-litert").lite.Interpreter
     interpreter = Interpreter(model_path=str(path))
     (inp,), (out,) = interpreter.get_input_details(), interpreter.get_output_details()
 
@@ -112,8 +137,7 @@ def _litert_runner(path: Path) -> Runner:
 
 
 def _onnx_runner(path: Path) -> Runner:
-    import onnxruntime
-
+    onnxruntime = require("onnxruntime", "Running an .onnx file")
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (inp,) = session.get_inputs()
     return lambda images: session.run(None, {inp.name: np.asarray(images)})[0]
@@ -198,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         filename, exporter = FORMATS[name]
         try:
             exporter(model, out / filename)
-        except ImportError as exc:
+        except (ImportError, ValueError) as exc:  # a converter not installed, a format this backend can't write
             print(f"{name:<12} skipped: {exc}")
             continue
         row = compare(model, out / filename, images)

@@ -80,6 +80,40 @@ def gelu(x, approximate: bool):
     return keras.activations.gelu(x, approximate=approximate)
 
 
+def rows(x):
+    """``x`` ``(..., D)`` as a matrix of rows ``(-1, D)`` (a free reshape).
+
+    A ``Dense`` on rows is one 2-D ``MatMul`` followed by ``BiasAdd`` (and an activation), which TensorFlow's
+    Grappler fuses into one oneDNN matmul kernel; on a 3-D input Keras' TensorFlow backend reshapes between
+    ``MatMul`` and ``BiasAdd``, which keeps them apart (``benchmarks/op_profile.py`` shows both graphs).
+    """
+    return ops.reshape(x, (-1, x.shape[-1]))
+
+
+def unrows(y, like):
+    """Rows ``y`` ``(-1, E)`` back to ``like``'s leading dimensions: ``(..., E)``."""
+    return ops.reshape(y, (*ops.shape(like)[:-1], y.shape[-1]))
+
+
+def draw_keep_mask(layer: layers.Layer, shape, dtype):
+    """The keep mask (bool) that ``layer`` (a ``Dropout`` or :class:`DropPath`) draws for an input of ``shape``
+    while training, or ``None`` when it drops nothing. Draws from the layer's own seed generator, as its call does."""
+    if not layer.rate:
+        return None
+    return ops.not_equal(layer(ops.ones(shape, dtype), training=True), 0)
+
+
+def drop(x, keep, rate: float):
+    """``x`` with the entries where ``keep`` is false zeroed and the others scaled by ``1 / (1 - rate)``: dropout
+    with a mask drawn beforehand (TensorFlow's dropout computes exactly this)."""
+    return ops.where(keep, x * ops.cast(1.0 / (1.0 - rate), x.dtype), ops.zeros_like(x))
+
+
+def _dropped(layer: layers.Layer, x, training, keep):
+    """``layer(x)`` (a ``Dropout`` or :class:`DropPath`), or :func:`drop` with the pre-drawn ``keep`` mask."""
+    return layer(x, training=training) if keep is None else drop(x, keep, layer.rate)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class PatchEmbed(layers.Layer):
     """Cuts an image (or feature map) into PxP patches and projects each linearly: ``x_p E``.
@@ -169,14 +203,16 @@ def fused_attention_available() -> bool:
 class MultiHeadSelfAttention(layers.Layer):
     """MSA: ``softmax(q k^T / sqrt(d_h)) v`` over ``num_heads`` heads, then an output projection.
 
-    q, k and v come from one fused ``qkv`` projection whose kernel is ``[W_q | W_k | W_v]``, split
+    q, k and v come from one fused ``qkv`` projection (on :func:`rows`) whose kernel is ``[W_q | W_k | W_v]``, split
     by one transpose into head-major ``(B, heads, N, d_h)`` tensors so both attention products are
     plain batched matmuls. ``call(..., return_attention_scores=True)`` also returns the attention
     probabilities ``(B, heads, N, N)``. Where :func:`fused_attention_available`, and no
     probabilities or attention dropout are needed, ``keras.ops.dot_product_attention`` runs instead
     (tests/test_fast_paths.py checks all paths agree within 1e-5). ``attention_bias``
     (broadcastable to ``(B, heads, N, N)``) is added to the logits before the softmax (relative
-    position biases).
+    position biases). ``dropout_keep``, a bool ``(B, heads, N, N)`` mask drawn beforehand
+    (:func:`draw_keep_mask`), replaces the attention dropout's own draw (a rematerialised block's recomputation
+    must drop what its forward pass dropped).
     """
 
     def __init__(self, num_heads: int, attention_dropout: float = 0.0, **kwargs):
@@ -195,12 +231,12 @@ class MultiHeadSelfAttention(layers.Layer):
         self.qkv.build(input_shape)
         self.out.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None):
+    def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None, dropout_keep=None):
         batch, length, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
-        qkv = ops.reshape(self.qkv(x), (batch, length, 3, self.num_heads, self.head_dim))
+        qkv = ops.reshape(self.qkv(rows(x)), (batch, length, 3, self.num_heads, self.head_dim))
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = None if attention_bias is None else ops.cast(attention_bias, x.dtype)
-        needs_probs = return_attention_scores or (training and self.attention_dropout > 0)
+        needs_probs = return_attention_scores or dropout_keep is not None or (training and self.attention_dropout > 0)
         if fused_attention_available() and not needs_probs:
             q, k, v = ops.unstack(qkv, 3, axis=2)  # each (B, N, heads, d_h), the layout it expects
             context = ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
@@ -210,8 +246,9 @@ class MultiHeadSelfAttention(layers.Layer):
             if bias is not None:
                 logits = logits + bias
             probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
-            context = ops.transpose(ops.matmul(self.dropout(probs, training=training), v), (0, 2, 1, 3))
-        y = self.out(ops.reshape(context, (batch, length, width)))
+            dropped = _dropped(self.dropout, probs, training, dropout_keep)
+            context = ops.transpose(ops.matmul(dropped, v), (0, 2, 1, 3))
+        y = unrows(self.out(rows(ops.reshape(context, (batch, length, width)))), x)
         return (y, probs) if return_attention_scores else y
 
     def get_config(self):
@@ -220,7 +257,8 @@ class MultiHeadSelfAttention(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(layers.Layer):
-    """MLP: ``Dense(mlp_dim) -> GELU -> dropout -> Dense(width) -> dropout``."""
+    """MLP: ``Dense(mlp_dim) -> GELU -> dropout -> Dense(width) -> dropout``; the Dense layers run on
+    :func:`rows` of the input."""
 
     def __init__(self, mlp_dim: int, dropout: float = 0.0, gelu: str = "tanh", **kwargs):
         super().__init__(**kwargs)
@@ -238,10 +276,12 @@ class MlpBlock(layers.Layer):
         self.fc1.build(input_shape)
         self.fc2.build((*input_shape[:-1], self.mlp_dim))
 
-    def call(self, x, training=None):
-        h = gelu(self.fc1(x), approximate=self.gelu == "tanh")
-        h = self.dropout(h, training=training)
-        return self.dropout(self.fc2(h), training=training)
+    def call(self, x, training=None, dropout_keep=None):
+        """``dropout_keep``: ``(hidden, output)`` bool masks drawn beforehand, used instead of the dropout's draws."""
+        hidden_keep, out_keep = (None, None) if dropout_keep is None else dropout_keep
+        h = gelu(self.fc1(rows(x)), approximate=self.gelu == "tanh")  # on rows: one fused kernel on TensorFlow
+        h = _dropped(self.dropout, unrows(h, x), training, hidden_keep)
+        return _dropped(self.dropout, unrows(self.fc2(rows(h)), x), training, out_keep)
 
     def get_config(self):
         return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout_rate, "gelu": self.gelu}
@@ -260,10 +300,9 @@ class DropPath(layers.Layer):
     def call(self, x, training=None):
         if not training or self.rate == 0.0:
             return x
-        keep = 1.0 - self.rate
         shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
-        mask = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype) < keep
-        return x * ops.cast(mask, x.dtype) / ops.cast(keep, x.dtype)
+        keep = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype) < 1.0 - self.rate
+        return drop(x, keep, self.rate)
 
     def get_config(self):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
@@ -274,7 +313,11 @@ class TransformerBlock(layers.Layer):
     """One pre-LN encoder block (Eq. 2-3): ``z' = z + MSA(LN(z))``, ``z'' = z' + MLP(LN(z'))``.
 
     Sub-layer names follow the Flax checkpoints (``LayerNorm_0``, ``MultiHeadDotProductAttention_1``,
-    ``LayerNorm_2``, ``MlpBlock_3``).
+    ``LayerNorm_2``, ``MlpBlock_3``). ``remat=True`` rematerialises the block while training: its
+    activations are not kept for the backward pass but recomputed there (``keras.remat``: TensorFlow's
+    ``recompute_grad``, ``jax.checkpoint``, torch's ``checkpoint``), trading one more forward pass of the
+    block for memory. Every dropout mask is drawn before the rematerialised function, so the recomputation
+    drops what the forward pass dropped and the results equal the plain path's.
     """
 
     def __init__(
@@ -285,9 +328,13 @@ class TransformerBlock(layers.Layer):
         attention_dropout: float = 0.0,
         drop_path: float = 0.0,
         gelu: str = "tanh",
+        remat: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if not isinstance(remat, bool):
+            raise ValueError(f"`remat` must be True or False, got {remat!r}.")
+        self.remat = remat
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
         self.dropout_rate = check_fraction(dropout, "dropout")
@@ -309,17 +356,47 @@ class TransformerBlock(layers.Layer):
             sublayer.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None):
+        if not (self.remat and training) or return_attention_scores:
+            return self._forward(x, training, attention_bias, return_attention_scores=return_attention_scores)
+        keep = self._draw_keep_masks(x)
+
+        def block(x, *bias):
+            return self._forward(x, training, bias[0] if bias else None, keep=keep)
+
+        return keras.remat(block)(x, *(() if attention_bias is None else (attention_bias,)))
+
+    def _forward(self, x, training, attention_bias, keep=None, return_attention_scores: bool = False):
+        """The block; ``keep``: the masks of :meth:`_draw_keep_masks`, else each dropout draws its own."""
+        keep = keep or {}
         y = self.attn(
             self.norm1(x),
             training=training,
             return_attention_scores=return_attention_scores,
             attention_bias=attention_bias,
+            dropout_keep=keep.get("attention"),
         )
         if return_attention_scores:
             y, probs = y
-        x = x + self.drop_path(self.dropout(y, training=training), training=training)
-        x = x + self.drop_path(self.mlp(self.norm2(x), training=training), training=training)
+        y = _dropped(self.dropout, y, training, keep.get("attention_out"))
+        x = x + _dropped(self.drop_path, y, training, keep.get("attention_path"))
+        y = self.mlp(self.norm2(x), training=training, dropout_keep=keep.get("mlp"))
+        x = x + _dropped(self.drop_path, y, training, keep.get("mlp_path"))
         return (x, probs) if return_attention_scores else x
+
+    def _draw_keep_masks(self, x) -> dict:
+        """Every keep mask one training step of the block draws, each from its layer's seed generator in the
+        order :meth:`_forward` draws them (so a rematerialised step drops what a plain one does)."""
+        batch, length, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+        tokens, samples = (batch, length, width), (batch, 1, 1)
+        keep = {
+            "attention": draw_keep_mask(self.attn.dropout, (batch, self.num_heads, length, length), x.dtype),
+            "attention_out": draw_keep_mask(self.dropout, tokens, x.dtype),
+            "attention_path": draw_keep_mask(self.drop_path, samples, x.dtype),
+        }
+        hidden = draw_keep_mask(self.mlp.dropout, (batch, length, self.mlp_dim), x.dtype)
+        keep["mlp"] = (hidden, draw_keep_mask(self.mlp.dropout, tokens, x.dtype)) if hidden is not None else None
+        keep["mlp_path"] = draw_keep_mask(self.drop_path, samples, x.dtype)
+        return keep
 
     def get_config(self):
         return {
@@ -330,4 +407,5 @@ class TransformerBlock(layers.Layer):
             "attention_dropout": self.attention_dropout,
             "drop_path": self.drop_path_rate,
             "gelu": self.gelu,
+            "remat": self.remat,
         }

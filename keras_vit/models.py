@@ -100,6 +100,7 @@ def build_vit(
     fc_norm: bool = False,
     dynamic_image_size: bool = False,
     input_tensor=None,
+    remat: bool = False,
     name: str | None = None,
 ) -> keras.Model:
     """The functional ``keras.Model`` of ``architecture`` (randomly initialised).
@@ -108,7 +109,8 @@ def build_vit(
     (``width``, epsilons) for a hybrid. ``fc_norm`` moves the final LayerNorm after the pooling (timm's
     ``fc_norm``, MAE-style GAP models). ``dynamic_image_size`` takes ``(None, None, channels)`` inputs of
     any multiple of the stride and interpolates the position embeddings (learned for ``image_size``) in the
-    graph (:class:`~keras_vit.position.DynamicPositionEmbs`). ``name`` defaults to
+    graph (:class:`~keras_vit.position.DynamicPositionEmbs`). ``remat`` rematerialises every encoder block
+    while training (:class:`~keras_vit.layers.TransformerBlock`). ``name`` defaults to
     ``architecture.model_name``. Every other argument is documented at :func:`keras_vit.ViT`.
     """
     check_options(classifier, pooling, position_embedding)
@@ -154,6 +156,7 @@ def build_vit(
         final_norm=not fc_norm,
         images=inputs if dynamic_image_size else None,
         stride=stride,
+        remat=remat,
     )
     outputs = head(
         x,
@@ -190,10 +193,11 @@ def encode(
     final_norm: bool = True,
     images=None,
     stride: int | None = None,
+    remat: bool = False,
 ):
     """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, L blocks, final LN
     (unless ``final_norm=False``). With ``images`` (and their ``stride``) the position embeddings are
-    interpolated in the graph to the images' patch grid."""
+    interpolated in the graph to the images' patch grid. ``remat`` rematerialises each block while training."""
     if class_token:
         x = ClassToken(name="class_token")(x)
     if images is None:
@@ -215,6 +219,7 @@ def encode(
             attention_dropout=attention_dropout,
             drop_path=drop_path * i / max(1, depth - 1),  # stochastic depth rises linearly with depth
             gelu=gelu,
+            remat=remat,
             name=f"encoderblock_{i}",
         )(x)
     return layer_norm("encoder_norm")(x) if final_norm else x

@@ -6,19 +6,72 @@
 
 This is what the evaluation of google-research/vision_transformer does: ``tf.image.resize`` (bilinear,
 no antialiasing) of the whole image to ``image_size``, then ``(x - 127.5) / 127.5``.
+
+Both run on every Keras backend: on the backend's own tensors (and numpy) with ``keras.ops``, and on a
+``tf.Tensor`` with TensorFlow's ops when Keras runs JAX or torch, which is what a ``tf.data`` ``map`` passes
+(as Keras' own preprocessing layers switch to TensorFlow there). The steps are written once,
+:func:`_preprocess`, over a small namespace of the operations they need; only that namespace differs.
 """
 
 from __future__ import annotations
 
+import sys
+import types
+
 import keras
+import numpy as np
 from keras import ops
 
 __all__ = ["ImagePreprocessor", "preprocess_input"]
 
+# The operations the steps below need, as keras.ops spells them.
+KERAS_OPS = types.SimpleNamespace(
+    cast=ops.cast,
+    shape=ops.shape,
+    minimum=ops.minimum,
+    maximum=ops.maximum,
+    slice=ops.slice,
+    expand_dims=ops.expand_dims,
+    squeeze=ops.squeeze,
+    resize=lambda images, size, method: ops.image.resize(images, size, interpolation=method, antialias=False),
+)
+
+
+def _tensorflow_ops(tf) -> types.SimpleNamespace:
+    """The same operations in TensorFlow's spelling (``keras.ops`` on the TensorFlow backend calls these)."""
+    return types.SimpleNamespace(
+        cast=tf.cast,
+        shape=tf.shape,
+        minimum=tf.minimum,
+        maximum=tf.maximum,
+        slice=tf.slice,
+        expand_dims=tf.expand_dims,
+        squeeze=tf.squeeze,
+        resize=lambda images, size, method: tf.image.resize(images, size, method=method, antialias=False),
+    )
+
+
+def ops_for(images) -> types.SimpleNamespace:
+    """:data:`KERAS_OPS`, or TensorFlow's ops for a ``tf.Tensor`` while Keras runs another backend (``tf.data``).
+
+    Never imports TensorFlow: a ``tf.Tensor`` can only exist once something else has.
+    """
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and keras.backend.backend() != "tensorflow" and tf.is_tensor(images):
+        return _tensorflow_ops(tf)
+    return KERAS_OPS
+
+
+def _to_model_range(images, xp):
+    return (xp.cast(images, "float32") - 127.5) / 127.5
+
 
 def preprocess_input(images):
-    """Scale pixel values in [0, 255] to [-1, 1] as float32, the range the published checkpoints expect."""
-    return (ops.cast(images, "float32") - 127.5) / 127.5
+    """Scale pixel values in [0, 255] to [-1, 1] as float32, the range the published checkpoints expect.
+
+    Takes numpy arrays and the backend's tensors, and ``tf.Tensor`` s (e.g. in a ``tf.data`` map) on any backend.
+    """
+    return _to_model_range(images, ops_for(images))
 
 
 def _pair(size) -> tuple[int, int]:
@@ -26,6 +79,37 @@ def _pair(size) -> tuple[int, int]:
     if len(size) != 2 or min(size) < 1:
         raise ValueError(f"image_size must be a positive int or (height, width), got {size!r}.")
     return size
+
+
+def _crop_side(height, width, fraction: float, xp):
+    """``max(1, floor(min(height, width) * fraction))`` in float32: Python ints when the sizes are known (JAX needs
+    static slice sizes), a tensor otherwise."""
+    if isinstance(height, int) and isinstance(width, int):
+        return max(int(np.float32(min(height, width)) * np.float32(fraction)), 1)
+    return xp.maximum(xp.cast(xp.cast(xp.minimum(height, width), "float32") * fraction, "int32"), 1)
+
+
+def _central_square(images, fraction: float, xp):
+    """The central square of side ``fraction * min(H, W)`` of ``(B, H, W, C)`` images."""
+    shape = xp.shape(images)
+    height, width = shape[1], shape[2]
+    side = _crop_side(height, width, fraction, xp)
+    top, left = (height - side) // 2, (width - side) // 2
+    return xp.slice(images, [0, top, left, 0], [shape[0], side, side, shape[3]])
+
+
+def _preprocess(images, image_size, crop_fraction, interpolation, dtype, xp):
+    """Crop (optionally), resize and scale ``images`` (one image or a batch) with the operations ``xp``."""
+    single = len(images.shape) == 3
+    if single:
+        images = xp.expand_dims(images, 0)
+    images = xp.cast(images, "float32")
+    if crop_fraction is not None:
+        images = _central_square(images, crop_fraction, xp)
+    images = _to_model_range(xp.resize(images, image_size, interpolation), xp)
+    if single:
+        images = xp.squeeze(images, 0)
+    return xp.cast(images, dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -43,6 +127,8 @@ class ImagePreprocessor(keras.layers.Layer):
     Inputs: uint8 or float images with values in [0, 255], ``(B, H, W, 3)`` or one ``(H, W, 3)`` image, of
     any size (also unknown, e.g. in ``tf.data`` or behind ``keras.Input((None, None, 3))``).
     Output: float images of ``image_size`` in [-1, 1] (the layer's compute dtype, float32 by default).
+    On JAX and torch a ``tf.Tensor`` input (a ``tf.data`` map) is computed with TensorFlow's ops and
+    gives a ``tf.Tensor``.
     """
 
     def __init__(
@@ -73,26 +159,17 @@ class ImagePreprocessor(keras.layers.Layer):
         kwargs.setdefault("image_size", entry.image_size)
         return cls(**kwargs)
 
-    def _crop(self, images):
-        shape = ops.shape(images)
-        height, width = shape[1], shape[2]
-        side = ops.cast(ops.cast(ops.minimum(height, width), "float32") * self.crop_fraction, "int32")
-        side = ops.maximum(side, 1)
-        top, left = (height - side) // 2, (width - side) // 2
-        return ops.slice(images, [0, top, left, 0], [shape[0], side, side, shape[3]])
+    def __call__(self, images, *args, **kwargs):
+        xp = ops_for(images)
+        if xp is not KERAS_OPS:  # a tf.Tensor under JAX or torch: Layer.__call__ would convert it to their arrays
+            return self._preprocess(images, xp)
+        return super().__call__(images, *args, **kwargs)
 
     def call(self, images):
-        single = len(images.shape) == 3
-        if single:
-            images = ops.expand_dims(images, 0)
-        images = ops.cast(images, "float32")
-        if self.crop_fraction is not None:
-            images = self._crop(images)
-        images = ops.image.resize(images, self.image_size, interpolation=self.interpolation, antialias=False)
-        images = preprocess_input(images)
-        if single:
-            images = ops.squeeze(images, 0)
-        return ops.cast(images, self.compute_dtype)
+        return self._preprocess(images, KERAS_OPS)
+
+    def _preprocess(self, images, xp):
+        return _preprocess(images, self.image_size, self.crop_fraction, self.interpolation, self.compute_dtype, xp)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-3], *self.image_size, input_shape[-1])

@@ -1,4 +1,8 @@
-"""Shared test set-up: the TensorFlow backend, quiet logs, deterministic seeds."""
+"""Shared test set-up: the backend (TensorFlow unless ``KERAS_BACKEND`` says otherwise), quiet logs, seeds.
+
+A test marked ``@pytest.mark.backends("tensorflow")`` runs only on the backends it names and is skipped,
+saying why, on the others (CI runs a second pass under ``KERAS_BACKEND=jax`` and a smaller one under torch).
+"""
 
 import os
 
@@ -9,6 +13,12 @@ import keras
 import pytest
 
 import keras_vit  # noqa: F401  (first, as a user's program would: it picks TF's CPU kernels)
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("backends")
+    if marker is not None and keras.backend.backend() not in marker.args:
+        pytest.skip(f"needs the {' or '.join(marker.args)} backend, this run is {keras.backend.backend()}")
 
 
 @pytest.fixture(autouse=True)

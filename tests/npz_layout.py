@@ -4,7 +4,8 @@ Keys and shapes follow the Flax modules of google-research/vision_transformer: `
 ``(P, P, C, D)``, ``cls`` ``(1, 1, D)``, ``Transformer/posembed_input/pos_embedding`` ``(1, N, D)``,
 ``.../MultiHeadDotProductAttention_1/{query,key,value}/kernel`` ``(D, heads, head_dim)`` and
 ``bias`` ``(heads, head_dim)``, ``out/kernel`` ``(heads, head_dim, D)``, LayerNorm ``scale``/``bias``,
-``MlpBlock_3/Dense_{0,1}``, ``encoder_norm``, ``pre_logits``, ``head``. Nothing here uses keras_vit.
+``MlpBlock_3/Dense_{0,1}``, ``encoder_norm``, ``pre_logits``, ``head``; the hybrids add BiT's ResNet
+(``conv_root``, ``gn_root``, ``block{s}/unit{u}/...``). Nothing here uses keras_vit.
 
 Values are drawn so that every parameter changes the output noticeably (kernels ~ 1/sqrt(fan_in),
 biases and position embeddings O(0.1-0.5), LayerNorm scales around 1).
@@ -74,6 +75,56 @@ def vit_checkpoint(
     if num_classes is not None:
         arrays["head/kernel"] = dense(features, num_classes)
         arrays["head/bias"] = normal(num_classes, std=0.1)
+    return arrays
+
+
+def flax_hybrid_checkpoint(seed, *, num_layers, width, hidden, depth, heads, mlp, grid, num_classes, kernel_scale=None):
+    """Random arrays in the published hybrid ``.npz`` layout: the ResNet's Flax module paths, written from
+    the paper's architecture (not from keras-vit's key map), plus the ViT's (:func:`vit_checkpoint`) with a
+    1x1 embedding of the feature map. ``gn_root`` is stored as (1, 1, 1, C), as BiT does.
+
+    ``kernel_scale``: give each output channel of every ResNet kernel a spread of about
+    ``kernel_scale * uniform(0.3, 3)`` (where the standardisation's epsilon starts to matter).
+    """
+    rng = np.random.default_rng(seed)
+    arrays = {}
+
+    def normal(shape, scale=1.0, offset=0.0):
+        return (offset + scale * rng.normal(size=shape)).astype("float32")
+
+    def conv_norm(conv, norm, size, cin, cout, norm_shape=()):
+        if kernel_scale is None:
+            arrays[f"{conv}/kernel"] = normal((size, size, cin, cout), offset=0.1)  # standardised anyway
+        else:
+            arrays[f"{conv}/kernel"] = normal((size, size, cin, cout)) * kernel_scale * rng.uniform(0.3, 3.0, cout)
+        arrays[f"{norm}/scale"] = normal((*norm_shape, cout), 0.2, 1.0)
+        arrays[f"{norm}/bias"] = normal((*norm_shape, cout), 0.2)
+
+    conv_norm("conv_root", "gn_root", 7, 3, width, norm_shape=(1, 1, 1))
+    channels = width
+    for stage, units in enumerate(num_layers):
+        features = width * 2**stage
+        for unit in range(units):
+            prefix = f"block{stage + 1}/unit{unit + 1}/"
+            if unit == 0:
+                conv_norm(prefix + "conv_proj", prefix + "gn_proj", 1, channels, 4 * features)
+            conv_norm(prefix + "conv1", prefix + "gn1", 1, channels, features)
+            conv_norm(prefix + "conv2", prefix + "gn2", 3, features, features)
+            conv_norm(prefix + "conv3", prefix + "gn3", 1, features, 4 * features)
+            channels = 4 * features
+    arrays.update(
+        vit_checkpoint(
+            patch=1,
+            channels=channels,
+            width=hidden,
+            depth=depth,
+            heads=heads,
+            mlp=mlp,
+            grid=(grid, grid),
+            num_classes=num_classes,
+            seed=seed,
+        )
+    )
     return arrays
 
 

@@ -3,6 +3,7 @@
 import itertools
 import math
 
+import keras
 import numpy as np
 import pytest
 
@@ -127,7 +128,7 @@ def test_analyse_attention_on_a_model_matches_the_array_functions(classifier):
     model = keras_vit.ViT("Ti/16", classifier=classifier, **TINY)
     images = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
     found = attention.analyse_attention(model, images, batch_size=2)
-    blocks = [np.asarray(a) for a in keras_vit.attention_model(model)(images)]
+    blocks = [keras.ops.convert_to_numpy(a) for a in keras_vit.attention_model(model)(images)]
     prefix = int(classifier == "token")
     assert found.maps.shape == (3, 4, 4) and found.distances.shape == (2, 2)
     expected_maps = attention.rollout_map(attention.attention_rollout(blocks), 4, prefix)

@@ -13,21 +13,8 @@ from keras_vit import datasets
 from keras_vit.analysis import data, filter_components, plots
 from keras_vit.analysis.__main__ import main, model_input
 
-TINY_ARGS = [
-    "Ti/16",
-    "--image-size",
-    "32",
-    "--patch-size",
-    "8",
-    "--hidden-size",
-    "32",
-    "--depth",
-    "2",
-    "--num-heads",
-    "2",
-    "--mlp-dim",
-    "64",
-]
+TINY_ARCHITECTURE = ["--patch-size", "8", "--hidden-size", "32", "--depth", "2", "--num-heads", "2", "--mlp-dim", "64"]
+TINY_ARGS = ["Ti/16", "--image-size", "32", *TINY_ARCHITECTURE]
 DEFAULT_SIZES = {  # figsize (inches) * dpi 100
     "attention_maps.png": (500, 500),
     "attention_distance.png": (500, 400),
@@ -172,16 +159,7 @@ def test_command_loads_a_checkpoint_and_analyses_its_weights(tmp_path):
         "Ti/16",
         "--weights",
         path,
-        "--patch-size",
-        "8",
-        "--hidden-size",
-        "32",
-        "--depth",
-        "2",
-        "--num-heads",
-        "2",
-        "--mlp-dim",
-        "64",
+        *TINY_ARCHITECTURE,
         "--analyses",
         "filters",
         "position",

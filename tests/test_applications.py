@@ -4,6 +4,7 @@
 import keras
 import numpy as np
 import pytest
+from keras.ops import convert_to_numpy as to_numpy  # any backend's tensor (torch's track gradients)
 from npz_layout import vit_checkpoint, write_checkpoint
 from sklearn.datasets import load_sample_image
 
@@ -56,7 +57,7 @@ def test_input_tensor_keeps_the_layers_that_made_it():
     plain = ViT_Ti16(image_size=32, num_classes=5, **TINY)
     _same_weights(model, plain)
     pixels = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
-    np.testing.assert_allclose(model(pixels), plain(pixels / 127.5 - 1.0), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(model(pixels)), to_numpy(plain(pixels / 127.5 - 1.0)), atol=1e-5)
     with pytest.raises(ValueError, match="image_size"):
         ViT_Ti16(input_tensor=scaled, image_size=64, **TINY)
 
@@ -74,7 +75,7 @@ def test_include_preprocessing_takes_raw_photos_of_any_size(tmp_path):
     preprocess = ImagePreprocessor(32)
     for photo in _photos():
         assert photo.dtype == np.uint8
-        np.testing.assert_allclose(model.predict(photo, verbose=0), plain(preprocess(photo)), atol=1e-5)
+        np.testing.assert_allclose(model.predict(photo, verbose=0), to_numpy(plain(preprocess(photo))), atol=1e-5)
     path = tmp_path / "model.keras"
     model.save(path)
     reloaded = keras.saving.load_model(path)
@@ -89,4 +90,6 @@ def test_include_preprocessing_uses_the_checkpoint_resolution(tmp_path):
     plain = ViT(None, weights=str(path), **arch)
     assert plain.input_shape == (None, 48, 48, 3) and model.get_layer("preprocessing").image_size == (48, 48)
     photo = _photos()[0]
-    np.testing.assert_allclose(model.predict(photo, verbose=0), plain(ImagePreprocessor(48)(photo)), atol=1e-5)
+    np.testing.assert_allclose(
+        model.predict(photo, verbose=0), to_numpy(plain(ImagePreprocessor(48)(photo))), atol=1e-5
+    )

@@ -53,3 +53,74 @@ def test_gpu_script_tiny_runs_on_cpu_without_tensorflow(tmp_path):
         assert run["train"]["step_s"] > 0 and run["infer"]["step_s"] > 0
     assert results["models"]["Ti/16"]["keras_vit"]["backend"] == "jax"
     assert "| Ti/16 | keras_vit | train | 4 |" in done.stdout
+
+
+# --- benchmarks/memory.py and benchmarks/op_profile.py: the pure parts, and reading a real trace ---------------
+
+
+@pytest.fixture
+def bench_scripts(monkeypatch):
+    """The benchmarks folder on ``sys.path``, as when a script runs (they import ``throughput`` beside them)."""
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    import memory
+    import op_profile
+
+    return memory, op_profile
+
+
+def test_memory_fit_recovers_a_line_and_the_largest_batch(bench_scripts):
+    memory, _ = bench_scripts
+    fixed, per_image = memory.fit_line([(8, 1400 + 8 * 220), (16, 1400 + 16 * 220), (32, 1400 + 32 * 220)])
+    assert fixed == pytest.approx(1400) and per_image == pytest.approx(220)
+    assert memory.largest_batch(1400, 220, 24 * 1024) == 105  # (24576 - 1400) // 220
+    assert memory.largest_batch(30_000, 220, 24 * 1024) == 0  # the fixed part alone is over budget
+    with pytest.raises(ValueError, match="two different batch sizes"):
+        memory.fit_line([(8, 3000), (8, 3100)])
+    with pytest.raises(ValueError, match="per image must be positive"):
+        memory.largest_batch(1400, 0, 24 * 1024)
+
+
+def test_profile_categories_of_op_types(bench_scripts):
+    _, op_profile = bench_scripts
+    expected = {
+        "_MklBatchMatMulV2": "attention matmul",
+        "_MklEinsum": "attention matmul",
+        "_MklNativeFusedMatMul": "dense matmul",
+        "_MklMatMul": "dense matmul",
+        "Erfc": "GELU",
+        "_MklTranspose": "layout copy",
+        "AssignAddVariableOp": "variables, optimizer",
+        "SquaredDifference": "reductions",
+        "BiasAdd": "elementwise",
+        "SomethingNew": "other",
+    }
+    assert {op: op_profile.category(op) for op in expected} == expected
+
+
+@pytest.mark.backends("tensorflow")
+def test_profile_reads_op_times_from_a_real_trace(bench_scripts, tmp_path):
+    import glob
+
+    import tensorflow as tf
+
+    _, op_profile = bench_scripts
+    step = tf.function(lambda a: tf.nn.softmax(tf.matmul(a, a)))
+    a = tf.random.normal((256, 256))
+    step(a)
+    tf.profiler.experimental.start(str(tmp_path))
+    for _ in range(3):
+        step(a)
+    tf.profiler.experimental.stop()
+    (trace,) = glob.glob(str(tmp_path / "**" / "*.xplane.pb"), recursive=True)
+    times = op_profile.op_times(trace)
+    matmuls = [op for op in times if "MatMul" in op]
+    assert matmuls and all(times[op] > 0 for op in matmuls)
+    assert any("Softmax" in op for op in times)
+
+
+def test_throughput_remat_option_is_keras_vit_only(bench_scripts):
+    import throughput
+
+    assert throughput._split_spec("keras_vit+remat+bf16") == ("keras_vit", {"remat", "bf16"})
+    with pytest.raises(ValueError, match="keras_vit option"):
+        throughput._split_spec("keras_hub+remat")

@@ -4,6 +4,7 @@ the graph exactly as loading at a fixed size resizes them (``zoom_linear``, corn
 import keras
 import numpy as np
 import pytest
+from keras.ops import convert_to_numpy as to_numpy  # any backend's tensor (torch's track gradients)
 
 import keras_vit
 from keras_vit.position import DynamicPositionEmbs, resample_position_embeddings
@@ -39,7 +40,7 @@ def test_equals_the_resized_fixed_model(models, size):
     fixed, dynamic = models
     resized = keras_vit.resize_position_embeddings(fixed, size)  # zoom_linear, as weights= loading does
     x = images(*size)
-    np.testing.assert_allclose(dynamic(x), resized(x), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(to_numpy(dynamic(x)), to_numpy(resized(x)), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("method", ["zoom_linear", "bilinear", "bicubic"])
@@ -51,7 +52,7 @@ def test_in_graph_resize_matches_resample(method):
     tokens = np.zeros((1, 1 + 6 * 3, 6), "float32")
     got = layer(tokens, np.zeros((1, 48, 24, 3), "float32"))
     want = resample_position_embeddings(posemb, (6, 3), old_grid=(4, 4), method=method)
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5, rtol=0)
 
 
 def test_saves_and_reloads_as_keras(models, tmp_path):
@@ -59,7 +60,7 @@ def test_saves_and_reloads_as_keras(models, tmp_path):
     dynamic.save(tmp_path / "dynamic.keras")
     again = keras.saving.load_model(tmp_path / "dynamic.keras")
     for size in ((32, 32), (40, 24)):
-        np.testing.assert_allclose(again(images(*size)), dynamic(images(*size)), atol=1e-6)
+        np.testing.assert_allclose(to_numpy(again(images(*size))), to_numpy(dynamic(images(*size))), atol=1e-6)
 
 
 def test_other_position_kinds_are_named():

@@ -2,6 +2,10 @@
 
 Tolerances (outputs of order 1-3): SavedModel, LiteRT float32 and ONNX within 1e-4; LiteRT with int8
 weights (dynamic range) within 0.15 and at least 3/4 of the top-1 classes the same.
+
+Backends (docs/backends.md): SavedModel from TensorFlow and JAX (jax2tf); LiteRT and ONNX (tf2onnx) from
+TensorFlow only (Keras exports ONNX from JAX through jax2onnx, not installed here); nothing from torch, where
+each format is a ValueError that says to export from a TensorFlow process.
 """
 
 import keras
@@ -38,16 +42,19 @@ def check_float(model, path, images):
     np.testing.assert_allclose(export.load(path)(images[:1]), expected[:1], atol=FLOAT_ATOL)  # another batch size
 
 
+@pytest.mark.backends("tensorflow", "jax")
 def test_saved_model(model, images, tmp_path):
     path = export.export_saved_model(model, tmp_path / "saved_model")
     assert (path / "saved_model.pb").is_file()
     check_float(model, path, images)
 
 
+@pytest.mark.backends("tensorflow")
 def test_litert_float32(model, images, tmp_path):
     check_float(model, export.export_litert(model, tmp_path / "model.tflite"), images)
 
 
+@pytest.mark.backends("tensorflow")
 def test_litert_dynamic_int8(model, images, tmp_path):
     float_path = export.export_litert(model, tmp_path / "model.tflite")
     int8_path = export.export_litert(model, tmp_path / "model_int8.tflite", quantize="dynamic_int8")
@@ -57,13 +64,20 @@ def test_litert_dynamic_int8(model, images, tmp_path):
     assert row["top1_agreement"] >= 0.75
 
 
+@pytest.mark.backends("tensorflow")
 def test_onnx(model, images, tmp_path):
     pytest.importorskip("tf2onnx")
     pytest.importorskip("onnxruntime")
     check_float(model, export.export_onnx(model, tmp_path / "model.onnx"), images)
 
 
-@pytest.mark.parametrize("fmt", ["saved_model", "litert"])
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        pytest.param("saved_model", marks=pytest.mark.backends("tensorflow", "jax")),
+        pytest.param("litert", marks=pytest.mark.backends("tensorflow")),
+    ],
+)
 def test_with_preprocessing_takes_uint8_of_any_size(model, tmp_path, fmt):
     serving = export.with_preprocessing(model)
     filename, exporter = export.FORMATS[fmt]
@@ -79,3 +93,19 @@ def test_bad_arguments(model, tmp_path):
     (tmp_path / "m.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="format"):
         export.load(tmp_path / "m.bin")
+
+
+UNSUPPORTED = [fmt for backend, fmt in export.UNSUPPORTED if backend == keras.backend.backend()]
+
+
+@pytest.mark.skipif(not UNSUPPORTED, reason="this backend exports every format")
+@pytest.mark.parametrize("fmt", UNSUPPORTED or [None])
+def test_a_format_this_backend_cannot_write_says_what_to_do(model, tmp_path, fmt):
+    filename, exporter = export.FORMATS[fmt]
+    with pytest.raises(
+        ValueError,
+        match=rf"{fmt} export does not run on the {keras.backend.backend()} backend.*"
+        r"KERAS_BACKEND=tensorflow",
+    ):
+        exporter(model, tmp_path / filename)
+    assert not (tmp_path / filename).exists()

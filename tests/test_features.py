@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from keras.ops import convert_to_numpy as to_numpy  # any backend's tensor (torch's track gradients)
 
 import keras_vit
 
@@ -28,7 +29,7 @@ def block_outputs(model, x):
     outputs = []
     for i in range(ARCH["depth"]):
         tokens = model.get_layer(f"encoderblock_{i}")(tokens)
-        outputs.append(np.asarray(tokens))
+        outputs.append(keras.ops.convert_to_numpy(tokens))
     return outputs
 
 
@@ -38,16 +39,16 @@ def test_maps_have_the_patch_grid_shape_and_equal_the_tokens(model):
     want = block_outputs(model, images())
     assert [tuple(m.shape) for m in maps] == [(2, 4, 6, 32)] * 3
     for got, tokens in zip(maps, want):
-        np.testing.assert_allclose(got, tokens[:, 1:].reshape(2, 4, 6, 32), atol=1e-6)
+        np.testing.assert_allclose(to_numpy(got), tokens[:, 1:].reshape(2, 4, 6, 32), atol=1e-6)
 
 
 def test_tokens_default_last_block_and_norm(model):
     tokens = keras_vit.feature_model(model, spatial=False)(images())
-    np.testing.assert_allclose(tokens, block_outputs(model, images())[-1], atol=1e-6)
+    np.testing.assert_allclose(to_numpy(tokens), block_outputs(model, images())[-1], atol=1e-6)
     normed = keras_vit.feature_model(model, blocks=-1, spatial=False, norm=True)
     top = keras_vit.ViT(None, image_size=(32, 48), include_top=False, **ARCH)
     top.set_weights(model.get_weights()[:-2])  # all but the head
-    np.testing.assert_allclose(normed(images()), top(images()), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(normed(images())), to_numpy(top(images())), atol=1e-6)
 
 
 def test_shares_the_weights(model):

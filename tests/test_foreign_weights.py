@@ -15,6 +15,7 @@ import zipfile
 import keras
 import numpy as np
 import pytest
+from keras.ops import convert_to_numpy as to_numpy  # any backend's tensor (torch's track gradients)
 from sklearn.datasets import load_sample_image
 
 import keras_vit
@@ -145,7 +146,7 @@ def test_timm_state_dict_gives_timms_logits(timm_files, case):
     path = timm_files / f"{case}{suffix}"
     heads = dict(num_heads=kwargs["num_heads"]) if "num_heads" in kwargs else {}
     model = keras_vit.model_from_checkpoint(path, **heads)
-    logits = np.asarray(model(photos(size)))
+    logits = to_numpy(model(photos(size)))
     np.testing.assert_allclose(logits, np.load(timm_files / f"{case}.npy"), atol=TOLERANCE, rtol=0)
     if case == "gap_fc_norm":  # ViT(weights=...) with the same options loads it too
         again = keras_vit.ViT(
@@ -160,7 +161,7 @@ def test_timm_state_dict_gives_timms_logits(timm_files, case):
             gelu="exact",
             weights=str(path),
         )
-        np.testing.assert_allclose(np.asarray(again(photos(size))), logits, atol=1e-6)
+        np.testing.assert_allclose(to_numpy(again(photos(size))), logits, atol=1e-6)
 
 
 @pytest.mark.reference
@@ -191,7 +192,7 @@ def test_keras_vit_to_timm_round_trip(tmp_path):
     )
     (tmp_path / "jobs.json").write_text(json.dumps([job]))
     run_reference(TIMM_SCRIPT, tmp_path / "jobs.json")
-    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), model(photos(32)), atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), to_numpy(model(photos(32))), atol=TOLERANCE, rtol=0)
 
 
 @pytest.mark.reference
@@ -199,10 +200,12 @@ def test_huggingface_folders_give_transformers_outputs(tmp_path):
     np.save(tmp_path / "images.npy", photos(32))
     run_reference(HF_SCRIPT, tmp_path, tmp_path / "images.npy")
     classifier = keras_vit.model_from_checkpoint(tmp_path / "classifier")
-    np.testing.assert_allclose(classifier(photos(32)), np.load(tmp_path / "classifier.npy"), atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(classifier(photos(32))), np.load(tmp_path / "classifier.npy"), atol=TOLERANCE, rtol=0
+    )
     # ViTModel: the tokens after the final LayerNorm, and its pooler as pre_logits (a tanh Dense)
     encoder = keras_vit.model_from_checkpoint(tmp_path / "model", include_top=False)
-    np.testing.assert_allclose(encoder(photos(32)), np.load(tmp_path / "tokens.npy"), atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(to_numpy(encoder(photos(32))), np.load(tmp_path / "tokens.npy"), atol=TOLERANCE, rtol=0)
     assert "pre_logits/kernel" in keras_vit.load_weights(encoder, tmp_path / "model").skipped
     pooled = read_checkpoint(tmp_path / "model/model.safetensors")
     tokens = np.load(tmp_path / "tokens.npy")
@@ -220,7 +223,7 @@ def test_keras_hub_preset_matches_its_backbone(tmp_path):
         variable.assign(variable + rng.normal(0, 0.1, variable.shape))
     backbone.save_to_preset(str(tmp_path / "preset"))
     model = keras_vit.model_from_checkpoint(tmp_path / "preset", include_top=False)
-    np.testing.assert_allclose(model(photos(32)), backbone(photos(32)), atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(to_numpy(model(photos(32))), to_numpy(backbone(photos(32))), atol=TOLERANCE, rtol=0)
 
 
 def small_model(**kwargs):
@@ -242,7 +245,7 @@ def test_timm_safetensors_without_torch_round_trip(tmp_path, options):
     state = keras_vit.save_timm_safetensors(model, tmp_path / "m.safetensors")
     assert "patch_embed.proj.weight" in state and state["blocks.0.attn.qkv.weight"].shape == (96, 32)
     again = keras_vit.model_from_checkpoint(tmp_path / "m.safetensors", num_heads=2)
-    np.testing.assert_allclose(again(photos(32)), model(photos(32)), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(again(photos(32))), to_numpy(model(photos(32))), atol=1e-6)
     loaded = small_model(**options)  # another GELU: loads, with a warning that says so
     with pytest.warns(UserWarning, match="gelu='exact'"):
         keras_vit.load_weights(loaded, tmp_path / "m.safetensors")
@@ -285,6 +288,7 @@ def test_unsupported_timm_variants_are_named(tmp_path, extra, feature):
         keras_vit.model_from_checkpoint(tmp_path / "m.safetensors")
 
 
+@pytest.mark.backends("tensorflow", "jax")  # the torch backend needs torch itself
 def test_torch_file_without_torch_says_so(tmp_path, monkeypatch):
     path = tmp_path / "model.pth"
     with zipfile.ZipFile(path, "w") as archive:  # the torch.save layout, enough to be recognised
@@ -323,7 +327,7 @@ def test_keras_files(tmp_path):
     model.save_weights(tmp_path / "m.weights.h5")
     model.save(tmp_path / "m.keras")
     again = small_model(weights=str(tmp_path / "m.weights.h5"))
-    np.testing.assert_allclose(again(photos(32)), model(photos(32)), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(again(photos(32))), to_numpy(model(photos(32))), atol=1e-6)
     with pytest.raises(ValueError, match=r"keras\.saving\.load_model"):
         keras_vit.load_weights(small_model(), tmp_path / "m.keras")
     with pytest.raises(ValueError, match="holds no architecture"):
@@ -337,7 +341,7 @@ def test_convert_command_both_ways(tmp_path):
     keras_vit.save_timm_safetensors(model, tmp_path / "timm.safetensors")
     main(["convert", str(tmp_path / "timm.safetensors"), str(tmp_path / "m.keras"), "--num-heads", "2"])
     converted = keras.saving.load_model(tmp_path / "m.keras")
-    np.testing.assert_allclose(converted(photos(32)), model(photos(32)), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(converted(photos(32))), to_numpy(model(photos(32))), atol=1e-6)
     main(["convert", str(tmp_path / "m.keras"), str(tmp_path / "back.safetensors")])
     again = keras_vit.model_from_checkpoint(tmp_path / "back.safetensors", num_heads=2)
-    np.testing.assert_allclose(again(photos(32)), model(photos(32)), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(again(photos(32))), to_numpy(model(photos(32))), atol=1e-6)

@@ -9,7 +9,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from npz_layout import vit_checkpoint
+from npz_layout import flax_hybrid_checkpoint
 
 import keras_vit
 from keras_vit.checkpoints.load import load_weights
@@ -24,59 +24,9 @@ CONSTRUCTORS = {
 }
 
 
-def flax_hybrid_checkpoint(seed, *, num_layers, width, hidden, depth, heads, mlp, grid, num_classes, kernel_scale=None):
-    """Random arrays in the published hybrid ``.npz`` layout: the ResNet's Flax module paths, written from
-    the paper's architecture (not from keras-vit's key map), plus the ViT's (:mod:`npz_layout`) with a
-    1x1 embedding of the feature map. ``gn_root`` is stored as (1, 1, 1, C), as BiT does.
-
-    ``kernel_scale``: give each output channel of every ResNet kernel a spread of about
-    ``kernel_scale * uniform(0.3, 3)`` (where the standardisation's epsilon starts to matter).
-    """
-    rng = np.random.default_rng(seed)
-    arrays = {}
-
-    def normal(shape, scale=1.0, offset=0.0):
-        return (offset + scale * rng.normal(size=shape)).astype("float32")
-
-    def conv_norm(conv, norm, size, cin, cout, norm_shape=()):
-        if kernel_scale is None:
-            arrays[f"{conv}/kernel"] = normal((size, size, cin, cout), offset=0.1)  # standardised anyway
-        else:
-            arrays[f"{conv}/kernel"] = normal((size, size, cin, cout)) * kernel_scale * rng.uniform(0.3, 3.0, cout)
-        arrays[f"{norm}/scale"] = normal((*norm_shape, cout), 0.2, 1.0)
-        arrays[f"{norm}/bias"] = normal((*norm_shape, cout), 0.2)
-
-    conv_norm("conv_root", "gn_root", 7, 3, width, norm_shape=(1, 1, 1))
-    channels = width
-    for stage, units in enumerate(num_layers):
-        features = width * 2**stage
-        for unit in range(units):
-            prefix = f"block{stage + 1}/unit{unit + 1}/"
-            if unit == 0:
-                conv_norm(prefix + "conv_proj", prefix + "gn_proj", 1, channels, 4 * features)
-            conv_norm(prefix + "conv1", prefix + "gn1", 1, channels, features)
-            conv_norm(prefix + "conv2", prefix + "gn2", 3, features, features)
-            conv_norm(prefix + "conv3", prefix + "gn3", 1, features, 4 * features)
-            channels = 4 * features
-    arrays.update(
-        vit_checkpoint(
-            patch=1,
-            channels=channels,
-            width=hidden,
-            depth=depth,
-            heads=heads,
-            mlp=mlp,
-            grid=(grid, grid),
-            num_classes=num_classes,
-            seed=seed,
-        )
-    )
-    return arrays
-
-
 def _resnet_features(model, images):
     stem = model.get_layer("resnet")
-    return np.asarray(keras.Model(model.input, stem.output)(images))
+    return keras.ops.convert_to_numpy(keras.Model(model.input, stem.output)(images))
 
 
 # --- parameter counts -----------------------------------------------------------------------------
@@ -138,7 +88,7 @@ def _check_shapes(name, stride, channels, hidden, image_size, run):
     if run:
         images = np.random.default_rng(1).uniform(-1, 1, (1, image_size, image_size, 3)).astype("float32")
         assert _resnet_features(model, images).shape == (1, grid, grid, channels)
-        tokens = np.asarray(model(images))
+        tokens = keras.ops.convert_to_numpy(model(images))
         assert tokens.shape == (1, 1 + grid * grid, hidden)
         assert np.all(np.isfinite(tokens))
 
@@ -178,7 +128,7 @@ def test_constructors_accept_every_vit_option():
     assert model.name == "small_hybrid"
     assert model.get_layer("pre_logits").units == 16 and model.get_layer("head").units == 7
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, 4, 32)  # gap: no class token, 2x2 grid
-    probs = np.asarray(model(np.zeros((2, 64, 64, 3), "float32")))
+    probs = keras.ops.convert_to_numpy(model(np.zeros((2, 64, 64, 3), "float32")))
     np.testing.assert_allclose(probs.sum(axis=-1), 1.0, atol=1e-5)
     features = keras_vit.ViT_R26_S32(
         128, include_top=False, pooling="avg", depth=1, hidden_size=32, num_heads=2, mlp_dim=64
@@ -374,7 +324,7 @@ def test_keras_file_round_trip_gives_identical_outputs(tmp_path):
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded.get_layer("resnet"), keras_vit.ResNetStem)
     assert loaded.get_layer("resnet").get_config() == stem_config
-    np.testing.assert_array_equal(np.asarray(loaded(images)), np.asarray(model(images)))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded(images)), keras.ops.convert_to_numpy(model(images)))
     assert set(loaded.get_layer("resnet").npz_key_map()) == set(model.get_layer("resnet").npz_key_map())
 
 
@@ -457,7 +407,7 @@ def test_parity_with_timm(timm_parity, name):
     assert features.shape == reference["resnet"].shape
     scale = np.abs(reference["resnet"]).max()
     assert np.abs(features - reference["resnet"]).max() <= 1e-4 * scale
-    logits = np.asarray(model(images))
+    logits = keras.ops.convert_to_numpy(model(images))
     assert np.abs(reference["logits"]).max() > 0.5  # the head is not degenerate
     assert np.abs(logits - reference["logits"]).max() <= 1e-4
 
@@ -481,7 +431,8 @@ def test_published_numerics_differ_measurably_from_timms(timm_parity):
         stem.build(images.shape)
         for key, (variable, transform) in stem.npz_key_map().items():
             variable.assign(transform(arrays[key]))
-        errors[label] = np.abs(np.asarray(stem(images)) - reference["resnet"]).max() / np.abs(reference["resnet"]).max()
+        features = keras.ops.convert_to_numpy(stem(images))
+        errors[label] = np.abs(features - reference["resnet"]).max() / np.abs(reference["resnet"]).max()
     assert errors["timm"] <= 1e-4
     assert errors["published"] > 1e-2
     assert errors["flax formula, timm epsilons"] > 1e-2

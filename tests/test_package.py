@@ -16,7 +16,7 @@ from npz_layout import vit_checkpoint, write_checkpoint
 from keras_vit import zoo
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}  # the backend of this run (conftest.py sets KERAS_BACKEND)
 
 
 @pytest.fixture

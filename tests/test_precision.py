@@ -47,8 +47,10 @@ def test_jax_on_cpu_stays_float32():
 
 def test_cpu_probe_is_used_and_mockable(monkeypatch):
     monkeypatch.setattr(precision, "cpu_features", lambda: frozenset(ZEN4))
-    assert precision.auto_policy("cpu") == "mixed_bfloat16"
+    assert precision.auto_policy("cpu", backend="tensorflow") == "mixed_bfloat16"
+    assert precision.auto_policy("cpu") == ("float32" if keras.backend.backend() == "jax" else "mixed_bfloat16")
     monkeypatch.setattr(precision, "cpu_features", lambda: frozenset(ZEN3))
+    assert precision.auto_policy("cpu", backend="tensorflow") == "float32"
     assert precision.auto_policy("cpu") == "float32"
 
 

@@ -25,33 +25,51 @@ print(json.dumps({{"variable": os.environ.get("{variable}"), "onednn": runtime.o
 """
 
 
-def _probe(imports: str, variable: str | None) -> dict:
+CASES = {
+    "first": ("import keras_vit", None),
+    "users_choice": ("import keras_vit", "0"),
+    "too_late": ("import tensorflow\nimport keras_vit", None),
+    "training": ("import keras_vit.training.finetune", None),
+}
+
+
+def _start(imports: str, variable: str | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != ONEDNN_VARIABLE}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
     if variable is not None:
         env[ONEDNN_VARIABLE] = variable
     probe = PROBE.format(imports=imports, variable=ONEDNN_VARIABLE)
-    done = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=True
+    return subprocess.Popen(
+        [sys.executable, "-c", probe], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_importing_keras_vit_first_turns_onednn_on():
-    assert _probe("import keras_vit", None) == {"variable": "1", "onednn": True}
+@pytest.fixture(scope="module")
+def probes() -> dict[str, dict]:
+    """Every case's fresh interpreter, started together (each spends its time importing TensorFlow)."""
+    started = {name: _start(*case) for name, case in CASES.items()}
+    results = {}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, f"probe {name!r} failed:\n{err}"
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    return results
 
 
-def test_the_users_choice_is_kept():
-    assert _probe("import keras_vit", "0") == {"variable": "0", "onednn": False}
+def test_importing_keras_vit_first_turns_onednn_on(probes):
+    assert probes["first"] == {"variable": "1", "onednn": True}
 
 
-def test_nothing_changes_once_tensorflow_is_loaded():
+def test_the_users_choice_is_kept(probes):
+    assert probes["users_choice"] == {"variable": "0", "onednn": False}
+
+
+def test_nothing_changes_once_tensorflow_is_loaded(probes):
     # Too late to choose: TensorFlow read the variable when it loaded; keras_vit leaves it unset
     # rather than pretend. (TensorFlow's own default on this CPU decides.)
-    result = _probe("import tensorflow\nimport keras_vit", None)
-    assert result["variable"] is None
+    assert probes["too_late"]["variable"] is None
 
 
-def test_the_training_command_gets_onednn_too():
+def test_the_training_command_gets_onednn_too(probes):
     # training/finetune.py imports Keras before keras_vit; the package's __init__ comes first.
-    assert _probe("import keras_vit.training.finetune", None) == {"variable": "1", "onednn": True}
+    assert probes["training"] == {"variable": "1", "onednn": True}

@@ -57,6 +57,17 @@ def formula(t, base, total, warmup, decay, end=0.0):
     return lr * min(1.0, t / warmup) if warmup else lr
 
 
+def compiled(schedule):
+    """The schedule as the optimizer calls it: in the backend's compiled step, with an integer step."""
+    if keras.backend.backend() == "tensorflow":
+        return tf.function(schedule, input_signature=[tf.TensorSpec([], tf.int64)])
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(schedule)
+    return schedule
+
+
 @pytest.mark.parametrize("decay", ["cosine", "linear", "constant"])
 @pytest.mark.parametrize("warmup", [0, 10, 100])
 @pytest.mark.parametrize("accumulation", [1, 4])
@@ -67,7 +78,7 @@ def test_schedule_equals_the_old_formula_at_every_step(decay, warmup, accumulati
         0.03, total_steps=100, warmup_steps=warmup, decay=decay, end_lr=1e-4, accumulation_steps=accumulation
     )
     calls = range(120 * accumulation)
-    learning_rate = tf.function(schedule, input_signature=[tf.TensorSpec([], tf.int64)])  # as the optimizer calls it
+    learning_rate = compiled(schedule)
     values = [float(learning_rate(call)) for call in calls]
     expected = [formula(call // accumulation + 1, 0.03, 100, warmup, decay, 1e-4) for call in calls]
     np.testing.assert_allclose(values, expected, rtol=2e-6, atol=1e-9)
@@ -76,7 +87,8 @@ def test_schedule_equals_the_old_formula_at_every_step(decay, warmup, accumulati
     if warmup:
         assert values[(warmup - 1) * accumulation] == pytest.approx(0.03)  # the warmup ends at the base rate
     if decay != "constant" and warmup < 100:
-        assert values[99 * accumulation] == pytest.approx(1e-4)  # the last update is at end_lr
+        # the last update is at end_lr, to float32 round-off of the 0.03-sized terms (JAX's XLA rounds differently)
+        assert values[99 * accumulation] == pytest.approx(1e-4, abs=5e-9)
 
 
 def test_schedule_serialises_loads_in_a_saved_model_and_rejects_bad_arguments(tmp_path):
@@ -131,9 +143,16 @@ def test_options_keep_their_names_and_types():
             "ViT_B16",
             "--schedule",
             "linear",
+            "--lora-rank",
+            "8",
+            "--strategy",
+            "model_parallel",
+            "--model-devices",
+            "2",
         ]
     )
     parsed = from_args(args)
+    assert (parsed.model.lora_rank, parsed.run.strategy, parsed.run.model_devices) == (8, "model_parallel", 2)
     assert (parsed.optim.lr, parsed.optim.batch_size, parsed.optim.schedule) == (0.1, 32, "linear")
     assert (parsed.data.crop_area, parsed.data.flip, parsed.data.randaugment) == ((0.05, 1.0), False, (2, 0.5))
     assert (parsed.run.cpu_devices, parsed.run.verbose, parsed.run.overwrite) == (2, 2, True)
@@ -317,8 +336,11 @@ def test_choose_strategy(env, gpus, expected, monkeypatch):
     assert choose_strategy(env, num_gpus=gpus) == expected
 
 
+@pytest.mark.backends("tensorflow")
 def test_get_strategy_by_name(monkeypatch):
     assert get_strategy("default") is tf.distribute.get_strategy()
+    with pytest.raises(ValueError, match=r"data_parallel is a keras\.distribution of the JAX backend"):
+        get_strategy("data_parallel")
     with pytest.raises(ValueError, match="Unknown strategy 'horovod'"):
         get_strategy("horovod")
     monkeypatch.delenv("TPU_NAME", raising=False)

@@ -4,12 +4,14 @@ import hashlib
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 from training_support import TINY
 
+from keras_vit import preprocess_input
 from keras_vit.training.data import Split, load_digits, load_folder, load_source, load_tfds
 from keras_vit.training.finetune import finetune
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
@@ -134,6 +136,19 @@ def test_every_example_once_per_epoch():
     assert not np.array_equal(first, second)  # reshuffled every epoch
     values = np.concatenate([x[:, 0, 0, 0] for x, _ in batches[:3]])
     np.testing.assert_allclose(values, (first - 127.5) / 127.5, atol=1e-6)  # pixels scaled to [-1, 1]
+
+
+def test_the_pipelines_scale_pixels_with_preprocess_input_on_every_backend():
+    """keras_vit.preprocess_input runs inside the tf.data maps (TensorFlow ops there, on every backend)."""
+    pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, axis=-1)
+    split = Split(1, pixels, np.array([0]))
+    expected = keras.ops.convert_to_numpy(preprocess_input(pixels[0]))
+    assert (expected.min(), expected.max()) == (-1.0, 1.0)
+    held_out = next(iter(eval_dataset(split, 2, 1, Augment(16))))[0][0].numpy()
+    trained = next(iter(train_dataset(split, 2, 1, Augment(16, crop_area=None, flip=False))))[0][0].numpy()
+    for images in (held_out, trained):
+        assert images.dtype == np.float32
+        np.testing.assert_allclose(images, expected, rtol=0, atol=1e-6)
 
 
 def test_inception_crop_and_flip_change_images_but_eval_does_not():

@@ -8,9 +8,14 @@ import keras
 import numpy as np
 import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
-from training_support import TINY, TINY_MODEL_FLAGS
+from test_training_resume import Crash
+from training_support import TINY, TINY_MODEL_FLAGS, iterations
 
+from keras_vit import lora_parameter_count
+from keras_vit.precision import auto_policy
+from keras_vit.training.config import TrainConfig
 from keras_vit.training.finetune import finetune, main
+from keras_vit.training.steps import build_model, policy_name
 
 TINY_ARGS = [
     *TINY_MODEL_FLAGS,
@@ -32,13 +37,9 @@ def test_command_trains_and_writes_every_output(tmp_path, capsys):
     assert "preset digits" in printed and "Epoch 2/2" in printed
     assert metrics["history"]["epoch"] == [0, 1] and len(metrics["history"]["val_accuracy"]) == 2
     assert metrics["config"]["optimizer"] == "adamw" and metrics["resumed_from_step"] == 0
-    assert sorted(os.listdir(out / "checkpoints")) == [
-        "checkpoint",
-        "ckpt-2.data-00000-of-00001",
-        "ckpt-2.index",
-        "ckpt-4.data-00000-of-00001",
-        "ckpt-4.index",
-    ]
+    assert metrics["precision"] == auto_policy("cpu")  # --mixed-precision auto: mixed_bfloat16 on this CPU under TF
+    assert result.model.get_layer("encoderblock_0").dtype_policy.name == auto_policy("cpu")
+    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-2.npz", "ckpt-4.npz"]
     for events in ("train", "validation", "steps"):
         assert glob.glob(str(out / "tensorboard" / events / "events.out.tfevents.*"))
     assert json.loads((out / "run.json").read_text())["steps"] == 4
@@ -46,7 +47,7 @@ def test_command_trains_and_writes_every_output(tmp_path, capsys):
     assert not loaded.compiled  # an inference model; the optimizer state is in checkpoints/
     images = np.zeros((1, 8, 8, 3), "float32")
     np.testing.assert_allclose(loaded.predict(images, verbose=0), result.model.predict(images, verbose=0), atol=1e-6)
-    assert result.model.optimizer.iterations.numpy() == 4
+    assert iterations(result.model) == 4
 
 
 def test_command_rejects_bad_options(tmp_path):
@@ -82,9 +83,12 @@ def test_pretrained_weights_are_loaded_resized_and_fine_tuned(tmp_path):
 
 
 def test_mixed_precision_trains_and_resumes(tmp_path):
-    run = {**TINY, "steps": 2, "mixed_precision": "float16", "output_dir": str(tmp_path)}
+    """float16 (with its loss-scale optimizer, whose state is checkpointed too); on JAX, whose CPU compiler has no
+    float16 matmul, bfloat16 (float16 is refused there: test_auto_mixed_precision_is_the_hardware_policy)."""
+    policy = "bfloat16" if keras.backend.backend() == "jax" else "float16"
+    run = {**TINY, "steps": 2, "mixed_precision": policy, "output_dir": str(tmp_path)}
     first = finetune(**run)
-    assert first.model.get_layer("encoderblock_0").dtype_policy.name == "mixed_float16"
+    assert first.model.get_layer("encoderblock_0").dtype_policy.name == f"mixed_{policy}"
     assert first.model.get_layer("head").dtype_policy.variable_dtype == "float32"
     assert keras.mixed_precision.dtype_policy().name == "float32"  # the global policy is restored
     again = finetune(**run)  # restores the loss-scale optimizer's state too
@@ -98,3 +102,74 @@ def test_offline_default_run_reaches_its_stated_accuracy(tmp_path, capsys):
     result = main(["--output-dir", str(tmp_path), "--verbose", "2"])
     assert result.metrics["accuracy"] >= 0.93
     assert "held-out accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "device, facts, expected",
+    [
+        ("cpu", dict(features=["avx512_bf16"]), {"tensorflow": "mixed_bfloat16", "jax": "float32"}),
+        ("cpu", dict(features=[]), "float32"),
+        ("gpu", dict(gpu_capability=(7, 5)), "mixed_float16"),
+        ("gpu", dict(gpu_capability=(9, 0)), "mixed_bfloat16"),
+        ("tpu", {}, "mixed_bfloat16"),
+    ],
+)
+def test_auto_mixed_precision_is_the_hardware_policy(monkeypatch, device, facts, expected):
+    """``--mixed-precision auto`` asks keras_vit.precision.auto_policy (bfloat16 on this CI's AVX512_BF16 CPU under
+    TensorFlow and torch, float32 under JAX on a CPU); the other choices are fixed."""
+    monkeypatch.setattr("keras_vit.precision.cpu_features", lambda *args: frozenset(facts.get("features", ())))
+    monkeypatch.setattr("keras_vit.precision.detect_device", lambda: (device, facts.get("gpu_capability")))
+    if isinstance(expected, dict):
+        expected = expected.get(keras.backend.backend(), expected["tensorflow"])
+    assert policy_name(TrainConfig(), device) == expected
+    assert policy_name(TrainConfig().replace(mixed_precision="none"), device) == "float32"
+    float16 = TrainConfig().replace(mixed_precision="float16")
+    if device == "cpu" and keras.backend.backend() == "jax":
+        with pytest.raises(ValueError, match="float16 does not run on JAX's CPU"):
+            policy_name(float16, device)
+    else:
+        assert policy_name(float16, device) == "mixed_float16"
+
+
+def test_lora_trains_only_the_adapters_and_the_head_and_resumes(tmp_path):
+    """Rank 4 on the tiny ViT (width 16, MLP 32, one block): adapters 16*4+4*48 (qkv) + 16*4+4*16 (out) +
+    16*4+4*32 + 32*4+4*16 (MLP) = 768 parameters, the head 16*10+10 = 170: 938 train, every other weight stays
+    as built. A crashed LoRA run resumes (adapters included) to the weights of an uninterrupted one."""
+    run = {**TINY, "steps": 4, "checkpoint_every": 2, "lora_rank": 4, "lr": 0.05, "warmup": 1}
+    whole = finetune(output_dir=str(tmp_path / "whole"), **run)
+    model = whole.model
+    assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == 938 == lora_parameter_count(model) + 170
+    keras.utils.set_random_seed(whole.config.optim.seed)
+    initial = {v.path: keras.ops.convert_to_numpy(v) for v in build_model(whole.config, 10).variables}
+    trained = {v.path: keras.ops.convert_to_numpy(v) for v in model.variables}
+    trainable = {v.path for v in model.trainable_variables}
+    frozen = [p for p in trained if p not in trainable and "seed_generator" not in p]
+    assert "encoderblock_0/MultiHeadDotProductAttention_1/qkv/kernel" in frozen and len(frozen) >= 14
+    for path in frozen:
+        np.testing.assert_array_equal(trained[path], initial[path], err_msg=path)
+    for path in trainable:
+        assert not np.array_equal(trained[path], initial[path]), f"{path} did not train"
+
+    crashed = str(tmp_path / "crashed")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        finetune(output_dir=crashed, callbacks=[Crash(3)], **run)
+    resumed = finetune(output_dir=crashed, **run)
+    assert json.loads((tmp_path / "crashed" / "metrics.json").read_text())["resumed_from_step"] == 2
+    assert resumed.model.count_params() == model.count_params()
+    for a, b in zip(resumed.model.variables, model.variables):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), atol=1e-6)
+    with pytest.raises(ValueError, match="--lora-rank must be >= 1, got 0"):
+        finetune(output_dir=str(tmp_path / "bad"), **{**run, "lora_rank": 0})
+
+
+def test_remat_trains_to_the_same_weights(tmp_path):
+    """``--remat`` recomputes each block in the backward pass: with dropout and drop-path on, the run ends on the
+    plain run's weights (float32 rounding), and the blocks of its ``model.keras`` keep the option."""
+    run = {**TINY, "steps": 3, "dropout": 0.1, "drop_path": 0.1}
+    plain = finetune(output_dir=str(tmp_path / "plain"), **run)
+    remat = finetune(output_dir=str(tmp_path / "remat"), remat=True, **run)
+    assert remat.config.model.remat and not plain.config.model.remat
+    for a, b in zip(remat.model.variables, plain.model.variables, strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), atol=1e-6)
+    saved = keras.saving.load_model(tmp_path / "remat" / "model.keras")
+    assert [layer.remat for layer in saved.layers if hasattr(layer, "remat")] == [True]

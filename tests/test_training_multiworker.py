@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
 from tensorflow.python.distribute import input_ops
-from training_support import REPO, TINY_MODEL_FLAGS, read_log
+from training_support import REPO, TINY_MODEL_FLAGS, checkpoint_steps, read_log
 
 from keras_vit.training.data import Split
 from keras_vit.training.launch import free_ports
@@ -47,6 +47,8 @@ TINY_FLAGS = [
     "--log-every",
     "1",
 ]
+pytestmark = pytest.mark.backends("tensorflow")  # MultiWorkerMirroredStrategy
+
 ENV = {
     **os.environ,
     "KERAS_BACKEND": "tensorflow",
@@ -204,8 +206,7 @@ def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, k
         assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
     if killed == 0:  # the surviving worker, stopped by the launcher, removed its scratch
         assert not [p for p in set(os.listdir(tempfile.gettempdir())) - scratch if p.startswith("keras_vit_worker_")]
-    checkpoint = tf.train.latest_checkpoint(os.path.join(run, "checkpoints"))
-    resumed_from = int(checkpoint.rsplit("-", 1)[1])
+    resumed_from = checkpoint_steps(run)[-1]
     assert 10 <= resumed_from < 150
 
     status, output = launch(args)

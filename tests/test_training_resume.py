@@ -12,8 +12,7 @@ import time
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
-from training_support import REPO, TINY, TINY_MODEL_FLAGS, read_log
+from training_support import REPO, TINY, TINY_MODEL_FLAGS, backend_env, checkpoint_steps, iterations, read_log
 
 from keras_vit.training.finetune import finetune
 from keras_vit.training.loop import plan_segments, truncate_log
@@ -70,13 +69,13 @@ def test_crash_and_resume_continues_the_run_exactly(tmp_path):
     crashed_dir = str(tmp_path / "crashed")
     with pytest.raises(RuntimeError, match="simulated crash"):
         finetune(output_dir=crashed_dir, callbacks=[Crash(7)], **RUN)
-    assert tf.train.latest_checkpoint(os.path.join(crashed_dir, "checkpoints")).endswith("ckpt-4")
+    assert checkpoint_steps(crashed_dir) == [4]
     assert [e["step"] for e in read_log(crashed_dir)] == list(range(1, 8))  # it logged past its checkpoint
 
     resumed = finetune(output_dir=crashed_dir, **RUN)
     metrics = json.loads((tmp_path / "crashed" / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == 4
-    assert int(resumed.model.optimizer.iterations) == 12
+    assert iterations(resumed.model) == 12
     log, reference = read_log(crashed_dir), read_log(str(tmp_path / "whole"))
     assert [e["step"] for e in log] == list(range(1, 13))  # steps 5-7 of the crashed run were dropped
     np.testing.assert_allclose([e["loss"] for e in log], [e["loss"] for e in reference], rtol=1e-5)
@@ -107,7 +106,7 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
     run = {**RUN, "steps": 3, "dropout": 0.0, "clip_norm": 0.05}
     whole = finetune(output_dir=str(tmp_path / "whole"), **run)
     accumulated = finetune(output_dir=str(tmp_path / "accumulated"), accumulation_steps=2, **run)
-    assert int(accumulated.model.optimizer.iterations) == 3
+    assert iterations(accumulated.model) == 3
     for a, b in zip(whole.model.get_weights(), accumulated.model.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert [e["step"] for e in read_log(str(tmp_path / "accumulated"))] == [1, 2, 3]
@@ -137,7 +136,7 @@ def test_killed_command_resumes_from_its_last_checkpoint(tmp_path):
         "--output-dir",
         out,
     ]
-    env = {**os.environ, "PYTHONPATH": REPO}
+    env = backend_env(keras.backend.backend())
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = os.path.join(out, "train_log.jsonl")
     deadline = time.time() + 600
@@ -149,7 +148,7 @@ def test_killed_command_resumes_from_its_last_checkpoint(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = read_log(out)[-1]["step"]
-    checkpoint = int(tf.train.latest_checkpoint(os.path.join(out, "checkpoints")).rsplit("-", 1)[1])
+    checkpoint = checkpoint_steps(out)[-1]
     assert checkpoint == killed_at // 50 * 50 >= 100
 
     args[args.index("--verbose") + 1] = "2"  # how a run reports may change between restarts

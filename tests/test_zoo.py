@@ -233,6 +233,7 @@ def _convert_and_compare(tiny_checkpoint, out, *argv, atol=1e-4):
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # nothing else left beside it
 
 
+@pytest.mark.backends("tensorflow")  # the formats this backend exports: docs/backends.md
 def test_convert_to_litert_by_suffix_and_quantized(tiny_checkpoint, tmp_path, capsys):
     (tmp_path / "a").mkdir()
     _convert_and_compare(tiny_checkpoint, tmp_path / "a" / "vit.tflite")
@@ -241,6 +242,7 @@ def test_convert_to_litert_by_suffix_and_quantized(tiny_checkpoint, tmp_path, ca
     _convert_and_compare(tiny_checkpoint, tmp_path / "b" / "int8.tflite", "--quantize", "dynamic_int8", atol=0.3)
 
 
+@pytest.mark.backends("tensorflow", "jax")  # the formats this backend exports: docs/backends.md
 def test_convert_to_saved_model_folder(tiny_checkpoint, tmp_path):
     (tmp_path / "out").mkdir()
     _convert_and_compare(tiny_checkpoint, tmp_path / "out" / "vit_savedmodel", "--format", "saved_model")
@@ -250,6 +252,7 @@ def test_convert_to_saved_model_folder(tiny_checkpoint, tmp_path):
         )
 
 
+@pytest.mark.backends("tensorflow")  # the formats this backend exports: docs/backends.md
 def test_convert_to_onnx(tiny_checkpoint, tmp_path):
     pytest.importorskip("tf2onnx")
     pytest.importorskip("onnxruntime")

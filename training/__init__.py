@@ -1,12 +1,16 @@
-"""Training ViTs with ``model.fit`` under any ``tf.distribute`` strategy, resumable from checkpoints.
+"""Training ViTs with ``model.fit`` on every Keras backend, resumable from checkpoints.
+
+TensorFlow: any ``tf.distribute`` strategy; JAX: ``keras.distribution`` (data or model parallel on one host);
+torch: one device. The input pipeline is tf.data on every backend.
 
 Modules: ``config`` (the settings, their sections and presets), ``fields`` (settings declared once, with
-the command-line options generated from them), ``strategy`` (choose a tf.distribute strategy), ``data``
-(digits / image folder / TFDS sources), ``pipeline`` (tf.data augmentation and preprocessing),
-``schedules`` (warmup + decay from Keras' schedules), ``optimizers`` (clipping that is correct across
-replicas), ``loop`` (resumable ``fit``), ``steps`` (what every command does: data, strategy, resolve,
-build, compile), ``supervised`` (the fine-tuning run), ``masked_patch`` (masked patch prediction); and
-the commands ``finetune``, ``pretrain`` and ``ablation``.
+the command-line options generated from them), ``strategy`` (choose a tf.distribute strategy or a
+keras.distribution), ``data`` (digits / image folder / TFDS sources), ``pipeline`` (tf.data augmentation
+and preprocessing), ``schedules`` (warmup + decay from Keras' schedules), ``optimizers`` (clipping that is
+correct across replicas), ``checkpoint`` (one checkpoint format for every backend), ``loop`` (resumable
+``fit``), ``steps`` (what every command does: data, strategy, resolve, build, compile), ``supervised`` (the
+fine-tuning run), ``masked_patch`` (masked patch prediction); and the commands ``finetune``, ``pretrain``
+and ``ablation``.
 
 The entry point is ``from keras_vit.training.finetune import finetune`` (``keras_vit.training.finetune`` is the module).
 The names below are loaded on first use, so ``python -m keras_vit.training.finetune`` does not import its
@@ -33,6 +37,7 @@ _EXPORTS = {
     "train_dataset": "keras_vit.training.pipeline",
     "eval_dataset": "keras_vit.training.pipeline",
     "fit": "keras_vit.training.loop",
+    "Checkpointer": "keras_vit.training.checkpoint",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -100,6 +100,16 @@ class ModelConfig:
     weights: str | None = option("a zoo catalogue name or a checkpoint path", unset="random initialisation")
     dropout: float | None = option("dropout rate", unset=PRESET)
     drop_path: float | None = option("stochastic depth rate", unset=PRESET)
+    lora_rank: int | None = option(
+        "fine-tune LoRA adapters of this rank on every block's qkv, out and MLP kernels, all else frozen but the "
+        "head (keras_vit.enable_lora)",
+        unset="off: every weight trains",
+    )
+    remat: bool = option(
+        "recompute each encoder block in the backward pass (keras_vit.ViT(remat=True)): about 3x (B/16, batch 32) "
+        "less training memory for about 1.3x the step time; the same results",
+        False,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +159,13 @@ class OptimConfig:
     weight_decay: float | None = option("decoupled weight decay", unset=PRESET)
     clip_norm: float | None = option("global gradient-norm clip (0: off)", unset=PRESET)
     label_smoothing: float | None = option("label smoothing", unset=PRESET)
-    mixed_precision: str = option("auto: bfloat16 on TPU, float16 on GPU, none on CPU", "auto", choices=MIXED_PRECISION)
+    mixed_precision: str = option(
+        "auto: keras_vit.precision.auto_policy's choice for the hardware (bfloat16 on TPUs, on GPUs from Ampere on "
+        "and on CPUs with AVX512_BF16 or AMX, but float32 on CPUs under JAX; float16 on Volta/Turing GPUs; else "
+        "none)",
+        "auto",
+        choices=MIXED_PRECISION,
+    )
     seed: int = option("random seed (initialisation, data order, augmentation)", 0)
 
 
@@ -161,10 +177,22 @@ def _verbosity(text: str) -> int | str:
 class RunConfig:
     """How a run runs: devices, outputs, checkpoints, logs (a resumed run may change these)."""
 
-    strategy: str = option("tf.distribute strategy", "auto", choices=STRATEGIES)
+    strategy: str = option(
+        "TensorFlow: a tf.distribute strategy (default, one_device, mirrored, multi_worker, tpu); JAX: a "
+        "keras.distribution (default, data_parallel, model_parallel); torch: one device. auto: see "
+        "keras_vit.training.strategy",
+        "auto",
+        choices=STRATEGIES,
+    )
+    model_devices: int | None = option(
+        "--strategy model_parallel (JAX): devices on the model axis, which split every block's qkv and MLP kernels; "
+        "the batch is split over the rest",
+        unset="all devices",
+    )
     tpu: str | None = option("TPU name or address", unset="TPU_NAME or the local TPU VM")
     cpu_devices: int | None = option(
-        "split the CPU into N logical devices (to try --strategy mirrored without GPUs)", unset="no split"
+        "split the CPU into N devices (to try --strategy mirrored, or data_parallel on JAX, without GPUs)",
+        unset="no split",
     )
     output_dir: str = option("where checkpoints, logs, the model and metrics go", "runs/finetune")
     checkpoint_every: int = option("steps between checkpoints", 500)
@@ -403,6 +431,8 @@ RANGES: dict[str, Range] = {
             "keep_checkpoints",
             "log_every",
             "steps_per_execution",
+            "lora_rank",
+            "model_devices",
         ),
         _COUNT,
     ),

@@ -2,8 +2,9 @@
 
 A run writes to ``output_dir``::
 
-    checkpoints/        tf.train.Checkpoint of every model variable (weights and random-seed states),
-                        every optimizer variable (step counter, momenta, accumulators) and the step
+    checkpoints/        ckpt-<step>.npz: every model variable (weights, LoRA adapters, random-seed states),
+                        every optimizer variable (step counter, momenta, accumulators) and the step; the same
+                        format on every backend (see :mod:`keras_vit.training.checkpoint`)
     tensorboard/        Keras' per-epoch train/validation curves; steps/ has loss and lr per log step
     train_log.jsonl     one line per log step: step, epoch, loss (mean since the last line), lr
     model.keras         the final model (for inference; the optimizer state lives in checkpoints/)
@@ -13,6 +14,10 @@ Started again with a checkpoint present, :func:`fit` restores it and continues f
 data stream restarts at that step (``data_fn(step)``), the optimizer's iteration count and hence the
 learning-rate schedule carry on, and ``train_log.jsonl`` is cut back to that step. An "epoch" is an
 evaluation interval of ``steps_per_epoch`` steps; a resumed run keeps the same epoch boundaries.
+
+Every backend: ``model.fit`` and the callbacks are the same. On JAX the training state lives outside the
+Keras variables during an epoch; the callbacks here reach the model through ``Callback.model``, which attaches
+it first. Under a ``keras.distribution`` the fit runs in its scope (``strategy.training_scope``).
 """
 
 from __future__ import annotations
@@ -31,26 +36,24 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from keras_vit.training.errors import DivergedError, TrainingError, warn
+from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
+from keras_vit.training.errors import DivergedError, TrainingError
 from keras_vit.training.outputs import write_json
-from keras_vit.training.strategy import is_chief
+from keras_vit.training.strategy import Strategy, is_chief, training_scope
 
 __all__ = [
     "CheckpointEvery",
-    "Checkpointer",
     "FitResult",
     "Segment",
     "StepCallback",
     "StepLog",
     "StopOnNonFinite",
+    "TorchStepSeed",
     "fit",
     "plan_segments",
     "save_outputs",
     "truncate_log",
 ]
-
-DIVERGED_HINT = "lower --lr, and check that --drop-path and --dropout are in [0, 1)"
-_READ_ERRORS = (tf.errors.OpError, OSError, ValueError, IndexError, EOFError)  # a checkpoint cut short or missing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,91 +82,6 @@ def plan_segments(start: int, total: int, steps_per_epoch: int) -> list[Segment]
             segments.append(Segment(epoch, 1, length, step))
         step += length
     return segments
-
-
-class Checkpointer:
-    """``tf.train.Checkpoint`` of a compiled model, its optimizer and the step, kept by a CheckpointManager.
-
-    ``restore_directory`` (default ``directory``) is where :meth:`restore` looks: a multi-worker task
-    that is not the chief restores the chief's checkpoints and saves its own to a scratch directory.
-    """
-
-    def __init__(self, model: keras.Model, directory: str, max_to_keep: int = 3, restore_directory: str | None = None):
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.checkpoint = tf.train.Checkpoint(
-            step=self.step, model=list(model.variables), optimizer=list(model.optimizer.variables)
-        )
-        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
-        self.saved: int | None = None
-        self.restore_directory = restore_directory or directory
-
-    def candidates(self) -> list[str]:
-        """The checkpoints of the restore directory (from their ``ckpt-N.index`` files), newest first."""
-        folder = self.restore_directory
-        names = os.listdir(folder) if os.path.isdir(folder) else []
-        steps = [int(n[5:-6]) for n in names if n.startswith("ckpt-") and n.endswith(".index") and n[5:-6].isdigit()]
-        return [os.path.join(folder, f"ckpt-{step}") for step in sorted(steps, reverse=True)]
-
-    def restore(self) -> int:
-        """Restore the newest checkpoint that reads whole; return its step (0 without one).
-
-        The checkpoints are found from their files, not the ``checkpoint`` state file (which may be missing
-        or corrupt); one that does not read (cut short, its data or index missing) is passed over with a
-        warning. A checkpoint that reads but does not match the model, or checkpoints none of which read,
-        are errors.
-        """
-        state = tf.train.get_checkpoint_state(self.restore_directory)
-        recorded = state.model_checkpoint_path if state else None  # what the state file names, whole or not
-        failures = []
-        for path in self.candidates():
-            try:
-                self.checkpoint.restore(path).assert_consumed()
-            except AssertionError as error:
-                raise ValueError(
-                    f"Checkpoint {path} does not match this model and optimizer ({error}). Start a new "
-                    "run in another output directory, or remove the old one (--overwrite)."
-                ) from error
-            except _READ_ERRORS as error:
-                failures.append(f"{os.path.basename(path)}: {str(error).strip().splitlines()[0]}")
-                continue
-            self.saved = int(self.step.numpy())
-            if failures or os.path.basename(recorded or "") != os.path.basename(path):
-                why = (
-                    "; ".join(failures)
-                    if failures
-                    else (
-                        f"the checkpoint state file names {os.path.basename(recorded)}, which has no index file"
-                        if recorded
-                        else "the checkpoint state file is missing or unreadable"
-                    )
-                )
-                warn(f"resuming from {path} (step {self.saved}), the newest checkpoint that reads: {why}")
-            return self.saved
-        if failures:
-            raise TrainingError(
-                f"No checkpoint in {self.restore_directory} reads ({'; '.join(failures)}). Start "
-                "over with --overwrite, or use another --output-dir."
-            )
-        return 0
-
-    def save(self, step: int) -> None:
-        """Save at ``step`` (once: saving the step just saved or restored again is a no-op); weights that are
-        NaN or infinite are a :class:`DivergedError` instead."""
-        if step != self.saved:
-            if not _all_finite(self.checkpoint.model):
-                raise DivergedError(
-                    f"Training diverged: the weights are NaN or infinite at batch {step}; no "
-                    f"checkpoint saved there (the last one is batch {self.saved or 'none'}). "
-                    f"To fix: {DIVERGED_HINT}."
-                )
-            self.step.assign(step)
-            self.manager.save(checkpoint_number=step)
-            self.saved = step
-
-
-def _all_finite(variables: Sequence[tf.Variable]) -> bool:
-    floats = [tf.convert_to_tensor(v) for v in variables if tf.as_dtype(v.dtype).is_floating]
-    return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in floats)
 
 
 class StepCallback(keras.callbacks.Callback):
@@ -195,8 +113,24 @@ class CheckpointEvery(StepCallback):
 
     def on_step_end(self, step, batches_in_epoch, logs):
         if step // self.every > self.last // self.every:
-            self.checkpointer.save(step)
+            self.checkpointer.save(self.model, step)  # self.model: on JAX, the state attached to the variables
         self.last = step
+
+
+class TorchStepSeed(StepCallback):
+    """torch only: seeds torch's global generators from ``(seed, step)`` before every batch. Keras' torch dropout
+    draws from them when its layer has no seed of its own, and so does each new data iterator ``model.fit``
+    makes; keyed by the step, the masks of a resumed run are those of an uninterrupted one (as the seed-generator
+    states in the checkpoint give on TensorFlow and JAX)."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.seed = seed
+
+    def on_train_batch_begin(self, batch, logs=None):
+        import torch
+
+        torch.manual_seed((self.seed * 1_000_003 + self.epoch_start + batch + 1) % 2**63)
 
 
 class StopOnNonFinite(StepCallback):
@@ -214,8 +148,7 @@ class StopOnNonFinite(StepCallback):
             return
         saved = self.checkpointer.saved
         kept = (
-            f"the last checkpoint, step {saved // self.accumulation_steps}, is kept in "
-            f"{self.checkpointer.manager.directory}"
+            f"the last checkpoint, step {saved // self.accumulation_steps}, is kept in {self.checkpointer.directory}"
             if saved
             else "no checkpoint was saved"
         )
@@ -297,19 +230,21 @@ def fit(
     total_steps: int,
     steps_per_epoch: int,
     output_dir: str,
-    strategy: tf.distribute.Strategy,
+    strategy: Strategy,
     eval_data: tf.data.Dataset | None = None,
     checkpoint_every: int = 500,
     keep_checkpoints: int = 3,
     log_every: int = 10,
     accumulation_steps: int = 1,
+    seed: int = 0,
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int | str = "auto",
 ) -> FitResult:
     """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir`` if possible.
 
     ``data_fn(step)`` must return the endless training batches from batch ``step`` on. Steps here are
-    ``model.fit`` batches (with gradient accumulation, ``accumulation_steps`` of them per update).
+    ``model.fit`` batches (with gradient accumulation, ``accumulation_steps`` of them per update). ``seed``
+    keys torch's dropout masks by step (:class:`TorchStepSeed`).
     """
     chief = is_chief(strategy)
     work_dir = output_dir if chief else tempfile.mkdtemp(prefix="keras_vit_worker_")
@@ -330,6 +265,7 @@ def fit(
             keep_checkpoints=keep_checkpoints,
             log_every=log_every,
             accumulation_steps=accumulation_steps,
+            seed=seed,
             callbacks=callbacks,
             verbose=verbose,
         )
@@ -340,7 +276,7 @@ def fit(
                 signal.signal(signal.SIGTERM, previous)
 
 
-def agree_on_start(strategy: tf.distribute.Strategy, start: int, output_dir: str) -> None:
+def agree_on_start(strategy: Strategy, start: int, output_dir: str) -> None:
     """Check that every worker of a multi-worker run restored the same step (they all read the chief's
     checkpoints, so ``output_dir`` must be on a file system every worker sees)."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or strategy.extended._num_workers < 2:
@@ -365,25 +301,21 @@ def _fit(
     steps_per_epoch: int,
     output_dir: str,
     work_dir: str,
-    strategy: tf.distribute.Strategy,
+    strategy: Strategy,
     eval_data: tf.data.Dataset | None,
     checkpoint_every: int,
     keep_checkpoints: int,
     log_every: int,
     accumulation_steps: int,
+    seed: int,
     callbacks: Sequence[keras.callbacks.Callback],
     verbose: int | str,
 ) -> FitResult:
     os.makedirs(work_dir, exist_ok=True)
     with strategy.scope():
         model.optimizer.build(model.trainable_variables)
-    checkpointer = Checkpointer(
-        model,
-        os.path.join(work_dir, "checkpoints"),
-        keep_checkpoints,
-        restore_directory=os.path.join(output_dir, "checkpoints"),
-    )
-    start = checkpointer.restore()
+    checkpointer = Checkpointer(os.path.join(output_dir, "checkpoints"), keep_checkpoints, write=work_dir == output_dir)
+    start = checkpointer.restore(model)
     agree_on_start(strategy, start, output_dir)
     log_path = os.path.join(work_dir, "train_log.jsonl")
     truncate_log(log_path, start)
@@ -393,6 +325,7 @@ def _fit(
         guard,
         saver,
         StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
+        *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
     ]
     tensorboard = keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"), update_freq="epoch")
     history: dict[str, list[float]] = {"epoch": []}
@@ -400,24 +333,25 @@ def _fit(
         for stepper in steppers:
             stepper.segment = segment
         saver.last = segment.start_step
-        run = model.fit(
-            data_fn(segment.start_step),
-            epochs=segment.first_epoch + segment.epochs,
-            shuffle=False,
-            initial_epoch=segment.first_epoch,
-            steps_per_epoch=segment.steps_per_epoch,
-            validation_data=eval_data,
-            callbacks=[*steppers, tensorboard, *callbacks],
-            verbose=verbose,
-        )
+        with training_scope(strategy):
+            run = model.fit(
+                data_fn(segment.start_step),
+                epochs=segment.first_epoch + segment.epochs,
+                shuffle=False,
+                initial_epoch=segment.first_epoch,
+                steps_per_epoch=segment.steps_per_epoch,
+                validation_data=eval_data,
+                callbacks=[*steppers, tensorboard, *callbacks],
+                verbose=verbose,
+            )
         history["epoch"].extend(run.epoch)
         for key, values in run.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
-    checkpointer.save(total_steps)
+    checkpointer.save(model, total_steps)
     return FitResult(history, start, total_steps)
 
 
-def save_outputs(model: keras.Model, metrics: dict, output_dir: str, strategy: tf.distribute.Strategy) -> str | None:
+def save_outputs(model: keras.Model, metrics: dict, output_dir: str, strategy: Strategy) -> str | None:
     """Write ``model.keras`` (an uncompiled copy sharing the weights) and ``metrics.json`` (strict JSON: NaN and
     infinite values as ``null``); chief only."""
     if not is_chief(strategy):

@@ -13,6 +13,9 @@ The pieces:
   (itself except for :data:`RANDOM`). Stateless: the same seed gives the same plan.
 - :class:`PatchCorruption` applies a plan to patch embeddings inside the model.
 - :func:`colour_targets` computes the 512-way class of every patch's mean colour.
+
+The data side (:func:`sample_corruption`, :func:`colour_targets`, :func:`masked_patch_dataset`) is TensorFlow ops
+in tf.data, the model side Keras layers: pre-training runs on every Keras backend.
 - :func:`masked_patch_model` wraps a keras-vit model: ``{images, corruption, sources} -> (B, N, 512)``
   logits, sharing (and so training) the model's own encoder layers.
 - :func:`masked_patch_dataset` turns a ``keras_vit.training.data`` split into training batches
@@ -93,7 +96,8 @@ def colour_targets(images, patch_size: int, bits: int = 3, value_range: tuple[fl
     levels: ``bin_c = min(floor(mean_c * L / 256), L - 1)`` per channel, and
     ``class = (bin_r * L + bin_g) * L + bin_b``, one of ``L**3`` (512 for 3 bits). Patches in row-major order.
     Means within :data:`EDGE_TOLERANCE` grey levels below a bin edge count as on it, so that images
-    scaled to [-1, 1] and back (round-off ~1e-5) keep the classes of their [0, 255] originals.
+    scaled to [-1, 1] and back (round-off ~1e-5) keep the classes of their [0, 255] originals. TensorFlow ops:
+    it runs in the tf.data pipeline on every backend.
     """
     height, width, channels = images.shape[1:]
     if channels != 3:
@@ -101,14 +105,14 @@ def colour_targets(images, patch_size: int, bits: int = 3, value_range: tuple[fl
     if height % patch_size or width % patch_size:
         raise ValueError(f"Image size {height}x{width} is not divisible by the patch size {patch_size}.")
     low, high = value_range
-    pixels = (ops.cast(images, "float32") - low) * (255.0 / (high - low))
+    pixels = (tf.cast(images, tf.float32) - low) * (255.0 / (high - low))
     gh, gw = height // patch_size, width // patch_size
-    patches = ops.reshape(pixels, (-1, gh, patch_size, gw, patch_size, 3))
-    means = ops.mean(patches, axis=(2, 4)) + EDGE_TOLERANCE
+    patches = tf.reshape(pixels, (-1, gh, patch_size, gw, patch_size, 3))
+    means = tf.reduce_mean(patches, axis=(2, 4)) + EDGE_TOLERANCE
     levels = 2**bits
-    bins = ops.cast(ops.clip(ops.floor(means * (levels / 256.0)), 0, levels - 1), "int32")
+    bins = tf.cast(tf.clip_by_value(tf.floor(means * (levels / 256.0)), 0, levels - 1), tf.int32)
     classes = (bins[..., 0] * levels + bins[..., 1]) * levels + bins[..., 2]
-    return ops.reshape(classes, (-1, gh * gw))
+    return tf.reshape(classes, (-1, gh * gw))
 
 
 @keras.saving.register_keras_serializable(package="keras_vit_training")
@@ -212,6 +216,7 @@ def masked_patch_dataset(
     bits: int = 3,
     training: bool = True,
     shuffle_buffer: int = 10_000,
+    drop_remainder: bool = False,
     **corruption,
 ) -> tf.data.Dataset:
     """Masked-patch batches of ``split``'s images (labels unused): ``({images, corruption, sources},
@@ -221,6 +226,7 @@ def masked_patch_dataset(
     ``start_step`` on, each batch corrupted with seed ``(seed, step)``, so a resumed run sees the same
     batches; otherwise the split once, resized, with fixed corruption (for evaluation).
     ``corruption``: ``rate``, ``mask_fraction``, ``random_fraction`` of :func:`sample_corruption`.
+    ``drop_remainder``: evaluation without the last partial batch (training batches are always whole).
     """
     size = augment.image_size
     if size % patch_size:
@@ -232,7 +238,7 @@ def masked_patch_dataset(
         )
         first = start_step
     else:
-        images = eval_dataset(split, 1, batch_size, augment)
+        images = eval_dataset(split, 1, batch_size, augment, drop_remainder=drop_remainder)
         first = 0
     steps = tf.data.Dataset.range(first, tf.int64.max)
     batches = tf.data.Dataset.zip(images.map(lambda x, _: x), steps)

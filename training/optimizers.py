@@ -5,7 +5,8 @@ Keras 3 clips gradients (``clipnorm`` / ``global_clipnorm`` / ``clipvalue``) ins
 to each replica's share and the update differs from one-device training on the same global batch
 (the bug tf.keras once avoided by refusing clipping under strategies, tensorflow/tensorflow#33929).
 The classes here sum the gradients across replicas first, clip the sum, and hand every replica
-``clipped / replicas`` so Keras' own all-reduce rebuilds exactly the clipped global gradient.
+``clipped / replicas`` so Keras' own all-reduce rebuilds exactly the clipped global gradient. On JAX a
+``keras.distribution`` differentiates the loss of the whole global batch, so Keras' own clip is right there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class ReplicaClipping:
     """Mixin for a Keras optimizer: clip the cross-replica gradient, not each replica's share."""
 
     def _clip_gradients(self, grads):
+        if keras.backend.backend() != "tensorflow":  # a keras.distribution computes the global gradient already
+            return super()._clip_gradients(grads)
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync if context is not None else 1
         clipping = self.clipnorm or self.global_clipnorm or self.clipvalue

@@ -54,9 +54,11 @@ def is_run_folder(path: str) -> bool:
 
 
 def has_checkpoint(path: str) -> bool:
-    """Whether ``path/checkpoints`` holds a checkpoint (an index file)."""
+    """Whether ``path/checkpoints`` holds a checkpoint (``ckpt-<step>.npz``, or an older keras-vit's tf.train
+    ``ckpt-<step>.index``)."""
     folder = os.path.join(path, "checkpoints")
-    return os.path.isdir(folder) and any(n.startswith("ckpt-") and n.endswith(".index") for n in os.listdir(folder))
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return any(n.startswith("ckpt-") and n.endswith((".npz", ".index")) for n in names)
 
 
 def mark_output(path: str, command: str) -> None:

@@ -1,5 +1,10 @@
 """tf.data pipelines: training augmentation and evaluation preprocessing, ending in [-1, 1] images.
 
+The pipelines are tf.data on every Keras backend (as Keras recommends for JAX and torch too): their maps use
+TensorFlow ops, Keras' preprocessing layers (``RandAugment``, ``MixUp``, ``CutMix``) and
+``keras_vit.preprocess_input``, which all switch to TensorFlow ops inside tf.data, never the backend's
+``keras.ops``; ``model.fit`` turns the batches into the backend's arrays.
+
 Training (per example): inception crop (a random box covering ``crop_area`` of the image, aspect
 3/4..4/3, resized to the output size) or a plain resize, a random horizontal flip, optionally Keras'
 ``RandAugment``; then per batch optionally Keras' ``MixUp`` / ``CutMix`` (one of the two per batch

@@ -131,6 +131,11 @@ class LoadEncoder(keras.callbacks.Callback):
 def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None) -> PretrainResult:
     """Pre-train the model ``finetune_config`` describes by masked patch prediction, then fine-tune it."""
     config = config or PretrainConfig()
+    if finetune_config.model.lora_rank:
+        raise ValueError(
+            "--lora-rank does not apply to pretrain, which fine-tunes the whole encoder it pre-trained; fine-tune "
+            "its encoder.keras with LoRA through keras_vit.training.finetune --weights OUT/encoder.keras --lora-rank N."
+        )
     strategy = steps.make_strategy(finetune_config)
     out = finetune_config.run.output_dir
     if finetune_config.run.overwrite and is_chief(strategy):
@@ -167,7 +172,15 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
         )
 
     eval_data = masked_patch_dataset(
-        source.eval, batch, augment, patch, seed=seed, bits=config.bits, training=False, **corruption
+        source.eval,
+        batch,
+        augment,
+        patch,
+        seed=seed,
+        bits=config.bits,
+        training=False,
+        drop_remainder=setup.whole_batches,
+        **corruption,
     )
     verbose = resolved.run.verbose
     if setup.chief and verbose:
@@ -188,6 +201,7 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
         strategy=strategy,
         eval_data=eval_data,
         log_every=resolved.run.log_every,
+        seed=resolved.optim.seed,
         verbose=verbose,
     )
     encoder_path = os.path.join(out, "encoder.keras")

@@ -68,7 +68,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         """The learning rate of optimizer call ``step`` (0-based): Keras' schedule at update ``t`` (1-based)."""
-        t = ops.cast(ops.floor_divide(ops.cast(step, "int64"), self.accumulation_steps) + 1, "float32")
+        t = ops.cast(ops.floor_divide(ops.cast(step, "int32"), self.accumulation_steps) + 1, "float32")
         if self.decay != "linear":
             return self.schedule(t)
         decayed = self.schedule(t - self.warmup_steps)  # PolynomialDecay has no warmup: CosineDecay's linear ramp

@@ -2,8 +2,9 @@
 
 :func:`prepare` loads the source and the strategy and resolves the config (:class:`Setup`);
 :func:`build_model`, :func:`compile_model`, :func:`augment_of` and :func:`precision` turn a resolved
-config into a compiled model and the pipelines' settings; :func:`prepare_output`, :func:`start_output` and
-:func:`describe` check and start a run's output directory and say what will run.
+config into a compiled model (LoRA adapters when the config asks) and the pipelines' settings;
+:func:`prepare_output`, :func:`start_output` and :func:`describe` check and start a run's output directory and
+say what will run.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import os
 from collections.abc import Iterator
 
 import keras
-import tensorflow as tf
 
 import keras_vit
+from keras_vit.precision import auto_policy
 from keras_vit.training import config as config_lib
 from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
@@ -26,7 +27,15 @@ from keras_vit.training.errors import OutputDirError
 from keras_vit.training.optimizers import build_optimizer
 from keras_vit.training.pipeline import Augment
 from keras_vit.training.schedules import WarmupDecay
-from keras_vit.training.strategy import accelerator, get_strategy, is_chief, split_cpu
+from keras_vit.training.strategy import (
+    KerasDistribution,
+    Strategy,
+    accelerator,
+    get_strategy,
+    is_chief,
+    split_cpu,
+    strategy_name,
+)
 from keras_vit.variants import parse_variant
 
 __all__ = [
@@ -37,6 +46,7 @@ __all__ = [
     "describe",
     "load_data",
     "make_strategy",
+    "policy_name",
     "precision",
     "prepare",
     "prepare_output",
@@ -51,19 +61,32 @@ class Setup:
 
     config: TrainConfig
     source: Source
-    strategy: tf.distribute.Strategy
+    strategy: Strategy  # a tf.distribute strategy, or a KerasDistribution on JAX / torch
     device: str  # "tpu", "gpu" or "cpu"
 
     @property
     def chief(self) -> bool:
         return is_chief(self.strategy)
 
+    @property
+    def whole_batches(self) -> bool:
+        """Whether every batch, held-out ones too, must be whole: on a TPU (static shapes), and under a
+        keras.distribution that splits the batch (JAX shards a batch only into equal parts). The held-out set then
+        loses its last partial batch."""
+        split = isinstance(self.strategy, KerasDistribution) and self.strategy.num_replicas_in_sync > 1
+        return self.device == "tpu" or split
 
-def make_strategy(config: TrainConfig) -> tf.distribute.Strategy:
-    """The config's strategy (splitting the CPU first when ``cpu_devices`` asks)."""
+    def scored(self, batch_size: int) -> int | None:
+        """How many held-out images an evaluation with ``batch_size`` scores."""
+        count = self.source.eval.num_examples
+        return count // batch_size * batch_size if count and self.whole_batches else count
+
+
+def make_strategy(config: TrainConfig) -> Strategy:
+    """The config's strategy for the Keras backend (splitting the CPU first when ``cpu_devices`` asks)."""
     if config.run.cpu_devices:
         split_cpu(config.run.cpu_devices)
-    return get_strategy(config.run.strategy, config.run.tpu)
+    return get_strategy(config.run.strategy, config.run.tpu, config.run.model_devices)
 
 
 def load_data(config: TrainConfig) -> Source:
@@ -81,7 +104,7 @@ def load_data(config: TrainConfig) -> Source:
     )
 
 
-def prepare(config: TrainConfig, strategy: tf.distribute.Strategy | None = None) -> Setup:
+def prepare(config: TrainConfig, strategy: Strategy | None = None) -> Setup:
     """Load the data and the strategy (unless given), and resolve ``config`` for them."""
     strategy = strategy or make_strategy(config)
     device = accelerator(strategy)
@@ -93,20 +116,26 @@ def prepare(config: TrainConfig, strategy: tf.distribute.Strategy | None = None)
 
 
 def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model:
-    """The ViT of a resolved config (any variant of the table, hybrids included); ``options`` go to
-    :func:`keras_vit.ViT` (``classifier``, ``position_embedding``, ...)."""
+    """The ViT of a resolved config (any variant of the table, hybrids included), with LoRA adapters when
+    ``lora_rank`` is set (:func:`keras_vit.enable_lora`: only the adapters and the head train); ``options`` go to
+    :func:`keras_vit.ViT` (``classifier``, ``position_embedding``, ...). Build it in the strategy's scope: a
+    resumed run builds the same model, adapters included, so that its checkpoint fits."""
     model = config.model
     variant = parse_variant(model.name).variant  # canonical: "ViT_R50_B16" -> "R50+B/16"
-    return keras_vit.ViT(
+    vit = keras_vit.ViT(
         variant,
         image_size=model.image_size,
         num_classes=num_classes,
         weights=model.weights,
         dropout=model.dropout,
         drop_path=model.drop_path,
+        remat=model.remat,
         **config.architecture(),
         **options,
     )
+    if model.lora_rank:
+        keras_vit.enable_lora(vit, model.lora_rank)
+    return vit
 
 
 def compile_model(model: keras.Model, config: TrainConfig) -> None:
@@ -138,14 +167,27 @@ def augment_of(config: TrainConfig) -> Augment:
     return Augment(config.model.image_size, crop, data.flip, randaugment, data.mixup, data.cutmix, data.eval_crop)
 
 
-@contextlib.contextmanager
-def precision(config: TrainConfig, device: str) -> Iterator[None]:
-    """Build models under the config's mixed-precision policy (``auto``: bfloat16 on TPU, float16 on GPU)."""
+def policy_name(config: TrainConfig, device: str) -> str:
+    """The Keras dtype policy of the config's ``mixed_precision`` on ``device``: ``auto`` is what
+    :func:`keras_vit.precision.auto_policy` picks for the hardware (``mixed_bfloat16`` on TPUs, on GPUs from
+    Ampere on and on CPUs with bfloat16 units except under JAX; ``mixed_float16`` on Volta / Turing GPUs;
+    else ``float32``)."""
     name = config.optim.mixed_precision
     if name == "auto":
-        name = {"tpu": "bfloat16", "gpu": "float16"}.get(device, "none")
+        return auto_policy(device)
+    if name == "float16" and device == "cpu" and keras.backend.backend() == "jax":
+        raise ValueError(
+            "--mixed-precision float16 does not run on JAX's CPU (XLA has no float16 matmul there); use bfloat16, "
+            "none or auto."
+        )
+    return "float32" if name == "none" else f"mixed_{name}"
+
+
+@contextlib.contextmanager
+def precision(config: TrainConfig, device: str) -> Iterator[None]:
+    """Build models under the config's mixed-precision policy (:func:`policy_name`)."""
     previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_global_policy("float32" if name == "none" else f"mixed_{name}")
+    keras.mixed_precision.set_global_policy(policy_name(config, device))
     try:
         yield
     finally:
@@ -182,11 +224,6 @@ def start_output(config: TrainConfig, chief: bool, command: str = "finetune") ->
         outputs.write_json(os.path.join(out, "run.json"), config_lib.json_ready(config))
 
 
-def strategy_name(strategy: tf.distribute.Strategy) -> str:
-    """``"MirroredStrategy"``, ``"DefaultDistributionStrategy"``, ..."""
-    return type(strategy).__name__.lstrip("_")
-
-
 def describe(setup: Setup) -> str:
     """One paragraph saying what will run."""
     config, source, strategy = setup.config, setup.source, setup.strategy
@@ -198,7 +235,8 @@ def describe(setup: Setup) -> str:
         f"weights {model.weights or 'random'}\n"
         f"data {source.name}: {source.train.num_examples or '?'} training / {source.eval.num_examples or '?'} "
         f"held-out ({source.eval_split}) images, {source.num_classes} classes\n"
-        f"{strategy_name(strategy)} x{strategy.num_replicas_in_sync} ({setup.device}), batch {optim.batch_size}"
+        f"{strategy_name(strategy)} x{strategy.num_replicas_in_sync} ({keras.backend.backend()}, {setup.device}, "
+        f"{policy_name(config, setup.device)}), batch {optim.batch_size}"
         f"{accumulated}, {optim.steps} steps, {optim.optimizer} lr {optim.lr:g} ({optim.warmup} warmup, "
         f"{optim.schedule}), output {config.run.output_dir}"
     )

@@ -21,6 +21,7 @@ from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.pipeline import eval_dataset, train_dataset
+from keras_vit.training.strategy import Strategy, strategy_name, training_scope
 
 __all__ = ["FinetuneResult", "train_classifier"]
 
@@ -40,7 +41,7 @@ def train_classifier(
     config: TrainConfig,
     *,
     callbacks: Sequence[keras.callbacks.Callback] = (),
-    strategy: tf.distribute.Strategy | None = None,
+    strategy: Strategy | None = None,
 ) -> FinetuneResult:
     """Train the classifier ``config`` describes, evaluate it and save it (see the module docstring).
 
@@ -62,9 +63,7 @@ def train_classifier(
     augment = steps.augment_of(config)
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate
-    eval_data = eval_dataset(
-        source.eval, source.num_classes, micro_batch, augment, drop_remainder=setup.device == "tpu"
-    )
+    eval_data = eval_dataset(source.eval, source.num_classes, micro_batch, augment, drop_remainder=setup.whole_batches)
 
     def data_fn(step: int) -> tf.data.Dataset:
         return train_dataset(
@@ -90,28 +89,32 @@ def train_classifier(
         keep_checkpoints=run.keep_checkpoints,
         log_every=run.log_every * accumulate,
         accumulation_steps=accumulate,
+        seed=optim.seed,
         callbacks=callbacks,
         verbose=run.verbose,
     )
     train_seconds = time.time() - started
-    scores = model.evaluate(eval_data, return_dict=True, verbose=0)
+    with training_scope(strategy):
+        scores = model.evaluate(eval_data, return_dict=True, verbose=0)
     metrics = {
         "eval": {k: float(v) for k, v in scores.items()},
-        "eval_examples": source.eval.num_examples,
+        "eval_examples": setup.scored(micro_batch),
         "eval_split": source.eval_split,
         "dataset": source.name,
         "steps": optim.steps,
         "resumed_from_step": result.start_step // accumulate,
         "train_seconds_this_run": round(train_seconds, 1),
-        "strategy": steps.strategy_name(strategy),
+        "backend": keras.backend.backend(),
+        "strategy": strategy_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
+        "precision": steps.policy_name(config, setup.device),
         "history": result.history,
         "config": config_lib.json_ready(config),
     }
     save_outputs(model, metrics, run.output_dir, strategy)
     if setup.chief and run.verbose:
         print(
-            f"held-out accuracy: {scores['accuracy']:.4f} on {source.eval.num_examples or '?'} images "
+            f"held-out accuracy: {scores['accuracy']:.4f} on {setup.scored(micro_batch) or '?'} images "
             f"({source.name}, {source.eval_split}); model and metrics in {run.output_dir}",
             flush=True,
         )

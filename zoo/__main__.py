@@ -133,7 +133,7 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
     try:
         writers[output_format](path)
     except ImportError as exc:
-        raise ValueError(f"--format {output_format} needs {exc.name or exc}: pip install it first.") from None
+        raise ValueError(f"--format {output_format}: {exc}") from None  # names the module and how to install it
 
 
 def _write_atomically(model, out: Path, output_format: str, quantize: str | None) -> None:

@@ -16,6 +16,7 @@ from PIL import Image
 
 from keras_vit import datasets
 from keras_vit.checks import check_choice
+from keras_vit.optional import require
 
 __all__ = ["SAMPLE_IMAGES", "LabelledImages", "load_fewshot_dataset", "load_image", "resize_images", "sample_image"]
 
@@ -107,7 +108,9 @@ def _load_npz(path: str) -> LabelledImages:
 
 
 def _load_tfds(name: str) -> LabelledImages:
-    import tensorflow_datasets as tfds
+    purpose = f"The few-shot set 'tfds:{name}'"
+    require("tensorflow", purpose)  # TensorFlow Datasets reads through TensorFlow, whatever the Keras backend
+    tfds = require("tensorflow_datasets", purpose)
 
     def split(which: str) -> tuple[np.ndarray, np.ndarray]:
         try:

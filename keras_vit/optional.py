@@ -1,0 +1,33 @@
+"""Dependencies imported only by the functions that need them, with the command that installs them in the error.
+
+TensorFlow is the default Keras backend and a default requirement, but under ``KERAS_BACKEND=jax`` or ``torch``
+the library runs without it: building, loading weights, predicting, training and the analyses use
+``keras.ops`` only. What is TensorFlow's own (SavedModel and LiteRT export, ``tf.data`` and TensorFlow
+Datasets) imports it through :func:`require` when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+__all__ = ["INSTALL", "require"]
+
+# module -> the command that installs it
+INSTALL = {
+    "tensorflow": "pip install tensorflow-cpu",
+    "tensorflow_datasets": "pip install tensorflow-datasets",
+    "ai_edge_litert": "pip install ai-edge-litert",
+    "onnxruntime": "pip install onnxruntime",
+}
+
+
+def require(module: str, purpose: str) -> types.ModuleType:
+    """``module``, imported now; if it is not installed, an ``ImportError`` saying what needs it and how to install."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != module.split(".")[0]:
+            raise  # installed, but something it imports is missing: that error says more
+        install = INSTALL.get(module.split(".")[0], f"pip install {module.split('.')[0]}")
+        raise ImportError(f"{purpose} needs {module}, which is not installed: {install}", name=module) from exc

@@ -1,0 +1,199 @@
+"""A run's checkpoints: every model and optimizer variable and the step, one ``.npz`` file each, on every backend.
+
+One format for TensorFlow, JAX and torch::
+
+    checkpoints/ckpt-<step>.npz
+        step            the batch count the checkpoint was taken at
+        manifest        JSON: the format's name, the backend that wrote it, the path, shape and dtype of every
+                        variable below, in order (a restore checks paths and shapes position by position)
+        model/<i>       model.variables[i]: weights, LoRA adapters, random-seed generator states
+        optimizer/<i>   model.optimizer.variables[i]: iteration counter, moments, accumulated gradients, loss scale
+
+Keras' ``model.save_weights`` is not used: its file leaves out the seed generators' states (dropout would draw
+other masks after a resume) and stores a LoRA-adapted ``Dense`` with the adapters merged into its kernel (the
+adapters would restart from zero). The variables here are read with ``keras.ops.convert_to_numpy`` and written
+back with ``assign``, which also places them on a ``keras.distribution``'s devices or a strategy's replicas.
+
+Writing (:meth:`Checkpointer.save`) goes to a hidden temporary file in the folder, flushed to disk, then renamed
+into place: a checkpoint is in the folder only complete. Then the oldest ``ckpt-<step>.npz`` beyond ``keep`` are
+deleted; nothing else in the folder is touched (a temporary file that a killed save left is removed when the
+run restarts). Reading (:meth:`Checkpointer.restore`) tries the newest first;
+one that does not read whole is passed over with a warning; one that reads but does not fit the model is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import zipfile
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+from keras_vit.training.errors import DivergedError, TrainingError, warn
+
+__all__ = ["FORMAT", "Checkpointer", "checkpoint_path", "checkpoint_steps", "read_checkpoint"]
+
+FORMAT = "keras-vit checkpoint 1"
+DIVERGED_HINT = "lower --lr, and check that --drop-path and --dropout are in [0, 1)"
+_NAME = re.compile(r"ckpt-(\d+)\.npz")
+_TEMPORARY = ".ckpt-"  # prefix of a checkpoint being written
+_NUMBER = re.compile(r"_\d+(?=/|$)")
+_STALE = re.compile(r"\.ckpt-\d+-\w+\.tmp")
+_READ_ERRORS = (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError)  # a file cut short or damaged
+
+
+def checkpoint_path(folder: str, step: int) -> str:
+    return os.path.join(folder, f"ckpt-{step}.npz")
+
+
+def checkpoint_steps(folder: str) -> list[int]:
+    """The steps of the checkpoints in ``folder``, ascending (empty when it does not exist)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return sorted(int(match[1]) for match in map(_NAME.fullmatch, names) if match)
+
+
+def _entries(variables: Sequence) -> list[list]:
+    return [[v.path, list(v.shape), str(v.dtype)] for v in variables]
+
+
+def read_checkpoint(path: str) -> tuple[int, dict, dict[str, list[np.ndarray]]]:
+    """``(step, manifest, {"model": arrays, "optimizer": arrays})`` of a checkpoint file, every array read."""
+    with np.load(path, allow_pickle=False) as data:
+        manifest = json.loads(str(data["manifest"]))
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT!r} file")
+        arrays = {part: [data[f"{part}/{i}"] for i in range(len(manifest[part]))] for part in ("model", "optimizer")}
+        return int(data["step"]), manifest, arrays
+
+
+class Checkpointer:
+    """Saves and restores a compiled model's variables, its optimizer's and the step in ``directory``.
+
+    ``write=False``: only check and remember the step (a multi-worker task that is not the chief; every task
+    restores the chief's checkpoints).
+    """
+
+    def __init__(self, directory: str, keep: int = 3, write: bool = True):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}.")
+        self.directory, self.keep, self.write = directory, keep, write
+        self.saved: int | None = None
+
+    def restore(self, model: keras.Model) -> int:
+        """Load the newest checkpoint that reads whole into ``model``; return its step (0 without one)."""
+        self._refuse_tensorflow_checkpoints()
+        if self.write:  # a save that was killed mid-way leaves its temporary file
+            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+                if _STALE.fullmatch(name):
+                    os.remove(os.path.join(self.directory, name))
+        failures = []
+        for step in reversed(checkpoint_steps(self.directory)):
+            path = checkpoint_path(self.directory, step)
+            try:
+                saved_step, manifest, arrays = read_checkpoint(path)
+            except _READ_ERRORS as error:
+                failures.append(f"{os.path.basename(path)}: {_first_line(error)}")
+                continue
+            for part, variables in _parts(model).items():
+                _check_fits(path, part, manifest[part], variables)
+            for part, variables in _parts(model).items():
+                for variable, value in zip(variables, arrays[part]):
+                    variable.assign(value)
+            if failures:
+                warn(
+                    f"resuming from {path} (step {saved_step}), the newest checkpoint that reads: {'; '.join(failures)}"
+                )
+            self.saved = saved_step
+            return saved_step
+        if failures:
+            raise TrainingError(
+                f"No checkpoint in {self.directory} reads ({'; '.join(failures)}). Start over with --overwrite, or "
+                "use another --output-dir."
+            )
+        return 0
+
+    def save(self, model: keras.Model, step: int) -> None:
+        """Save at ``step`` (once: saving the step just saved or restored again is a no-op); weights that are NaN
+        or infinite are a :class:`DivergedError` instead, and nothing is written."""
+        if step == self.saved:
+            return
+        arrays = {
+            part: [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
+            for part, variables in _parts(model).items()
+        }
+        if not all(np.isfinite(a).all() for a in arrays["model"] if np.issubdtype(a.dtype, np.floating)):
+            raise DivergedError(
+                f"Training diverged: the weights are NaN or infinite at batch {step}; no checkpoint saved there (the "
+                f"last one is batch {self.saved or 'none'}). To fix: {DIVERGED_HINT}."
+            )
+        if self.write:
+            manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step}
+            manifest.update({part: _entries(variables) for part, variables in _parts(model).items()})
+            self._write(step, manifest, arrays)
+            self._prune()
+        self.saved = step
+
+    def _write(self, step: int, manifest: dict, arrays: dict[str, list[np.ndarray]]) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        named = {f"{part}/{i}": a for part, values in arrays.items() for i, a in enumerate(values)}
+        descriptor, temporary = tempfile.mkstemp(prefix=f"{_TEMPORARY}{step}-", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                np.savez(file, step=np.int64(step), manifest=np.array(json.dumps(manifest)), **named)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, checkpoint_path(self.directory, step))
+        except BaseException:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise
+
+    def _prune(self) -> None:
+        for step in checkpoint_steps(self.directory)[: -self.keep]:
+            os.remove(checkpoint_path(self.directory, step))
+
+    def _refuse_tensorflow_checkpoints(self) -> None:
+        folder = self.directory
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        if not checkpoint_steps(folder) and any(n.startswith("ckpt-") and n.endswith(".index") for n in names):
+            raise TrainingError(
+                f"{folder} holds tf.train checkpoints (ckpt-N.index) of an older keras-vit, which this version "
+                "does not resume. Finish that run with the version that started it, or start over with --overwrite."
+            )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _parts(model: keras.Model) -> dict[str, list]:
+    return {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
+
+
+def _unnumbered(path: str) -> str:
+    """A variable path without the numbers Keras appends to make names unique in a process (``seed_generator_3``)."""
+    return _NUMBER.sub("", path)
+
+
+def _check_fits(path: str, part: str, saved: list[list], variables: Sequence) -> None:
+    """A ``ValueError`` naming the first variable of ``part`` whose path (:func:`_unnumbered`) or shape differs from
+    the checkpoint's at the same position."""
+    ours = _entries(variables)
+    problem = None
+    if len(saved) != len(ours):
+        problem = f"{len(saved)} {part} variables in the checkpoint, {len(ours)} here"
+    else:
+        for (saved_path, saved_shape, _), (path_here, shape_here, _) in zip(saved, ours):
+            if (_unnumbered(saved_path), saved_shape) != (_unnumbered(path_here), shape_here):
+                problem = f"{part} variable {saved_path} {tuple(saved_shape)} vs {path_here} {tuple(shape_here)} here"
+                break
+    if problem:
+        raise ValueError(
+            f"Checkpoint {path} does not match this model and optimizer ({problem}). Start a new run in another "
+            "output directory, or remove the old one (--overwrite)."
+        )
