@@ -41,7 +41,8 @@ library's choice of TensorFlow CPU kernels: oneDNN for keras_vit (``keras_vit/ru
 TensorFlow's own default for keras-hub (Eigen on CPUs without AVX-512); the worker list prints
 which ran. A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_compile=True)``),
 ``+onednn`` / ``+eigen`` (``TF_ENABLE_ONEDNN_OPTS=1`` / ``0``), ``+bf16`` (``mixed_bfloat16``),
-``+remat`` (keras_vit only: ``ViT(remat=True)``, blocks recomputed in the backward pass),
+``+remat`` (keras_vit only: ``ViT(remat=True)``, blocks recomputed in the backward pass), ``+jax`` /
+``+torch`` (the Keras backend, TensorFlow by default: the tables' backend column; ``+xla`` is JAX's default),
 e.g. ``--frameworks keras_vit keras_hub keras_hub+onednn keras_vit+eigen timm`` (the same kernels
 side by side); ``timm+bf16`` runs timm under ``torch.autocast("cpu", torch.bfloat16)``. Workers get
 ``OMP_WAIT_POLICY=PASSIVE`` (unless set): on a shared, oversubscribed machine torch's spinning
@@ -72,7 +73,8 @@ from roofline import numpy_matmul  # benchmarks/roofline.py, beside this script
 
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"  # as keras_vit.runtime; not imported: that loads keras_vit
 FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
-TF_OPTIONS = ("xla", "onednn", "eigen", "bf16", "remat")
+BACKENDS = ("jax", "torch")  # Keras backends a Keras worker may take instead of TensorFlow
+TF_OPTIONS = ("xla", "onednn", "eigen", "bf16", "remat", *BACKENDS)
 TIMM_OPTIONS = ("bf16",)
 PEAK = "peak"  # the worker that measures the matmul peaks
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
@@ -145,12 +147,23 @@ def _split_spec(spec: str) -> tuple[str, set[str]]:
         raise ValueError(f"{spec!r}: +onednn and +eigen exclude each other.")
     if "remat" in options and name != "keras_vit":
         raise ValueError(f"{spec!r}: +remat is a keras_vit option (ViT(remat=True)).")
+    backends = set(options) & set(BACKENDS)
+    if len(backends) > 1 or (backends and set(options) & {"onednn", "eigen", "xla"}):
+        raise ValueError(f"{spec!r}: one Keras backend at most, and +onednn/+eigen/+xla are TensorFlow's.")
     return name, set(options)
+
+
+def backend_of(spec: str) -> str:
+    """The backend a worker computes on: the Keras backend of a Keras worker, torch for timm."""
+    name, options = _split_spec(spec)
+    if name == "timm":
+        return "torch"
+    return next((b for b in BACKENDS if b in options), "tensorflow")
 
 
 def worker_env(spec: str, threads: int | None) -> dict[str, str]:
     """The worker's environment: quiet TF logs, oneDNN on request, passive OpenMP waits, threads."""
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, KERAS_BACKEND="tensorflow" if spec == PEAK else backend_of(spec), TF_CPP_MIN_LOG_LEVEL="2")
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     options = _split_spec(spec)[1]
     env.pop(ONEDNN_VARIABLE, None)  # each worker gets its library's default unless told
@@ -264,6 +277,9 @@ def _thread_info(name: str) -> str:
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
         )
     import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return f"keras {keras.__version__} on {keras.backend.backend()}"
     import tensorflow as tf
 
     from keras_vit.runtime import onednn_enabled
@@ -434,17 +450,18 @@ def report(results: dict, args) -> str:
         lines += [
             f"### ViT {variant} at {args.image_size}px, {args.rounds} rounds (median)",
             "",
-            "| framework | params | "
+            "| framework | backend | params | "
             + " | ".join(f"{p} img/s" for p in phases)
             + " | "
             + " | ".join(f"peak RSS {p}" for p in phases)
             + " |",
-            "|---" * (2 + 2 * len(phases)) + "|",
+            "|---" * (3 + 2 * len(phases)) + "|",
         ]
         for spec, per_phase in runs.items():
             rates = [f"{statistics.median(per_phase[p]):.2f}" for p in phases]
             mem = [f"{r['memory'][spec].get(p, float('nan')) / 1024:.2f} GB" for p in phases]
-            lines.append(f"| {spec} | {r['info'][spec]['params'] / 1e6:.2f} M | " + " | ".join(rates + mem) + " |")
+            params = f"{r['info'][spec]['params'] / 1e6:.2f} M"
+            lines.append(f"| {spec} | {backend_of(spec)} | {params} | " + " | ".join(rates + mem) + " |")
         lines += [
             "",
             f"Ratio {first} / peer (median of per-round ratios):",
@@ -590,7 +607,8 @@ def parse_args(argv=None):
         "--frameworks",
         nargs="+",
         default=list(FRAMEWORKS),
-        help="first one is compared with the others; TF ones take +xla, +onednn, +eigen, +bf16; timm +bf16",
+        help="first one is compared with the others; Keras ones take +xla, +onednn, +eigen, +bf16, +remat, "
+        "+jax, +torch (the backend); timm +bf16",
     )
     parser.add_argument("--batch", type=int, default=None, help="inference batch (default 32; 8 with --predict)")
     parser.add_argument("--train-batch", type=int, default=32)

@@ -124,3 +124,19 @@ def test_throughput_remat_option_is_keras_vit_only(bench_scripts):
     assert throughput._split_spec("keras_vit+remat+bf16") == ("keras_vit", {"remat", "bf16"})
     with pytest.raises(ValueError, match="keras_vit option"):
         throughput._split_spec("keras_hub+remat")
+
+
+def test_throughput_backend_option_sets_the_workers_keras_backend(bench_scripts):
+    import throughput
+
+    assert [throughput.backend_of(s) for s in ("keras_vit", "keras_vit+jax+bf16", "keras_hub+torch", "timm")] == [
+        "tensorflow",
+        "jax",
+        "torch",
+        "torch",
+    ]
+    assert throughput.worker_env("keras_vit+jax", None)["KERAS_BACKEND"] == "jax"
+    assert throughput.worker_env("peak", None)["KERAS_BACKEND"] == "tensorflow"
+    for bad in ("keras_vit+jax+torch", "keras_vit+torch+onednn", "keras_vit+jax+xla"):
+        with pytest.raises(ValueError, match="one Keras backend at most"):
+            throughput._split_spec(bad)
