@@ -441,6 +441,21 @@ def _phase_name(phase: tuple[str, int]) -> str:
     return f"{'inference' if phase[0] == 'infer' else 'train step'} b{phase[1]}"
 
 
+def _ratio_table(runs: dict, phases: list[str], first: str, how: str) -> list[str]:
+    """Markdown lines: ``first`` / each other worker, per phase, the median of per-round ratios of ``runs``."""
+    lines = [
+        "",
+        f"Ratio {first} / peer {how}:",
+        "",
+        "| peer | " + " | ".join(phases) + " |",
+        "|---" * (1 + len(phases)) + "|",
+    ]
+    for spec in list(runs)[1:]:
+        ratios = [statistics.median(a / b for a, b in zip(runs[first][p], runs[spec][p])) for p in phases]
+        lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
+    return lines
+
+
 def report(results: dict, args) -> str:
     """Markdown tables: images/s, ratios keras_vit / peer, fraction of peak, memory."""
     lines = []
@@ -462,28 +477,14 @@ def report(results: dict, args) -> str:
             mem = [f"{r['memory'][spec].get(p, float('nan')) / 1024:.2f} GB" for p in phases]
             params = f"{r['info'][spec]['params'] / 1e6:.2f} M"
             lines.append(f"| {spec} | {backend_of(spec)} | {params} | " + " | ".join(rates + mem) + " |")
-        lines += [
-            "",
-            f"Ratio {first} / peer (median of per-round ratios):",
-            "",
-            "| peer | " + " | ".join(phases) + " |",
-            "|---" * (1 + len(phases)) + "|",
-        ]
-        for spec in list(runs)[1:]:
-            ratios = [statistics.median(a / b for a, b in zip(runs[first][p], runs[spec][p])) for p in phases]
-            lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
-        cpu = r["cpu_runs"]
-        lines += [
-            "",
-            f"Ratio {first} / peer by CPU time (images per CPU-second of the worker process: less sensitive to "
-            "other jobs' load than wall time, but it counts threads that spin while they wait):",
-            "",
-            "| peer | " + " | ".join(phases) + " |",
-            "|---" * (1 + len(phases)) + "|",
-        ]
-        for spec in list(cpu)[1:]:
-            ratios = [statistics.median(a / b for a, b in zip(cpu[first][p], cpu[spec][p])) for p in phases]
-            lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
+        lines += _ratio_table(runs, phases, first, "(median of per-round ratios)")
+        lines += _ratio_table(
+            r["cpu_runs"],
+            phases,
+            first,
+            "by CPU time (images per CPU-second of the worker process: less sensitive to other jobs' load than wall "
+            "time, but it counts threads that spin while they wait)",
+        )
         lines += [
             "",
             *roofline_lines(r),
