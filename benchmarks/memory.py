@@ -26,7 +26,8 @@ import subprocess
 import sys
 import time
 
-from throughput import NUM_CLASSES, peak_rss_mb, rss_mb  # benchmarks/throughput.py, beside this script
+# benchmarks/throughput.py, beside this script
+from throughput import NUM_CLASSES, conditions, peak_rss_mb, rss_mb, worker_env
 
 GIB = 1024.0  # MB per GiB
 
@@ -58,10 +59,7 @@ def worker(variant: str, batch: int, remat: bool, steps: int, image_size: int) -
 
 def measure(variant: str, batch: int, remat: bool, args) -> dict:
     """Run :func:`worker` in a fresh process (so its peak is its own)."""
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if args.threads:
-        env.update(OMP_NUM_THREADS=str(args.threads), TF_NUM_INTRAOP_THREADS=str(args.threads))
+    env = worker_env("keras_vit", args.threads)  # TensorFlow, keras_vit's kernels, passive waits, threads
     command = [sys.executable, os.path.abspath(__file__), "--worker", variant, str(batch), str(int(remat))]
     command += ["--steps", str(args.steps), "--image-size", str(args.image_size)]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -170,7 +168,6 @@ def main(argv=None) -> None:
         variant, batch, remat = args.worker
         print(json.dumps(worker(variant, int(batch), bool(int(remat)), args.steps, args.image_size)))
         return
-    from throughput import conditions
 
     print(conditions())
     rows = run(args)

@@ -25,17 +25,32 @@ Every probe can be bypassed by passing its answer (``device``, ``features``, ``g
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import re
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-__all__ = ["BF16_CPU_FLAGS", "auto_policy", "cpu_features", "detect_device", "policy_for"]
+__all__ = [
+    "BF16_CPU_FLAGS",
+    "MIXED_PRECISION",
+    "add_mixed_precision_flag",
+    "auto_policy",
+    "cpu_features",
+    "detect_device",
+    "global_policy",
+    "policy_for",
+    "policy_of_choice",
+    "with_policy",
+]
 
 # /proc/cpuinfo flags of x86 CPUs with bfloat16 arithmetic (AVX512_BF16 on Cooper Lake and Zen 4+,
 # AMX on Sapphire Rapids and later).
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile"})
 _DEVICES = ("cpu", "gpu", "tpu")
+# The commands' --mixed-precision choices (training, keras_vit.predict, keras_vit.analysis): policy_of_choice.
+MIXED_PRECISION = ("auto", "none", "bfloat16", "float16")
 
 
 def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -171,3 +186,65 @@ def auto_policy(
 
             backend = keras.backend.backend()
     return policy_for(device, features or (), gpu_capability, backend)
+
+
+def policy_of_choice(choice: str, device: str | None = None) -> str:
+    """The Keras dtype policy of a ``--mixed-precision`` choice (:data:`MIXED_PRECISION`): ``auto`` is
+    :func:`auto_policy` for ``device`` (``None``: this machine's), ``none`` is ``float32``, ``bfloat16`` and
+    ``float16`` are ``mixed_bfloat16`` / ``mixed_float16``. float16 on a CPU under JAX is a ``ValueError``: XLA
+    has no float16 matmul there."""
+    if choice not in MIXED_PRECISION:
+        raise ValueError(f"Unknown mixed precision {choice!r}; expected one of {MIXED_PRECISION}.")
+    if choice == "auto":
+        return auto_policy(device)
+    if choice == "float16":
+        import keras
+
+        on_cpu = (device or detect_device()[0]) == "cpu"
+        if on_cpu and keras.backend.backend() == "jax":
+            raise ValueError(
+                "mixed precision float16 does not run on JAX's CPU (XLA has no float16 matmul there); use bfloat16, "
+                "none or auto."
+            )
+    return "float32" if choice == "none" else f"mixed_{choice}"
+
+
+def add_mixed_precision_flag(parser: argparse.ArgumentParser) -> None:
+    """The inference commands' ``--mixed-precision`` flag (:data:`MIXED_PRECISION`, default ``auto``)."""
+    parser.add_argument(
+        "--mixed-precision",
+        choices=MIXED_PRECISION,
+        default="auto",
+        help="auto (default): keras_vit.precision.auto_policy's choice for this hardware (bfloat16 on CPUs with "
+        "bfloat16 units, TPUs and GPUs from Ampere on); none: float32",
+    )
+
+
+@contextlib.contextmanager
+def global_policy(name: str) -> Iterator[str]:
+    """Build layers under Keras' global dtype policy ``name`` (e.g. ``"mixed_bfloat16"``), restored on exit."""
+    import keras
+
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield name
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def with_policy(model, policy: str, keep_float32: tuple[str, ...] = ("head",)):
+    """A copy of ``model`` with its weights whose layers compute under ``policy`` (e.g. a float32 model, saved or
+    loaded, run in ``"mixed_bfloat16"``). The layers named in ``keep_float32`` (the classification head, as every
+    keras_vit model is built) stay float32."""
+    import keras
+
+    def rebuilt(layer):
+        config = layer.get_config()
+        if layer.name not in keep_float32:
+            config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=rebuilt)
+    copy.set_weights(model.get_weights())
+    return copy

@@ -111,3 +111,88 @@ def test_bfloat16_inference_matches_float32():
     assert np.abs(got - expected).max() < 0.05
     cosine = np.sum(got * expected, -1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(expected, axis=-1))
     assert cosine.min() >= 0.999
+
+
+def _pretend_cpu(monkeypatch, features):
+    monkeypatch.setattr("keras_vit.precision.cpu_features", lambda *args: frozenset(features))
+    monkeypatch.setattr("keras_vit.precision.detect_device", lambda: ("cpu", None))
+
+
+def test_the_commands_choices_name_their_policies(monkeypatch):
+    _pretend_cpu(monkeypatch, {"avx512f", "avx512_bf16"})
+    auto = "float32" if keras.backend.backend() == "jax" else "mixed_bfloat16"
+    assert precision.policy_of_choice("auto") == auto
+    assert precision.policy_of_choice("none") == "float32"
+    assert precision.policy_of_choice("bfloat16") == "mixed_bfloat16"
+    assert precision.policy_of_choice("float16", "gpu") == "mixed_float16"
+    _pretend_cpu(monkeypatch, {"avx2", "fma"})
+    assert precision.policy_of_choice("auto") == "float32"
+    with pytest.raises(ValueError, match="Unknown mixed precision 'half'"):
+        precision.policy_of_choice("half")
+
+
+def test_global_policy_is_restored_even_after_an_error():
+    before = keras.mixed_precision.dtype_policy().name
+    with pytest.raises(RuntimeError), precision.global_policy("mixed_bfloat16"):
+        assert keras_vit.ViT("Ti/16", image_size=32, depth=1).get_layer("encoderblock_0").compute_dtype == "bfloat16"
+        raise RuntimeError("inside")
+    assert keras.mixed_precision.dtype_policy().name == before
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from npz_layout import vit_checkpoint, write_checkpoint
+
+    arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=1000)
+    return str(write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_in1k.npz", arrays))
+
+
+@pytest.mark.parametrize("features", [{"avx512f", "avx512_bf16"}, {"avx2", "fma"}])
+def test_predict_builds_the_hardwares_precision_and_agrees_with_float32(monkeypatch, tiny_checkpoint, features):
+    """``python -m keras_vit.predict --mixed-precision auto`` (its default) on a CPU with and without bfloat16 units
+    (probe mocked): bfloat16 where the table says, with the float32 model's top class and logits (3-4 here) within
+    0.05 (measured on this random tiny checkpoint: 0.014; its 5th and 6th classes are a near tie, so only the
+    classes both lists hold are compared)."""
+    from sklearn.datasets import load_sample_image
+
+    from keras_vit.predict import _build_model, classify
+
+    _pretend_cpu(monkeypatch, features)
+    model = _build_model(tiny_checkpoint, "auto")
+    expected = precision.auto_policy("cpu", features)
+    assert model.get_layer("encoderblock_0").dtype_policy.name == expected
+    assert model.get_layer("head").compute_dtype == "float32"
+    images = [load_sample_image("china.jpg"), load_sample_image("flower.jpg")]
+    got = classify(model, images, top=5, scores="logits")
+    reference = classify(_build_model(tiny_checkpoint, "none"), images, top=5, scores="logits")
+    for ours, theirs in zip(got, reference):
+        assert ours[0][0] == theirs[0][0]
+        ours, theirs = {w: s for w, _, s in ours}, {w: s for w, _, s in theirs}
+        both = sorted(set(ours) & set(theirs))
+        assert len(both) >= 4
+        tolerance = 0.05 if expected == "mixed_bfloat16" else 1e-5
+        np.testing.assert_allclose([ours[w] for w in both], [theirs[w] for w in both], atol=tolerance)
+
+
+def test_with_policy_runs_a_saved_float32_model_in_bfloat16(tmp_path):
+    """A float32 model saved as ``.keras`` and loaded, copied by ``with_policy``: same weights, blocks in bfloat16,
+    head in float32, logits within the bfloat16 tolerance of the float32 model's (and float32 -> float32 exact)."""
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=2, num_classes=10)
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(1).normal(0, 0.1, head.kernel.shape))
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    expected = np.asarray(loaded.predict_on_batch(x))
+    fast = precision.with_policy(loaded, "mixed_bfloat16")
+    assert fast.get_layer("encoderblock_0").compute_dtype == "bfloat16"
+    assert fast.get_layer("encoderblock_0").attn.qkv.compute_dtype == "bfloat16"
+    assert fast.get_layer("head").compute_dtype == "float32"
+    assert loaded.get_layer("encoderblock_0").compute_dtype == "float32"  # the original is untouched
+    for ours, theirs in zip(fast.weights, loaded.weights):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    got = np.asarray(fast.predict_on_batch(x), dtype="float32")
+    assert np.abs(expected).max() > 0.1
+    assert np.abs(got - expected).max() < 0.05
+    again = precision.with_policy(fast, "float32")
+    np.testing.assert_allclose(np.asarray(again.predict_on_batch(x)), expected, atol=1e-6)

@@ -36,6 +36,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from keras_vit.precision import MIXED_PRECISION
 from keras_vit.training import fields
 from keras_vit.training.fields import flag_name, option, option_fields
 from keras_vit.training.optimizers import OPTIMIZERS
@@ -69,7 +70,6 @@ __all__ = [
 ]
 
 PRESET = "the preset's"  # what None means for the fields a preset sets
-MIXED_PRECISION = ("auto", "none", "float16", "bfloat16")
 ARCHITECTURE_FIELDS = ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim")
 
 
@@ -218,20 +218,20 @@ RUN_ONLY_FIELDS = tuple(flag_name(f) for f in option_fields(RunConfig))
 
 # Plain augmentation: no random crop, flip, RandAugment, MixUp or CutMix; evaluation by resizing.
 _PLAIN = dict(crop_area=(1.0, 1.0), flip=False, randaugment=(0, 0.0), mixup=0.0, cutmix=0.0, eval_crop=1.0)
+# What every preset's schedule shares: a cosine decay to 0 and gradients clipped to global norm 1.
+_COSINE = dict(schedule="cosine", end_lr=0.0, clip_norm=1.0)
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "finetune": dict(
         model=dict(name="B/16", image_size=384, dropout=0.0, drop_path=0.0),
         data=dict(_PLAIN, crop_area=(0.05, 1.0), flip=True),
         optim=dict(
+            _COSINE,
             batch_size=512,
             steps=10_000,
             lr=0.03,
             warmup=500,
-            schedule="cosine",
-            end_lr=0.0,
             optimizer="sgd",
             weight_decay=0.0,
-            clip_norm=1.0,
             label_smoothing=0.0,
         ),
     ),
@@ -239,15 +239,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         model=dict(name="B/16", image_size=224, dropout=0.0, drop_path=0.1),
         data=dict(crop_area=(0.08, 1.0), flip=True, randaugment=(2, 0.5), mixup=0.8, cutmix=1.0, eval_crop=0.875),
         optim=dict(
+            _COSINE,
             batch_size=512,
             epochs=300,
             lr=1e-3,
             warmup=0.05,
-            schedule="cosine",
-            end_lr=0.0,
             optimizer="adamw",
             weight_decay=0.1,
-            clip_norm=1.0,
             label_smoothing=0.1,
         ),
     ),
@@ -257,15 +255,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         ),
         data=dict(_PLAIN, crop_area=(0.6, 1.0)),
         optim=dict(
+            _COSINE,
             batch_size=64,
             steps=2000,
             lr=2e-3,
             warmup=100,
-            schedule="cosine",
-            end_lr=0.0,
             optimizer="adamw",
             weight_decay=0.05,
-            clip_norm=1.0,
             label_smoothing=0.1,
         ),
     ),

@@ -13,12 +13,11 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
 
 import keras
 
 import keras_vit
-from keras_vit.precision import auto_policy
+from keras_vit.precision import global_policy, policy_of_choice
 from keras_vit.training import config as config_lib
 from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
@@ -168,30 +167,14 @@ def augment_of(config: TrainConfig) -> Augment:
 
 
 def policy_name(config: TrainConfig, device: str) -> str:
-    """The Keras dtype policy of the config's ``mixed_precision`` on ``device``: ``auto`` is what
-    :func:`keras_vit.precision.auto_policy` picks for the hardware (``mixed_bfloat16`` on TPUs, on GPUs from
-    Ampere on and on CPUs with bfloat16 units except under JAX; ``mixed_float16`` on Volta / Turing GPUs;
-    else ``float32``)."""
-    name = config.optim.mixed_precision
-    if name == "auto":
-        return auto_policy(device)
-    if name == "float16" and device == "cpu" and keras.backend.backend() == "jax":
-        raise ValueError(
-            "--mixed-precision float16 does not run on JAX's CPU (XLA has no float16 matmul there); use bfloat16, "
-            "none or auto."
-        )
-    return "float32" if name == "none" else f"mixed_{name}"
+    """The Keras dtype policy of the config's ``mixed_precision`` on ``device``
+    (:func:`keras_vit.precision.policy_of_choice`: ``auto`` is what the hardware runs fastest)."""
+    return policy_of_choice(config.optim.mixed_precision, device)
 
 
-@contextlib.contextmanager
-def precision(config: TrainConfig, device: str) -> Iterator[None]:
+def precision(config: TrainConfig, device: str) -> contextlib.AbstractContextManager:
     """Build models under the config's mixed-precision policy (:func:`policy_name`)."""
-    previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_global_policy(policy_name(config, device))
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
+    return global_policy(policy_name(config, device))
 
 
 def prepare_output(config: TrainConfig, chief: bool) -> None:

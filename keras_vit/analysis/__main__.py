@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from keras_vit.precision import add_mixed_precision_flag
+
 __all__ = [
     "ANALYSES",
     "applicable_analyses",
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--image-size", type=int, default=None, help="default: the checkpoint's, else 224")
     parser.add_argument("--classifier", choices=("token", "gap"), default="token")
     parser.add_argument("--gelu", choices=("tanh", "exact"), default="tanh")
+    add_mixed_precision_flag(parser)
     parser.add_argument(
         "--position-embedding",
         default="learned_1d",
@@ -95,20 +98,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_model(args: argparse.Namespace):
-    """The encoder (``include_top=False``: all tokens) with the requested weights."""
+    """The encoder (``include_top=False``: all tokens) with the requested weights, built under the dtype policy
+    of ``args.mixed_precision`` (:func:`keras_vit.precision.policy_of_choice`)."""
     import keras_vit
+    from keras_vit.precision import global_policy, policy_of_choice
 
     kwargs = {f: getattr(args, f) for f in OVERRIDES if getattr(args, f) is not None}
-    return keras_vit.ViT(
-        args.variant,
-        image_size=args.image_size,
-        include_top=False,
-        weights=args.weights,
-        classifier=args.classifier,
-        gelu=args.gelu,
-        position_embedding=args.position_embedding,
-        **kwargs,
-    )
+    with global_policy(policy_of_choice(args.mixed_precision)):
+        return keras_vit.ViT(
+            args.variant,
+            image_size=args.image_size,
+            include_top=False,
+            weights=args.weights,
+            classifier=args.classifier,
+            gelu=args.gelu,
+            position_embedding=args.position_embedding,
+            **kwargs,
+        )
 
 
 def applicable_analyses(model) -> list[str]:
@@ -248,7 +254,13 @@ def run(args: argparse.Namespace) -> dict:
             originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
     split = few_shot_split(args) if "fewshot" in chosen else None
 
-    results: dict = {"variant": args.variant, "weights": args.weights, "image_size": list(size), "figures": []}
+    results: dict = {
+        "variant": args.variant,
+        "weights": args.weights,
+        "image_size": list(size),
+        "precision": model.dtype_policy.name,
+        "figures": [],
+    }
     drawings: list[tuple[str, Callable[[str], str]]] = []  # (file name, draw(path)), drawn once all is computed
     if originals is not None:
         pictures = data.resize_images(originals, size)

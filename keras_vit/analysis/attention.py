@@ -150,14 +150,14 @@ def mean_attention_distance(
 
 
 def iter_attentions(model: keras.Model, images: np.ndarray, batch_size: int = 8) -> Iterator[list[np.ndarray]]:
-    """Yield each batch's per-block attention probabilities (numpy) for ``model`` on ``images``."""
+    """Yield each batch's per-block attention probabilities (numpy float32) for ``model`` on ``images``."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
     probe = keras_vit.attention_model(model)
     for start in range(0, len(images), batch_size):
         outputs = probe(np.asarray(images[start : start + batch_size], dtype=np.float32), training=False)
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-        yield [keras.ops.convert_to_numpy(o) for o in outputs]
+        yield [keras.ops.convert_to_numpy(o).astype(np.float32) for o in outputs]
 
 
 @dataclasses.dataclass

@@ -107,7 +107,7 @@ def few_shot_evaluation(
 def extract_features(
     model: keras.Model, images: np.ndarray, *, pooling: str | None = None, batch_size: int = 32
 ) -> np.ndarray:
-    """Frozen features ``(n, D)`` of preprocessed ``images``.
+    """Frozen features ``(n, D)``, float32, of preprocessed ``images``.
 
     ``pooling=None``: the model's own output, which must be ``(batch, D)`` (a ViT built with
     ``include_top=False, pooling="token"`` or ``"avg"``). ``"token"``/``"avg"``: the model's ``"encoder_norm"``
@@ -128,4 +128,4 @@ def extract_features(
         model(np.asarray(images[start : start + batch_size], np.float32), training=False)
         for start in range(0, len(images), batch_size)
     ]
-    return np.concatenate([keras.ops.convert_to_numpy(batch) for batch in batches])
+    return np.concatenate([keras.ops.convert_to_numpy(batch) for batch in batches]).astype(np.float32)
