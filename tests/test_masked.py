@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.precision import global_policy
 from keras_vit.training.ablation import AblationRow, _runs, table
 from keras_vit.training.data import load_digits
 from keras_vit.training.masked_patch import (
@@ -217,3 +218,21 @@ def test_ablation_command_trains_each_setting(tmp_path):
     assert [r.position_embedding for r in rows] == ["learned_2d", "none"]
     assert all(0.0 <= r.mean <= 1.0 for r in rows)
     assert os.path.exists(os.path.join(tmp_path, "ablation.md"))
+
+
+def test_pretrain_runs_its_masked_phase_in_the_chosen_precision(tmp_path):
+    """``--mixed-precision bfloat16``: the masked-patch phase builds its encoder in bfloat16 (saved so in
+    encoder.keras) with a float32 patch head, learns, and leaves the global policy as it was."""
+    from keras_vit.training.pretrain import main
+
+    before = keras.mixed_precision.dtype_policy().name
+    argv = ["--pretrain-steps", "20", "--steps", "2", "--depth", "1", "--hidden-size", "32", "--verbose", "0"]
+    result = main([*argv, "--mixed-precision", "bfloat16", "--output-dir", str(tmp_path / "run")])
+    encoder = keras.saving.load_model(result.encoder_path)
+    assert encoder.get_layer("encoderblock_0").dtype_policy.name == "mixed_bfloat16"
+    with global_policy("mixed_bfloat16"):
+        model = masked_patch_model(encoder)
+    assert model.get_layer("mpp_corruption").compute_dtype == "bfloat16"
+    assert model.get_layer("mpp_head").compute_dtype == "float32"
+    assert result.history["loss"][-1] < result.history["loss"][0]
+    assert keras.mixed_precision.dtype_policy().name == before

@@ -175,7 +175,8 @@ def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None 
     """The masked-patch-prediction model around a keras-vit ``encoder`` (any head; it is not used).
 
     Inputs ``{"images", "corruption", "sources"}`` (see :func:`sample_corruption`); output the
-    ``(B, N, 2**(3 bits))`` logits of every patch token. The corruption sits between the patch
+    ``(B, N, 2**(3 bits))`` logits of every patch token (float32 under a mixed-precision policy, like the
+    classification head). The corruption sits between the patch
     embedding and the class token / position embeddings; the layers from there to ``encoder_norm`` are
     ``encoder``'s own, so training this model pre-trains ``encoder``.
     """
@@ -188,7 +189,8 @@ def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None 
     sources = keras.Input((num_patches,), dtype="int32", name="sources")
     encoded = body(PatchCorruption(name="mpp_corruption")(tokens, kinds, sources))
     prefix = int(any(layer.name == "class_token" for layer in encoder.layers))
-    logits = layers.Dense(2 ** (3 * bits), name="mpp_head")(PatchTokens(prefix, name="patch_tokens")(encoded))
+    head = layers.Dense(2 ** (3 * bits), name="mpp_head", dtype=keras.mixed_precision.dtype_policy().variable_dtype)
+    logits = head(PatchTokens(prefix, name="patch_tokens")(encoded))  # float32 logits under mixed precision too
     inputs = {"images": encoder.inputs[0], "corruption": kinds, "sources": sources}
     return keras.Model(inputs, logits, name=name or f"{encoder.name}_mpp")
 

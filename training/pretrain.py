@@ -144,7 +144,7 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
     resolved, source = setup.config, setup.source
     batch = config.batch_size or resolved.optim.batch_size
     keras.utils.set_random_seed(resolved.optim.seed)
-    with strategy.scope():
+    with steps.precision(resolved, setup.device), strategy.scope():  # --mixed-precision, as in fine-tuning
         encoder = steps.build_model(resolved, source.num_classes)
         model = masked_patch_model(encoder, bits=config.bits)
         schedule = WarmupDecay(config.lr, config.steps, min(config.warmup, config.steps), "cosine")
