@@ -236,3 +236,20 @@ def test_pretrain_runs_its_masked_phase_in_the_chosen_precision(tmp_path):
     assert model.get_layer("mpp_head").compute_dtype == "float32"
     assert result.history["loss"][-1] < result.history["loss"][0]
     assert keras.mixed_precision.dtype_policy().name == before
+
+
+def test_whole_masked_eval_batches_weigh_only_real_patches():
+    """``whole_batches=True`` (TPU, JAX data_parallel): every batch whole, the blanks' patches weigh 0, so the
+    corrupted patches scored are exactly those of the plain batches (359 digits at batch 64: 25 blanks)."""
+    split = load_digits(0.2, 0).eval
+    augment = Augment(16, crop_area=None, flip=False)
+    plain = list(masked_patch_dataset(split, 64, augment, 4, training=False))
+    whole = list(masked_patch_dataset(split, 64, augment, 4, training=False, whole_batches=True))
+    assert [w.shape for *_, w in whole] == [(64, 16)] * 6 and sum(len(t) for _, t, _ in plain) == 359
+    for (inputs, targets, weights), (inputs_w, targets_w, weights_w) in zip(plain, whole):
+        n = len(targets)
+        np.testing.assert_array_equal(inputs["corruption"], inputs_w["corruption"][:n])
+        np.testing.assert_array_equal(weights, weights_w[:n])
+        np.testing.assert_array_equal(targets, targets_w[:n])
+    assert float(whole[-1][2][359 - 5 * 64 :].numpy().sum()) == 0.0  # the 25 blanks
+    assert sum(float(w.numpy().sum()) for *_, w in whole) == sum(float(w.numpy().sum()) for *_, w in plain) > 0

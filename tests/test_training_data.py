@@ -182,3 +182,28 @@ def test_bad_augment_settings():
         Augment(8, crop_area=(0.5, 1.5))
     with pytest.raises(ValueError, match="eval_crop"):
         Augment(8, eval_crop=0.0)
+
+
+@pytest.mark.parametrize("batch", [16, 359, 7])
+def test_whole_eval_batches_score_every_image_once(batch):
+    """``whole_batches`` (TPU, JAX DataParallel): whole batches, the last filled with blanks of weight 0. A model
+    evaluated on them scores what it scores on the plain batches: the accuracy exactly, the loss once scaled by
+    (images + blanks) / images as training/supervised.py does (359 digits: 9 blanks at batch 16, none at 359 or 7)."""
+    split = load_digits(0.2, 0).eval
+    augment = Augment(16, crop_area=None, flip=False)
+    padded = list(eval_dataset(split, 10, batch, augment, whole_batches=True))
+    assert all(x.shape[0] == batch and w.shape == (batch,) for x, _, w in padded)
+    weights = np.concatenate([w.numpy() for *_, w in padded])
+    blanks = -split.num_examples % batch
+    assert (weights.sum(), len(weights)) == (split.num_examples, split.num_examples + blanks)
+    assert np.all(weights[: split.num_examples] == 1.0)
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile(
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1),
+        weighted_metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+    )
+    plain = model.evaluate(eval_dataset(split, 10, batch, augment), return_dict=True, verbose=0)
+    whole = model.evaluate(eval_dataset(split, 10, batch, augment, whole_batches=True), return_dict=True, verbose=0)
+    assert whole["accuracy"] == pytest.approx(plain["accuracy"], abs=1e-7)
+    scaled = whole["loss"] * (split.num_examples + blanks) / split.num_examples
+    assert scaled == pytest.approx(plain["loss"], rel=1e-5)

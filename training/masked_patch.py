@@ -195,15 +195,18 @@ def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None 
     return keras.Model(inputs, logits, name=name or f"{encoder.name}_mpp")
 
 
-def _to_mpp_batch(images, step, *, seed: int, patch_size: int, num_patches: int, bits: int, corruption: dict):
-    """``images`` in [-1, 1] -> ``(inputs, colour targets, corrupted-patch weights)``."""
+def _to_mpp_batch(
+    images, image_weights, step, *, seed: int, patch_size: int, num_patches: int, bits: int, corruption: dict
+):
+    """``images`` in [-1, 1] and their weights (0: a blank filling the last batch) -> ``(inputs, colour targets,
+    corrupted-patch weights)``."""
     side = patch_size * round(num_patches**0.5)
     images = tf.ensure_shape(images, (None, side, side, 3))
     kinds, sources = sample_corruption(
         tf.shape(images)[0], num_patches, tf.stack([tf.cast(seed, tf.int64), step]), **corruption
     )
     targets = colour_targets(images, patch_size, bits, value_range=(-1.0, 1.0))
-    weights = tf.cast(kinds != KEEP, tf.float32)
+    weights = tf.cast(kinds != KEEP, tf.float32) * image_weights[:, None]
     return {"images": images, "corruption": kinds, "sources": sources}, targets, weights
 
 
@@ -218,7 +221,7 @@ def masked_patch_dataset(
     bits: int = 3,
     training: bool = True,
     shuffle_buffer: int = 10_000,
-    drop_remainder: bool = False,
+    whole_batches: bool = False,
     **corruption,
 ) -> tf.data.Dataset:
     """Masked-patch batches of ``split``'s images (labels unused): ``({images, corruption, sources},
@@ -228,7 +231,8 @@ def masked_patch_dataset(
     ``start_step`` on, each batch corrupted with seed ``(seed, step)``, so a resumed run sees the same
     batches; otherwise the split once, resized, with fixed corruption (for evaluation).
     ``corruption``: ``rate``, ``mask_fraction``, ``random_fraction`` of :func:`sample_corruption`.
-    ``drop_remainder``: evaluation without the last partial batch (training batches are always whole).
+    ``whole_batches``: evaluation in whole batches, the last one filled with blank images whose patches weigh 0
+    (:func:`keras_vit.training.pipeline.eval_dataset`; training batches are always whole).
     """
     size = augment.image_size
     if size % patch_size:
@@ -240,13 +244,17 @@ def masked_patch_dataset(
         )
         first = start_step
     else:
-        images = eval_dataset(split, 1, batch_size, augment, drop_remainder=drop_remainder)
+        images = eval_dataset(split, 1, batch_size, augment, whole_batches=whole_batches)
         first = 0
+    if training or not whole_batches:
+        images = images.map(lambda x, _: (x, tf.ones(tf.shape(x)[:1])))
+    else:
+        images = images.map(lambda x, _, weights: (x, weights))
     steps = tf.data.Dataset.range(first, tf.int64.max)
-    batches = tf.data.Dataset.zip(images.map(lambda x, _: x), steps)
+    batches = tf.data.Dataset.zip(images, steps)
     return batches.map(
-        lambda x, step: _to_mpp_batch(
-            x,
+        lambda x_weights, step: _to_mpp_batch(
+            *x_weights,
             step,
             seed=seed + (0 if training else 1),
             patch_size=patch_size,

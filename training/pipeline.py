@@ -195,11 +195,21 @@ def train_dataset(
 
 
 def eval_dataset(
-    split: Split, num_classes: int, batch_size: int, augment: Augment, drop_remainder: bool = False
+    split: Split, num_classes: int, batch_size: int, augment: Augment, whole_batches: bool = False
 ) -> tf.data.Dataset:
-    """The held-out split once: ``(images in [-1, 1], one-hot labels)`` batches."""
+    """The held-out split once: ``(images in [-1, 1], one-hot labels)`` batches.
+
+    ``whole_batches`` (a TPU's static shapes, a keras.distribution that splits each batch into equal parts):
+    every batch has ``batch_size`` examples and a weight per example, ``(images, labels, weights)``; the last
+    batch is filled up with blank examples of weight 0, so every held-out image is scored once and no blank is.
+    """
     ds = split.examples().map(
         lambda image, label: (preprocess_input(eval_transform(image, augment)), tf.one_hot(label, num_classes)),
         num_parallel_calls=AUTOTUNE,
     )
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE).with_options(distribute_options())
+    if whole_batches:
+        ds = ds.map(lambda x, y: (x, y, tf.constant(1.0)))
+        blanks = ds.take(1).map(lambda x, y, w: (tf.zeros_like(x), tf.zeros_like(y), tf.constant(0.0)))
+        # batch_size - 1 blanks fill any last partial batch; the blanks left over form a partial batch, dropped.
+        ds = ds.concatenate(blanks.repeat(batch_size - 1))
+    return ds.batch(batch_size, drop_remainder=whole_batches).prefetch(AUTOTUNE).with_options(distribute_options())

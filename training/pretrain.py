@@ -179,7 +179,7 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
         seed=seed,
         bits=config.bits,
         training=False,
-        drop_remainder=setup.whole_batches,
+        whole_batches=setup.whole_batches,
         **corruption,
     )
     verbose = resolved.run.verbose

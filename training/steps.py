@@ -70,15 +70,15 @@ class Setup:
     @property
     def whole_batches(self) -> bool:
         """Whether every batch, held-out ones too, must be whole: on a TPU (static shapes), and under a
-        keras.distribution that splits the batch (JAX shards a batch only into equal parts). The held-out set then
-        loses its last partial batch."""
+        keras.distribution that splits the batch (JAX shards a batch only into equal parts). The held-out set's
+        last batch is then filled with blank examples of weight 0 (pipeline.eval_dataset)."""
         split = isinstance(self.strategy, KerasDistribution) and self.strategy.num_replicas_in_sync > 1
         return self.device == "tpu" or split
 
-    def scored(self, batch_size: int) -> int | None:
-        """How many held-out images an evaluation with ``batch_size`` scores."""
+    def blanks(self, batch_size: int) -> int:
+        """How many blank examples fill the held-out set's last batch of ``batch_size`` (0 unless whole batches)."""
         count = self.source.eval.num_examples
-        return count // batch_size * batch_size if count and self.whole_batches else count
+        return -count % batch_size if count and self.whole_batches else 0
 
 
 def make_strategy(config: TrainConfig) -> Strategy:
@@ -153,7 +153,7 @@ def compile_model(model: keras.Model, config: TrainConfig) -> None:
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=optim.label_smoothing),
-        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        weighted_metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],  # blanks of weight 0 do not count
         steps_per_execution=config.run.steps_per_execution,
     )
 

@@ -63,7 +63,7 @@ def train_classifier(
     augment = steps.augment_of(config)
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate
-    eval_data = eval_dataset(source.eval, source.num_classes, micro_batch, augment, drop_remainder=setup.whole_batches)
+    eval_data = eval_dataset(source.eval, source.num_classes, micro_batch, augment, whole_batches=setup.whole_batches)
 
     def data_fn(step: int) -> tf.data.Dataset:
         return train_dataset(
@@ -96,9 +96,12 @@ def train_classifier(
     train_seconds = time.time() - started
     with training_scope(strategy):
         scores = model.evaluate(eval_data, return_dict=True, verbose=0)
+    count, blanks = source.eval.num_examples, setup.blanks(micro_batch)
+    if blanks:  # Keras averages the loss over whole batches, blanks (loss 0) included: over the images instead
+        scores["loss"] *= (count + blanks) / count
     metrics = {
         "eval": {k: float(v) for k, v in scores.items()},
-        "eval_examples": setup.scored(micro_batch),
+        "eval_examples": count,
         "eval_split": source.eval_split,
         "dataset": source.name,
         "steps": optim.steps,
@@ -114,7 +117,7 @@ def train_classifier(
     save_outputs(model, metrics, run.output_dir, strategy)
     if setup.chief and run.verbose:
         print(
-            f"held-out accuracy: {scores['accuracy']:.4f} on {setup.scored(micro_batch) or '?'} images "
+            f"held-out accuracy: {scores['accuracy']:.4f} on {count or '?'} images "
             f"({source.name}, {source.eval_split}); model and metrics in {run.output_dir}",
             flush=True,
         )
