@@ -436,3 +436,15 @@ def test_published_numerics_differ_measurably_from_timms(timm_parity):
     assert errors["timm"] <= 1e-4
     assert errors["published"] > 1e-2
     assert errors["flax formula, timm epsilons"] > 1e-2
+
+
+def test_model_from_checkpoint_reads_the_resnet_width_from_the_file():
+    """A hybrid whose ResNet is 32 channels wide at the root (not the published 64): built at that width and loaded
+    whole, with no ``resnet_options``; a width given explicitly still wins (and then the file does not fit)."""
+    arrays = flax_hybrid_checkpoint(6, grid=4, **SMALL)
+    model = keras_vit.model_from_checkpoint(arrays, image_size=32)
+    stem = model.get_layer("resnet")
+    assert (stem.width, stem.num_layers) == (32, (1, 2))
+    np.testing.assert_array_equal(np.asarray(stem.units[-1].conv2.kernel), arrays["block2/unit2/conv2/kernel"])
+    with pytest.raises(ValueError, match="conv_root/kernel"):
+        keras_vit.model_from_checkpoint(arrays, image_size=32, resnet_options={"width": 64})

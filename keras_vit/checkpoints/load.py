@@ -223,7 +223,7 @@ def model_from_checkpoint(
     :func:`keras_vit.models.build_vit` (``gelu``, ``include_top``, ``resnet_options``, ...), except
     ``num_heads``, for a timm state dict (which does not record it; default: guessed from the width).
 
-    The architecture (patch size, widths, depth, a hybrid's ResNet stages) and the classifier come from
+    The architecture (patch size, widths, depth, a hybrid's ResNet stages and width) and the classifier come from
     the checkpoint; image size, classes and ``pre_logits`` too unless given (see :func:`checkpoint_defaults`);
     a foreign checkpoint's numerics (``gelu="exact"``, ``fc_norm``, timm's ResNet epsilons) too unless given.
     The model is named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
@@ -240,6 +240,9 @@ def model_from_checkpoint(
     info = checkpoint_info(arrays)
     for option, value in arrays.model_options.items():
         kwargs.setdefault(option, value)
+    root = arrays.get("conv_root/kernel")
+    if root is not None:  # a hybrid: its ResNet's width is the root convolution's output channels
+        kwargs["resnet_options"] = {"width": int(root.shape[-1]), **(kwargs.get("resnet_options") or {})}
     kwargs.setdefault("classifier", info.classifier)
     image_size, num_classes, representation_size = checkpoint_defaults(
         arrays, kwargs.pop("image_size", None), kwargs.pop("num_classes", None), kwargs.pop("representation_size", None)
