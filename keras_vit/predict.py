@@ -77,7 +77,11 @@ def _build_model(weights: str, mixed_precision: str):
     from keras_vit.precision import global_policy, policy_of_choice
 
     try:
-        with global_policy(policy_of_choice(mixed_precision)):
+        policy = policy_of_choice(mixed_precision)
+    except ValueError as exc:  # float16 on JAX's CPU
+        raise PredictError(str(exc)) from exc
+    try:
+        with global_policy(policy):
             return keras_vit.model_from_checkpoint(weights)
     except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
         raise PredictError(f"weights {weights!r}: {exc}") from exc
