@@ -31,6 +31,10 @@ import os
 import re
 import subprocess
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import keras
 
 __all__ = [
     "BF16_CPU_FLAGS",
@@ -233,7 +237,7 @@ def global_policy(name: str) -> Iterator[str]:
         keras.mixed_precision.set_global_policy(previous)
 
 
-def with_policy(model, policy: str, keep_float32: tuple[str, ...] = ("head",)):
+def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] = ("head",)) -> keras.Model:
     """A copy of ``model`` with its weights whose layers compute under ``policy`` (e.g. a float32 model, saved or
     loaded, run in ``"mixed_bfloat16"``). The layers named in ``keep_float32`` (the classification head, as every
     keras_vit model is built) stay float32."""

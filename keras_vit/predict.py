@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_vit.precision import add_mixed_precision_flag
+from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
 __all__ = ["classify", "load_image", "main"]
 
@@ -74,7 +74,6 @@ def classify(
 def _build_model(weights: str, mixed_precision: str):
     """The checkpoint's model, built under the dtype policy of ``mixed_precision`` (``auto``: the hardware's)."""
     import keras_vit
-    from keras_vit.precision import global_policy, policy_of_choice
 
     try:
         policy = policy_of_choice(mixed_precision)

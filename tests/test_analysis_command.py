@@ -473,6 +473,7 @@ def test_the_analyses_in_bfloat16_match_float32(tmp_path):
     arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
     path = write_checkpoint(str(tmp_path / "tiny.npz"), arrays)
     common = ["Ti/16", "--weights", path, *TINY_ARCHITECTURE, "--analyses", "distance", "fewshot", "--shots", "1", "5"]
+    common += ["--pool-per-class", "10", "--test-examples", "200", "--seeds", "2"]
     results = {}
     for choice in ("bfloat16", "none"):
         assert main([*common, "--mixed-precision", choice, "--output-dir", str(tmp_path / choice)]) == 0

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from keras_vit.precision import add_mixed_precision_flag
+from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
 __all__ = [
     "ANALYSES",
@@ -101,7 +101,6 @@ def build_model(args: argparse.Namespace):
     """The encoder (``include_top=False``: all tokens) with the requested weights, built under the dtype policy
     of ``args.mixed_precision`` (:func:`keras_vit.precision.policy_of_choice`)."""
     import keras_vit
-    from keras_vit.precision import global_policy, policy_of_choice
 
     kwargs = {f: getattr(args, f) for f in OVERRIDES if getattr(args, f) is not None}
     with global_policy(policy_of_choice(args.mixed_precision)):
