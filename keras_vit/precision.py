@@ -243,6 +243,8 @@ def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] =
     keras_vit model is built) stay float32."""
     import keras
 
+    policy = keras.dtype_policies.get(policy).name  # an unknown name: Keras' ValueError naming the valid ones
+
     def rebuilt(layer):
         config = layer.get_config()
         if layer.name not in keep_float32:

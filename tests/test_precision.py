@@ -194,6 +194,8 @@ def test_with_policy_runs_a_saved_float32_model_in_bfloat16(tmp_path):
     got = np.asarray(fast.predict_on_batch(x), dtype="float32")
     assert np.abs(expected).max() > 0.1
     assert np.abs(got - expected).max() < 0.05
+    with pytest.raises(ValueError, match="Cannot convert 'bf16'"):
+        precision.with_policy(loaded, "bf16")
     again = precision.with_policy(fast, "float32")
     np.testing.assert_allclose(np.asarray(again.predict_on_batch(x)), expected, atol=1e-6)
 
