@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from keras_vit.layers import TransformerBlock
+from keras_vit.models import clone_with_weights
 
 __all__ = ["LORA_TARGETS", "enable_lora", "lora_layers", "lora_parameter_count", "merge_lora"]
 
@@ -89,13 +90,4 @@ def merge_lora(model: keras.Model) -> keras.Model:
 
     The outputs equal the adapted model's (to float round-off); all its weights are trainable.
     """
-    merged = keras.models.clone_model(model)  # blocks rebuild their Dense layers from config: no LoRA
-    old_layers = list(model._flatten_layers(include_self=False))
-    new_layers = list(merged._flatten_layers(include_self=False))
-    if len(old_layers) != len(new_layers):
-        raise ValueError(f"Cannot merge {model.name!r}: its clone has another layer structure.")
-    for old, new in zip(old_layers, new_layers):
-        store: dict = {}
-        old.save_own_variables(store)  # an adapted Dense saves its merged kernel (Keras' own behaviour)
-        new.load_own_variables(store)
-    return merged
+    return clone_with_weights(model)  # blocks rebuild their Dense layers from config (no LoRA), merged kernels

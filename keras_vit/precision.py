@@ -240,8 +240,10 @@ def global_policy(name: str) -> Iterator[str]:
 def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] = ("head",)) -> keras.Model:
     """A copy of ``model`` with its weights whose layers compute under ``policy`` (e.g. a float32 model, saved or
     loaded, run in ``"mixed_bfloat16"``). The layers named in ``keep_float32`` (the classification head, as every
-    keras_vit model is built) stay float32."""
+    keras_vit model is built) stay float32. LoRA adapters are merged into their kernels, as ``model.save`` does."""
     import keras
+
+    from keras_vit.models import clone_with_weights
 
     policy = keras.dtype_policies.get(policy).name  # an unknown name: Keras' ValueError naming the valid ones
 
@@ -251,6 +253,4 @@ def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] =
             config["dtype"] = policy
         return layer.__class__.from_config(config)
 
-    copy = keras.models.clone_model(model, clone_function=rebuilt)
-    copy.set_weights(model.get_weights())
-    return copy
+    return clone_with_weights(model, rebuilt)

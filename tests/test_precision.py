@@ -210,3 +210,22 @@ def test_predict_refuses_float16_on_jax_cpu_in_one_line(tiny_checkpoint):
             _build_model(tiny_checkpoint, "float16")
     else:
         assert _build_model(tiny_checkpoint, "float16").get_layer("encoderblock_0").compute_dtype == "float16"
+
+
+def test_with_policy_of_a_lora_model_merges_its_adapters():
+    """A LoRA-adapted model (adapters made non-zero) copied by ``with_policy``: no adapters left, the adapted model's
+    outputs in float32 (round-off) and within the bfloat16 tolerance in bfloat16."""
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=2, num_classes=5)
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(1).normal(0, 0.1, head.kernel.shape))
+    base = keras.ops.convert_to_numpy(model(x))  # eager calls: predict_on_batch keeps the function it traced first
+    keras_vit.enable_lora(model, 4)
+    for layer in keras_vit.lora.lora_layers(model):
+        layer.lora_kernel_b.assign(np.random.default_rng(2).normal(0, 0.05, layer.lora_kernel_b.shape))
+    adapted = keras.ops.convert_to_numpy(model(x))
+    assert np.abs(adapted - base).max() > 0.01  # the adapters matter
+    copies = {policy: precision.with_policy(model, policy) for policy in ("float32", "mixed_bfloat16")}
+    assert all(keras_vit.lora_parameter_count(copy) == 0 for copy in copies.values())
+    np.testing.assert_allclose(np.asarray(copies["float32"].predict_on_batch(x)), adapted, atol=1e-5)
+    assert np.abs(np.asarray(copies["mixed_bfloat16"].predict_on_batch(x), "float32") - adapted).max() < 0.05
