@@ -62,12 +62,14 @@ def enable_lora(
     if int(rank) < 1:
         raise ValueError(f"LoRA rank must be a positive int, got {rank!r}.")
     adapted = lora_layers(model, targets)
+    missing = set(trainable_layers) - {layer.name for layer in model.layers}
+    if missing:  # checked before any change: a refused call leaves the model as it was
+        raise ValueError(f"Model {model.name!r} has no layers named {sorted(missing)} to keep trainable.")
     for dense in adapted:
         if not dense.lora_enabled:
             dense.enable_lora(int(rank), lora_alpha=alpha)
-    missing = set(trainable_layers) - {layer.name for layer in model.layers}
-    if missing:
-        raise ValueError(f"Model {model.name!r} has no layers named {sorted(missing)} to keep trainable.")
+    # Functions traced before (predict_on_batch, evaluate, fit) would run the graph without the adapters.
+    model.train_function = model.test_function = model.predict_function = None
     keep = {id(v) for dense in adapted for v in (dense.lora_kernel_a, dense.lora_kernel_b)}
     keep |= {id(v) for layer in model.layers if layer.name in trainable_layers for v in layer.weights}
     for variable in model.weights:

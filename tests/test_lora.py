@@ -67,3 +67,21 @@ def test_bad_arguments():
         keras_vit.enable_lora(model, 0)
     with pytest.raises(ValueError, match="targets"):
         keras_vit.enable_lora(model, 2, targets=("mlp",))
+    with pytest.raises(ValueError, match=r"no layers named \['classifier'\]"):
+        keras_vit.enable_lora(model, 2, trainable_layers=("classifier",))
+    assert keras_vit.lora_parameter_count(model) == 0  # a refused call leaves the model as it was
+    assert all(v.trainable for v in model.weights)
+
+
+def test_predict_after_enabling_runs_the_adapters():
+    """``predict_on_batch`` traced before ``enable_lora`` must not keep running the graph without the adapters."""
+    model = keras_vit.ViT(None, image_size=32, num_classes=3, **ARCH)
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(0).normal(0, 0.1, head.kernel.shape))
+    before = np.asarray(model.predict_on_batch(images()))
+    keras_vit.enable_lora(model, RANK)
+    for layer in lora_layers(model):
+        layer.lora_kernel_b.assign(np.random.default_rng(1).normal(0, 0.05, layer.lora_kernel_b.shape))
+    after = np.asarray(model.predict_on_batch(images()))
+    np.testing.assert_allclose(after, to_numpy(model(images())), atol=1e-5)
+    assert np.abs(after - before).max() > 0.01
