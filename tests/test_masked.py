@@ -226,7 +226,7 @@ def test_pretrain_runs_its_masked_phase_in_the_chosen_precision(tmp_path):
     from keras_vit.training.pretrain import main
 
     before = keras.mixed_precision.dtype_policy().name
-    argv = ["--pretrain-steps", "20", "--steps", "2", "--depth", "1", "--hidden-size", "32", "--verbose", "0"]
+    argv = ["--pretrain-steps", "10", "--steps", "1", "--depth", "1", "--hidden-size", "32", "--verbose", "0"]
     result = main([*argv, "--mixed-precision", "bfloat16", "--output-dir", str(tmp_path / "run")])
     encoder = keras.saving.load_model(result.encoder_path)
     assert encoder.get_layer("encoderblock_0").dtype_policy.name == "mixed_bfloat16"
