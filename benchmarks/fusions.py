@@ -151,12 +151,10 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
-    from throughput import conditions  # benchmarks/throughput.py, beside this script
+    from throughput import measure_and_report  # benchmarks/throughput.py, beside this script
 
     args = parse_args(argv)
-    print(conditions())
-    print(run(args))
-    print(conditions())
+    measure_and_report(lambda: run(args), str)
 
 
 if __name__ == "__main__":

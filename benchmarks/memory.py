@@ -27,7 +27,7 @@ import sys
 import time
 
 # benchmarks/throughput.py, beside this script
-from throughput import NUM_CLASSES, conditions, peak_rss_mb, rss_mb, worker_env
+from throughput import NUM_CLASSES, measure_and_report, peak_rss_mb, rss_mb, worker_env
 
 GIB = 1024.0  # MB per GiB
 
@@ -168,14 +168,7 @@ def main(argv=None) -> None:
         variant, batch, remat = args.worker
         print(json.dumps(worker(variant, int(batch), bool(int(remat)), args.steps, args.image_size)))
         return
-
-    print(conditions())
-    rows = run(args)
-    print(report(rows, args.budget_gb))
-    print(conditions())
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(rows, out, indent=1)
+    measure_and_report(lambda: run(args), lambda rows: report(rows, args.budget_gb), args.json)
 
 
 if __name__ == "__main__":

@@ -161,12 +161,10 @@ def main(argv=None) -> None:
         out = worker(args.worker, args.variant, args.image_size, args.phase, args.batch, args.steps)
         print(json.dumps(out))
         return
-    from throughput import conditions
+    from throughput import measure_and_report
 
-    print(conditions())
-    print(f"ViT {args.variant} at {args.image_size}px, {args.phase} batch {args.batch}, {args.steps} profiled step(s)")
-    print(report(run(args), args.top))
-    print(conditions())
+    title = f"ViT {args.variant} at {args.image_size}px, {args.phase} batch {args.batch}, {args.steps} profiled step(s)"
+    measure_and_report(lambda: run(args), lambda results: f"{title}\n{report(results, args.top)}")
 
 
 if __name__ == "__main__":

@@ -600,6 +600,18 @@ def conditions() -> str:
     return f"CPU: {cpu}, {os.cpu_count()} cores; load average {load}; python {platform.python_version()}"
 
 
+def measure_and_report(measure, report, json_path: str | None = None) -> None:
+    """The benchmarks' main: print the machine's conditions, the ``report`` of ``measure()``'s results, the
+    conditions again (the load before and after), and write the raw results to ``json_path`` if given."""
+    print(conditions(), flush=True)
+    results = measure()
+    print(report(results))
+    print(conditions())
+    if json_path:
+        with open(json_path, "w") as out:
+            json.dump(results, out, indent=1)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", default=["B/16"], help="e.g. B/16 Ti/16 L/16")
@@ -633,16 +645,11 @@ def main(argv=None) -> None:
     if args.worker:
         worker_main(args.worker, args.variants[0], args.image_size)
         return
-    print(conditions())
     if args.predict:
+        print(conditions())
         print(predict_benchmark(args))
         return
-    results = compare(args)
-    print(report(results, args))
-    print(conditions())
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=1)
+    measure_and_report(lambda: compare(args), lambda results: report(results, args), args.json)
 
 
 if __name__ == "__main__":

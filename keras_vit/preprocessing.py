@@ -24,31 +24,23 @@ from keras import ops
 
 __all__ = ["ImagePreprocessor", "preprocess_input"]
 
-# The operations the steps below need, as keras.ops spells them.
-KERAS_OPS = types.SimpleNamespace(
-    cast=ops.cast,
-    shape=ops.shape,
-    minimum=ops.minimum,
-    maximum=ops.maximum,
-    slice=ops.slice,
-    expand_dims=ops.expand_dims,
-    squeeze=ops.squeeze,
-    resize=lambda images, size, method: ops.image.resize(images, size, interpolation=method, antialias=False),
+# The operations the steps below need: keras.ops and TensorFlow spell them alike, except resize.
+_OP_NAMES = ("cast", "shape", "minimum", "maximum", "slice", "expand_dims", "squeeze")
+
+
+def _op_table(module, resize) -> types.SimpleNamespace:
+    """The operations of :data:`_OP_NAMES` from ``module`` (``keras.ops`` or ``tensorflow``), and ``resize``."""
+    return types.SimpleNamespace(**{name: getattr(module, name) for name in _OP_NAMES}, resize=resize)
+
+
+KERAS_OPS = _op_table(
+    ops, lambda images, size, method: ops.image.resize(images, size, interpolation=method, antialias=False)
 )
 
 
 def _tensorflow_ops(tf) -> types.SimpleNamespace:
     """The same operations in TensorFlow's spelling (``keras.ops`` on the TensorFlow backend calls these)."""
-    return types.SimpleNamespace(
-        cast=tf.cast,
-        shape=tf.shape,
-        minimum=tf.minimum,
-        maximum=tf.maximum,
-        slice=tf.slice,
-        expand_dims=tf.expand_dims,
-        squeeze=tf.squeeze,
-        resize=lambda images, size, method: tf.image.resize(images, size, method=method, antialias=False),
-    )
+    return _op_table(tf, lambda images, size, method: tf.image.resize(images, size, method=method, antialias=False))
 
 
 def ops_for(images) -> types.SimpleNamespace:
