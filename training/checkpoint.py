@@ -98,9 +98,10 @@ class Checkpointer:
             except _READ_ERRORS as error:
                 failures.append(f"{os.path.basename(path)}: {_first_line(error)}")
                 continue
-            for part, variables in _parts(model).items():
+            parts = _parts(model)
+            for part, variables in parts.items():
                 _check_fits(path, part, manifest[part], variables)
-            for part, variables in _parts(model).items():
+            for part, variables in parts.items():
                 for variable, value in zip(variables, arrays[part]):
                     variable.assign(value)
             if failures:
@@ -121,10 +122,8 @@ class Checkpointer:
         or infinite are a :class:`DivergedError` instead, and nothing is written."""
         if step == self.saved:
             return
-        arrays = {
-            part: [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
-            for part, variables in _parts(model).items()
-        }
+        parts = _parts(model)
+        arrays = {part: [np.asarray(keras.ops.convert_to_numpy(v)) for v in values] for part, values in parts.items()}
         if not all(np.isfinite(a).all() for a in arrays["model"] if np.issubdtype(a.dtype, np.floating)):
             raise DivergedError(
                 f"Training diverged: the weights are NaN or infinite at batch {step}; no checkpoint saved there (the "
@@ -132,7 +131,7 @@ class Checkpointer:
             )
         if self.write:
             manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step}
-            manifest.update({part: _entries(variables) for part, variables in _parts(model).items()})
+            manifest.update({part: _entries(variables) for part, variables in parts.items()})
             self._write(step, manifest, arrays)
             self._prune()
         self.saved = step
