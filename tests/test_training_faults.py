@@ -17,6 +17,7 @@ from test_training_data import write_images
 from test_training_resume import Crash
 from training_support import REPO, TINY, backend_env, checkpoint_steps, read_log
 
+from keras_vit.files import temporary_path
 from keras_vit.training import outputs
 from keras_vit.training.checkpoint import Checkpointer, read_checkpoint
 from keras_vit.training.config import TrainConfig, resolve
@@ -51,6 +52,8 @@ def test_overwrite_of_a_run_folder_deletes_only_what_runs_write(tmp_path):
     (out / "notes.txt").write_text("mine")
     (out / "data").mkdir()
     (out / "data" / "x.csv").write_text("1,2")
+    with open(temporary_path(out / "model.keras"), "wb") as file:  # what a run killed while saving leaves
+        file.write(b"PK\x03\x04 cut short")
     finetune(output_dir=str(out), overwrite=True, **{**RUN, "steps": 2, "lr": 0.5})
     assert (out / "notes.txt").read_text() == "mine" and (out / "data" / "x.csv").read_text() == "1,2"
     metrics = strict_json(out / "metrics.json")
@@ -117,15 +120,20 @@ def resume_copy(crashed_run, tmp_path, breakage):
     return out
 
 
-def test_a_temporary_file_of_a_killed_save_is_passed_over_and_removed(crashed_run, tmp_path, capsys):
+@pytest.mark.parametrize("older", [False, True], ids=["this version", "older keras-vit"])
+def test_a_temporary_file_of_a_killed_save_is_passed_over_and_removed(crashed_run, tmp_path, capsys, older):
     def half_written(folder):
-        with open(os.path.join(folder, ".ckpt-6-x1y2.tmp"), "wb") as file:
+        name = ".ckpt-6-x1y2.tmp" if older else temporary_path(os.path.join(folder, "ckpt-6.npz"))
+        with open(os.path.join(folder, name), "wb") as file:
             file.write(b"PK\x03\x04 cut short")
+        with open(temporary_path(os.path.join(folder, os.pardir, "metrics.json")), "w") as file:
+            file.write('{"accur')
 
     out = resume_copy(crashed_run, tmp_path, half_written)
     assert "warning" not in capsys.readouterr().err
     assert strict_json(os.path.join(out, "metrics.json"))["resumed_from_step"] == 4
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["ckpt-2.npz", "ckpt-4.npz", "ckpt-6.npz"]
+    assert not [name for name in os.listdir(out) if name.startswith(".metrics.")]
     assert [e["step"] for e in read_log(out)] == [1, 2, 3, 4, 5, 6]
 
 

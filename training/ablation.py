@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
+from keras_vit.files import atomic_open
 from keras_vit.position import POSITION_EMBEDDINGS, POSITION_VARIABLES, check_position_embedding
 from keras_vit.training import config as config_lib
 from keras_vit.training import fields, outputs, steps
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> list[AblationRow]:
         print(text, flush=True)
         out = config.run.output_dir
         outputs.mark_output(out, "ablation")
-        with open(os.path.join(out, "ablation.md"), "w") as file:
+        with atomic_open(os.path.join(out, "ablation.md"), "w") as file:
             file.write(text + "\n")
         outputs.write_json(os.path.join(out, "ablation.json"), [dataclasses.asdict(r) for r in rows])
     return rows

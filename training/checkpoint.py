@@ -15,9 +15,9 @@ adapters would restart from zero). The variables here are read with ``keras.ops.
 back with ``assign``, which also places them on a ``keras.distribution``'s devices or a strategy's replicas.
 
 Writing (:meth:`Checkpointer.save`) goes to a hidden temporary file in the folder, flushed to disk, then renamed
-into place: a checkpoint is in the folder only complete. Then the oldest ``ckpt-<step>.npz`` beyond ``keep`` are
-deleted; nothing else in the folder is touched (a temporary file that a killed save left is removed when the
-run restarts). Reading (:meth:`Checkpointer.restore`) tries the newest first;
+into place (:func:`keras_vit.files.atomic_open`): a checkpoint is in the folder only complete. Then the oldest
+``ckpt-<step>.npz`` beyond ``keep`` are deleted; nothing else in the folder is touched (a temporary file that a
+killed save left is removed when the run restarts). Reading (:meth:`Checkpointer.restore`) tries the newest first;
 one that does not read whole is passed over with a warning; one that reads but does not fit the model is an error.
 """
 
@@ -26,13 +26,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Sequence
 
 import keras
 import numpy as np
 
+from keras_vit.files import atomic_open, temporary_target
 from keras_vit.training.errors import DivergedError, TrainingError, warn
 
 __all__ = ["FORMAT", "Checkpointer", "checkpoint_path", "checkpoint_steps", "read_checkpoint"]
@@ -40,9 +40,8 @@ __all__ = ["FORMAT", "Checkpointer", "checkpoint_path", "checkpoint_steps", "rea
 FORMAT = "keras-vit checkpoint 1"
 DIVERGED_HINT = "lower --lr, and check that --drop-path and --dropout are in [0, 1)"
 _NAME = re.compile(r"ckpt-(\d+)\.npz")
-_TEMPORARY = ".ckpt-"  # prefix of a checkpoint being written
 _NUMBER = re.compile(r"_\d+(?=/|$)")
-_STALE = re.compile(r"\.ckpt-\d+-\w+\.tmp")
+_OLD_TEMPORARY = re.compile(r"\.ckpt-\d+-\w+\.tmp")  # what a killed save of an older keras-vit left
 _READ_ERRORS = (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError)  # a file cut short or damaged
 
 
@@ -88,7 +87,7 @@ class Checkpointer:
         self._refuse_tensorflow_checkpoints()
         if self.write:  # a save that was killed mid-way leaves its temporary file
             for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-                if _STALE.fullmatch(name):
+                if _NAME.fullmatch(temporary_target(name) or "") or _OLD_TEMPORARY.fullmatch(name):
                     os.remove(os.path.join(self.directory, name))
         failures = []
         for step in reversed(checkpoint_steps(self.directory)):
@@ -139,17 +138,8 @@ class Checkpointer:
     def _write(self, step: int, manifest: dict, arrays: dict[str, list[np.ndarray]]) -> None:
         os.makedirs(self.directory, exist_ok=True)
         named = {f"{part}/{i}": a for part, values in arrays.items() for i, a in enumerate(values)}
-        descriptor, temporary = tempfile.mkstemp(prefix=f"{_TEMPORARY}{step}-", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(descriptor, "wb") as file:
-                np.savez(file, step=np.int64(step), manifest=np.array(json.dumps(manifest)), **named)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, checkpoint_path(self.directory, step))
-        except BaseException:
-            if os.path.exists(temporary):
-                os.remove(temporary)
-            raise
+        with atomic_open(checkpoint_path(self.directory, step), durable=True) as file:
+            np.savez(file, step=np.int64(step), manifest=np.array(json.dumps(manifest)), **named)
 
     def _prune(self) -> None:
         for step in checkpoint_steps(self.directory)[: -self.keep]:

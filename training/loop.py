@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
+from keras_vit.files import atomic_open, atomic_path
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
 from keras_vit.training.errors import DivergedError, TrainingError
 from keras_vit.training.outputs import write_json
@@ -212,7 +213,7 @@ def truncate_log(path: str, step: int) -> None:
                     kept.append(line if line.endswith("\n") else line + "\n")
             except (json.JSONDecodeError, KeyError):
                 continue
-    with open(path, "w") as file:
+    with atomic_open(path, "w") as file:
         file.writelines(kept)
 
 
@@ -358,6 +359,7 @@ def save_outputs(model: keras.Model, metrics: dict, output_dir: str, strategy: S
         return None
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, "model.keras")
-    keras.Model(model.inputs, model.outputs, name=model.name).save(path)
+    with atomic_path(path) as temporary:
+        keras.Model(model.inputs, model.outputs, name=model.name).save(temporary)
     write_json(os.path.join(output_dir, "metrics.json"), metrics)
     return path

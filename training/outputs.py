@@ -1,9 +1,11 @@
 """A run's output folder: the marker that says a run wrote it, what ``--overwrite`` may delete, strict JSON.
 
-Every command writes :data:`MARKER` into its output folder before anything else of its own.
-:func:`clear_output` (``--overwrite``) deletes only the entries of :data:`RUN_FILES`, and only in a
-folder that holds the marker (or a ``run.json``, which runs wrote before the marker existed); a
-non-empty folder without either is refused, naming it. Other files in a run folder are left alone.
+Every command writes :data:`MARKER` into its output folder before anything else of its own. Every file is
+written atomically (:mod:`keras_vit.files`); the temporary files of :data:`RUN_FILES` that a killed run left
+are removed when a run starts again. :func:`clear_output` (``--overwrite``) deletes only the entries of
+:data:`RUN_FILES` (and those temporary files), and only in a folder that holds the marker (or a ``run.json``,
+which runs wrote before the marker existed); a non-empty folder without either is refused, naming it. Other
+files in a run folder are left alone.
 
 JSON outputs are strict JSON: :func:`write_json` writes NaN and infinite floats as ``null``.
 """
@@ -16,6 +18,7 @@ import os
 import shutil
 from typing import Any
 
+from keras_vit.files import atomic_open, temporary_target
 from keras_vit.training.errors import OutputDirError
 
 __all__ = [
@@ -62,8 +65,10 @@ def has_checkpoint(path: str) -> bool:
 
 
 def mark_output(path: str, command: str) -> None:
-    """Create ``path`` if needed and write the marker (which ``command`` wrote it)."""
+    """Create ``path`` if needed and write the marker (which ``command`` wrote it); remove the temporary files
+    of run outputs that a killed run left (``.model.<random>.tmp.keras``, :mod:`keras_vit.files`)."""
     os.makedirs(path, exist_ok=True)
+    _remove_temporaries(path)
     write_json(os.path.join(path, MARKER), {"command": command})
 
 
@@ -76,12 +81,19 @@ def clear_output(path: str) -> None:
             f"--overwrite refuses to clear {path}: it is not empty and holds no run (no {MARKER} or run.json). "
             "Choose another --output-dir."
         )
+    _remove_temporaries(path)
     for name in RUN_FILES:
         entry = os.path.join(path, name)
         if os.path.isdir(entry) and not os.path.islink(entry):
             shutil.rmtree(entry)
         elif os.path.lexists(entry):
             os.remove(entry)
+
+
+def _remove_temporaries(path: str) -> None:
+    for name in os.listdir(path):
+        if temporary_target(name) in RUN_FILES and os.path.isfile(os.path.join(path, name)):
+            os.remove(os.path.join(path, name))
 
 
 def finite_json(value: Any) -> Any:
@@ -96,6 +108,6 @@ def finite_json(value: Any) -> Any:
 
 
 def write_json(path: str, value: Any) -> None:
-    """Write ``value`` as strict JSON (non-finite floats as ``null``), indented."""
-    with open(path, "w") as file:
+    """Write ``value`` as strict JSON (non-finite floats as ``null``), indented, atomically."""
+    with atomic_open(path, "w") as file:
         json.dump(finite_json(value), file, indent=2, allow_nan=False)

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import keras
 
+from keras_vit.files import atomic_path
 from keras_vit.training import config as config_lib
 from keras_vit.training import fields, outputs, steps
 from keras_vit.training.config import TrainConfig
@@ -206,7 +207,8 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
     )
     encoder_path = os.path.join(out, "encoder.keras")
     if setup.chief:
-        encoder.save(encoder_path)
+        with atomic_path(encoder_path) as temporary:
+            encoder.save(temporary)
     runs = {"finetune": [LoadEncoder(encoder_path)], **({"scratch": []} if config.compare_scratch else {})}
     results = {
         name: train_classifier(

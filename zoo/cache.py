@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from keras_vit.files import atomic_open
+
 from .errors import CorruptCheckpointError
 
 __all__ = [
@@ -50,15 +52,9 @@ def record_path(path: str | os.PathLike) -> Path:
 
 
 def record(path: str | os.PathLike, digest: str) -> None:
-    """Write ``path``'s sidecar atomically (a temporary file renamed over it)."""
-    target = record_path(path)
-    temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(f"{digest}  {Path(path).name}\n")
-        os.replace(temporary, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
+    """Write ``path``'s sidecar atomically."""
+    with atomic_open(record_path(path), "w") as file:
+        file.write(f"{digest}  {Path(path).name}\n")
 
 
 def recorded(path: str | os.PathLike) -> str | None:

@@ -32,6 +32,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from keras_vit.files import atomic_open
+
 from .cache import ensure_intact, record, sha256sum
 from .errors import CorruptCheckpointError, DownloadError
 from .lock import file_lock
@@ -72,9 +74,8 @@ def _resumable(part: Path, state: Path, url: str) -> tuple[int, str | None]:
 
 
 def _save_state(state: Path, url: str, validator: str | None) -> None:
-    temporary = state.with_name(state.name + ".tmp")
-    temporary.write_text(json.dumps({"url": url, "validator": validator}))
-    os.replace(temporary, state)
+    with atomic_open(state, "w") as file:
+        json.dump({"url": url, "validator": validator}, file)
 
 
 def _check_partial(response, have: int, validator: str) -> None:

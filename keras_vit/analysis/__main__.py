@@ -315,7 +315,7 @@ def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]
     A failure removes the temporary files (and ``out_dir`` if this call created it and it is still empty):
     files already in ``out_dir`` are left as they were.
     """
-    from keras_vit.analysis.files import atomic_open, temporary_path
+    from keras_vit.files import atomic_open, temporary_path
 
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -325,8 +325,8 @@ def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]
             staged.append((temporary_path(os.path.join(out_dir, name)), os.path.join(out_dir, name)))
             draw(staged[-1][0])
         staged.append((temporary_path(os.path.join(out_dir, "results.json")), os.path.join(out_dir, "results.json")))
-        with atomic_open(staged[-1][0]) as file:
-            file.write(json.dumps(results, indent=2).encode())
+        with atomic_open(staged[-1][0], "w") as file:
+            json.dump(results, file, indent=2)
     except BaseException:
         for temporary, _ in staged:
             with contextlib.suppress(FileNotFoundError):

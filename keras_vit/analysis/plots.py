@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
-from keras_vit.analysis.files import atomic_open
+from keras_vit.files import atomic_open
 
 __all__ = [
     "mosaic",
@@ -27,7 +27,7 @@ __all__ = [
 
 
 def _save(fig, path: str, dpi: int) -> str:
-    """Write ``fig`` to ``path`` atomically (:func:`~keras_vit.analysis.files.atomic_open`): a failure leaves no
+    """Write ``fig`` to ``path`` atomically (:func:`~keras_vit.files.atomic_open`): a failure leaves no
     file behind, and ``path``, if it existed, as it was."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
