@@ -9,7 +9,9 @@
 
 The exported graphs take what the Keras model takes: float32 images of its resolution scaled to [-1, 1]
 (:func:`with_preprocessing` bakes :class:`~keras_vit.preprocessing.ImagePreprocessor` in front, so that
-uint8 images of any size go in). Measured sizes and differences: ``docs/export.md``, reproduced by
+uint8 images of any size go in). Each file or folder appears at its path only when complete
+(:mod:`keras_vit.files`): a converter that fails half-way leaves nothing. Measured sizes and differences:
+``docs/export.md``, reproduced by
 
     python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH     # exports every format, compares with Keras
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_vit.files import atomic_path
 from keras_vit.optional import require
 
 __all__ = [
@@ -77,12 +80,14 @@ def with_preprocessing(
 def export_saved_model(model: keras.Model, path: str | os.PathLike, **kwargs) -> Path:
     """A TensorFlow SavedModel folder with a ``serve`` endpoint (``model.export(format="tf_saved_model")``).
 
-    Runs on the TensorFlow and JAX (through ``jax2tf``) backends; needs TensorFlow installed.
+    Runs on the TensorFlow and JAX (through ``jax2tf``) backends; needs TensorFlow installed. ``path`` must not
+    exist yet.
     """
     _check_backend("saved_model")
     require("tensorflow", "SavedModel export")
-    model.export(str(path), format="tf_saved_model", verbose=False, **kwargs)
-    return Path(path)
+    if os.path.lexists(path):
+        raise ValueError(f"{path} exists; remove it or choose another folder for the SavedModel.")
+    return _export(model, path, "tf_saved_model", **kwargs)
 
 
 def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str | None = None, **kwargs) -> Path:
@@ -98,15 +103,19 @@ def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str 
     tf = require("tensorflow", "LiteRT export")
     if quantize == "dynamic_int8":
         kwargs.setdefault("optimizations", [tf.lite.Optimize.DEFAULT])
-    model.export(str(path), format="litert", verbose=False, **kwargs)
-    return Path(path)
+    return _export(model, path, "litert", **kwargs)
 
 
 def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: int | None = None, **kwargs) -> Path:
     """An ONNX file (``model.export(format="onnx")``): through ``tf2onnx`` on TensorFlow (needs ``tf2onnx`` and
     ``onnx``), through ``jax2onnx`` on JAX (untested here)."""
     _check_backend("onnx")
-    model.export(str(path), format="onnx", verbose=False, opset_version=opset_version, **kwargs)
+    return _export(model, path, "onnx", opset_version=opset_version, **kwargs)
+
+
+def _export(model: keras.Model, path: str | os.PathLike, fmt: str, **kwargs) -> Path:
+    with atomic_path(path) as temporary:
+        model.export(temporary, format=fmt, verbose=False, **kwargs)
     return Path(path)
 
 

@@ -1,28 +1,32 @@
 """Files that appear whole or not at all: each is written under a temporary name beside its target, then
 ``os.replace``-d onto it (atomic within one folder on POSIX and Windows). A reader, a resumed run or a cache
 check never sees a partial file; a failure, or a process killed half-way, leaves the target as it was and at
-most a temporary file (``.NAME.<random>.tmp.EXT``) that :func:`temporary_target` recognises."""
+most a temporary file (``.NAME.<random>.tmp.EXT``) that :func:`temporary_target` recognises. A folder (a
+SavedModel) is written the same way, in a new temporary folder."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from typing import IO
 
 __all__ = ["atomic_open", "atomic_path", "temporary_path", "temporary_target"]
 
-_TEMPORARY = re.compile(r"\.(?P<stem>.+)\.[0-9a-f]{12}\.tmp(?P<suffix>(\.[^.]*)?)")
+_STEM = r"\.*[^.]*"  # a name up to its extensions, which are all kept: "vit.weights.h5" -> "vit", ".weights.h5"
+_TEMPORARY = re.compile(rf"\.(?P<stem>{_STEM})\.[0-9a-f]{{12}}\.tmp(?P<suffix>(\..*)?)")
 
 
 def temporary_path(path: str | os.PathLike) -> str:
-    """A new hidden name in ``path``'s folder, with ``path``'s extension (writers such as ``Model.save`` and
-    ``savefig`` choose the format by it): ``folder/model.keras`` -> ``folder/.model.<random>.tmp.keras``."""
+    """A new hidden name in ``path``'s folder, with all of ``path``'s extensions (writers such as
+    ``Model.save_weights`` and ``savefig`` check or choose the format by them): ``folder/vit.weights.h5`` ->
+    ``folder/.vit.<random>.tmp.weights.h5``."""
     directory, name = os.path.split(os.path.abspath(path))
-    stem, suffix = os.path.splitext(name)
-    return os.path.join(directory, f".{stem}.{uuid.uuid4().hex[:12]}.tmp{suffix}")
+    stem = re.match(_STEM, name)[0]
+    return os.path.join(directory, f".{stem}.{uuid.uuid4().hex[:12]}.tmp{name[len(stem) :]}")
 
 
 def temporary_target(name: str) -> str | None:
@@ -34,9 +38,10 @@ def temporary_target(name: str) -> str | None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[str]:
-    """A temporary path to write, renamed onto ``path`` when the ``with`` block ends without an error; an error
-    removes it and leaves ``path`` as it was. ``durable``: flush the file to the disk before the rename (for a
-    file a crash must not lose, such as a checkpoint). The folder must exist."""
+    """A temporary path to write a file or a new folder at, renamed onto ``path`` when the ``with`` block ends
+    without an error; an error removes it and leaves ``path`` as it was. ``durable``: flush the file to the disk
+    before the rename (for a file a crash must not lose, such as a checkpoint). The parent folder must exist; a
+    folder is renamed only onto a path that does not exist yet."""
     temporary = temporary_path(path)
     try:
         yield temporary
@@ -45,7 +50,9 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[s
                 os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(temporary) and not os.path.islink(temporary):
+            shutil.rmtree(temporary, ignore_errors=True)  # the writer's new folder, under this call's own name
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             os.unlink(temporary)
         raise
 

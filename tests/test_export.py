@@ -8,6 +8,9 @@ TensorFlow only (Keras exports ONNX from JAX through jax2onnx, not installed her
 each format is a ValueError that says to export from a TensorFlow process.
 """
 
+import os
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -109,3 +112,33 @@ def test_a_format_this_backend_cannot_write_says_what_to_do(model, tmp_path, fmt
     ):
         exporter(model, tmp_path / filename)
     assert not (tmp_path / filename).exists()
+
+
+EXPORTABLE = [f for f in export.FORMATS if (keras.backend.backend(), f.removesuffix("_int8")) not in export.UNSUPPORTED]
+
+
+@pytest.mark.parametrize("fmt", EXPORTABLE)
+def test_a_converter_failing_half_way_leaves_nothing(model, tmp_path, monkeypatch, fmt):
+    def write_half_then_fail(self, path, format, **kwargs):
+        if format == "tf_saved_model":
+            (Path(path) / "variables").mkdir(parents=True)
+            (Path(path) / "saved_model.pb").write_bytes(b"half a graph")
+        else:
+            Path(path).write_bytes(b"half a file")
+        raise RuntimeError("the converter crashed")
+
+    monkeypatch.setattr(keras.Model, "export", write_half_then_fail)
+    (tmp_path / "notes.txt").write_text("the user's")
+    filename, exporter = export.FORMATS[fmt]
+    with pytest.raises(RuntimeError, match="the converter crashed"):
+        exporter(model, tmp_path / filename)
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+@pytest.mark.skipif("saved_model" not in EXPORTABLE, reason="no SavedModel export on this backend")
+def test_a_saved_model_is_not_written_over_an_existing_path(model, tmp_path):
+    (tmp_path / "vit_savedmodel").mkdir()
+    (tmp_path / "vit_savedmodel" / "notes.txt").write_text("the user's")
+    with pytest.raises(ValueError, match="vit_savedmodel exists"):
+        export.export_saved_model(model, tmp_path / "vit_savedmodel")
+    assert os.listdir(tmp_path / "vit_savedmodel") == ["notes.txt"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -137,19 +136,14 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
 
 
 def _write_atomically(model, out: Path, output_format: str, quantize: str | None) -> None:
-    """Write into a new temporary folder beside ``out``, then rename into place: a failure leaves no partial
-    output and removes only that folder."""
-    import shutil
-    import tempfile
+    """Write under a temporary name beside ``out``, then rename it into place (:mod:`keras_vit.files`): a
+    failure leaves no partial output."""
+    from keras_vit.files import atomic_path
 
     if output_format == "saved_model" and out.exists():
         raise ValueError(f"{out} exists; remove it or choose another folder for the SavedModel.")
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
-        _write(model, scratch / out.name, output_format, quantize)
-        os.replace(scratch / out.name, out)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with atomic_path(out) as temporary:
+        _write(model, Path(temporary), output_format, quantize)
 
 
 def _convert(args) -> None:
