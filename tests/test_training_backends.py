@@ -46,6 +46,7 @@ for name in ("default", "data_parallel", "model_parallel"):
                 for v in result.model.variables if v.path.endswith("kernel")}}
     out[name] = {{k: metrics[k] for k in ("strategy", "replicas", "eval_examples")}}
     out[name].update(layouts=layouts, accuracy=result.metrics["accuracy"], loss=result.metrics["loss"])
+    out[name]["val_loss"] = metrics["history"]["val_loss"]
     if name != "default":
         out[name]["max_difference"] = max(float(np.abs(a - b).max()) for a, b in zip(weights["default"], weights[name]))
 keras.utils.set_random_seed(result.config.optim.seed)
@@ -80,6 +81,8 @@ def test_data_parallel_over_two_host_devices_equals_one_device(two_devices):
     assert (out["default"]["eval_examples"], out["data_parallel"]["eval_examples"]) == (359, 359)
     assert out["data_parallel"]["accuracy"] == pytest.approx(out["default"]["accuracy"], abs=1e-7)
     assert out["data_parallel"]["loss"] == pytest.approx(out["default"]["loss"], rel=1e-5)
+    assert len(out["default"]["val_loss"]) == 2  # and so is the held-out loss of each evaluation in the history
+    assert out["data_parallel"]["val_loss"] == pytest.approx(out["default"]["val_loss"], rel=1e-5)
 
 
 def test_model_parallel_shards_the_block_kernels_and_equals_one_device(two_devices):

@@ -342,7 +342,7 @@ def _fit(
                 initial_epoch=segment.first_epoch,
                 steps_per_epoch=segment.steps_per_epoch,
                 validation_data=eval_data,
-                callbacks=[*steppers, tensorboard, *callbacks],
+                callbacks=[*steppers, *callbacks, tensorboard],  # TensorBoard logs what the callbacks leave
                 verbose=verbose,
             )
         history["epoch"].extend(run.epoch)

@@ -23,7 +23,24 @@ from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.pipeline import eval_dataset, train_dataset
 from keras_vit.training.strategy import Strategy, strategy_name, training_scope
 
-__all__ = ["FinetuneResult", "train_classifier"]
+__all__ = ["FinetuneResult", "OverImages", "train_classifier"]
+
+
+class OverImages(keras.callbacks.Callback):
+    """The held-out loss over the images alone when the evaluation is in whole batches (TPU, JAX DataParallel).
+
+    Keras' loss tracker averages over every example of a batch, so the blanks that fill the last one (weight 0,
+    loss 0) pull ``val_loss`` down by images / (images + blanks); this puts ``val_loss`` back, times ``scale``,
+    for the callbacks after it (TensorBoard, and History and the progress bar, which Keras calls last).
+    """
+
+    def __init__(self, images: int, blanks: int):
+        super().__init__()
+        self.scale = (images + blanks) / images if blanks else 1.0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and "val_loss" in logs:
+            logs["val_loss"] = float(logs["val_loss"]) * self.scale
 
 
 @dataclasses.dataclass
@@ -76,6 +93,8 @@ def train_classifier(
             shuffle_buffer=config.data.shuffle_buffer,
         )
 
+    count, blanks = source.eval.num_examples, setup.blanks(micro_batch)
+    over_images = OverImages(count, blanks)
     started = time.time()
     result = fit(
         model,
@@ -90,15 +109,13 @@ def train_classifier(
         log_every=run.log_every * accumulate,
         accumulation_steps=accumulate,
         seed=optim.seed,
-        callbacks=callbacks,
+        callbacks=[over_images, *callbacks],
         verbose=run.verbose,
     )
     train_seconds = time.time() - started
     with training_scope(strategy):
         scores = model.evaluate(eval_data, return_dict=True, verbose=0)
-    count, blanks = source.eval.num_examples, setup.blanks(micro_batch)
-    if blanks:  # Keras averages the loss over whole batches, blanks (loss 0) included: over the images instead
-        scores["loss"] *= (count + blanks) / count
+    scores["loss"] *= over_images.scale
     metrics = {
         "eval": {k: float(v) for k, v in scores.items()},
         "eval_examples": count,
