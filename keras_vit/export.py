@@ -108,8 +108,15 @@ def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str 
 
 def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: int | None = None, **kwargs) -> Path:
     """An ONNX file (``model.export(format="onnx")``): through ``tf2onnx`` on TensorFlow (needs ``tf2onnx`` and
-    ``onnx``), through ``jax2onnx`` on JAX (untested here)."""
+    ``onnx``; any batch size), through ``jax2onnx`` on JAX (a fixed shape, given as ``input_signature``)."""
     _check_backend("onnx")
+    if keras.backend.backend() == "jax" and kwargs.get("input_signature") is None:
+        raise ValueError(
+            "ONNX export on JAX (jax2onnx) needs a fixed input shape: pass input_signature=[keras.InputSpec("
+            "shape=(batch, height, width, 3))], since jax2onnx cannot lower the model's reshapes with a symbolic "
+            "batch. Or export from a process with KERAS_BACKEND=tensorflow, whose ONNX file takes any batch."
+        )
+    model(np.zeros((1, *(size or 224 for size in model.input_shape[1:])), "float32"))  # Keras: "has never called"
     return _export(model, path, "onnx", opset_version=opset_version, **kwargs)
 
 

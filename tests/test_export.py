@@ -3,9 +3,9 @@
 Tolerances (outputs of order 1-3): SavedModel, LiteRT float32 and ONNX within 1e-4; LiteRT with int8
 weights (dynamic range) within 0.15 and at least 3/4 of the top-1 classes the same.
 
-Backends (docs/backends.md): SavedModel from TensorFlow and JAX (jax2tf); LiteRT and ONNX (tf2onnx) from
-TensorFlow only (Keras exports ONNX from JAX through jax2onnx, not installed here); nothing from torch, where
-each format is a ValueError that says to export from a TensorFlow process.
+Backends (docs/backends.md): SavedModel from TensorFlow and JAX (jax2tf); LiteRT from TensorFlow only; ONNX
+from TensorFlow (tf2onnx, any batch) and JAX (jax2onnx, a fixed shape); nothing from torch, where each format
+is a ValueError that says to export from a TensorFlow process.
 """
 
 import os
@@ -130,8 +130,10 @@ def test_a_converter_failing_half_way_leaves_nothing(model, tmp_path, monkeypatc
     monkeypatch.setattr(keras.Model, "export", write_half_then_fail)
     (tmp_path / "notes.txt").write_text("the user's")
     filename, exporter = export.FORMATS[fmt]
+    fixed = fmt == "onnx" and keras.backend.backend() == "jax"  # jax2onnx: a fixed shape
+    kwargs = {"input_signature": [keras.InputSpec(shape=(1, 32, 32, 3))]} if fixed else {}
     with pytest.raises(RuntimeError, match="the converter crashed"):
-        exporter(model, tmp_path / filename)
+        exporter(model, tmp_path / filename, **kwargs)
     assert os.listdir(tmp_path) == ["notes.txt"]
 
 
@@ -142,3 +144,15 @@ def test_a_saved_model_is_not_written_over_an_existing_path(model, tmp_path):
     with pytest.raises(ValueError, match="vit_savedmodel exists"):
         export.export_saved_model(model, tmp_path / "vit_savedmodel")
     assert os.listdir(tmp_path / "vit_savedmodel") == ["notes.txt"]
+
+
+@pytest.mark.backends("jax")
+def test_onnx_from_jax_at_a_fixed_batch(model, images, tmp_path):
+    pytest.importorskip("jax2onnx")
+    pytest.importorskip("onnxruntime")
+    with pytest.raises(ValueError, match=r"fixed input shape: pass input_signature"):
+        export.export_onnx(model, tmp_path / "model.onnx")
+    assert not os.listdir(tmp_path)
+    spec = keras.InputSpec(shape=images.shape, dtype="float32")
+    path = export.export_onnx(model, tmp_path / "model.onnx", input_signature=[spec])
+    np.testing.assert_allclose(export.load(path)(images), model.predict_on_batch(images), atol=FLOAT_ATOL)

@@ -125,10 +125,6 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
         "litert": lambda p: export.export_litert(model, p, quantize=quantize),
         "onnx": lambda p: export.export_onnx(model, p),
     }
-    if output_format == "onnx":  # Keras' ONNX export needs a model that has run once
-        import numpy as np
-
-        model.predict_on_batch(np.zeros((1, *(size or 224 for size in model.input_shape[1:])), "float32"))
     try:
         writers[output_format](path)
     except ImportError as exc:
