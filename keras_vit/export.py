@@ -116,7 +116,8 @@ def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: i
             "shape=(batch, height, width, 3))], since jax2onnx cannot lower the model's reshapes with a symbolic "
             "batch. Or export from a process with KERAS_BACKEND=tensorflow, whose ONNX file takes any batch."
         )
-    model(np.zeros((1, *(size or 224 for size in model.input_shape[1:])), "float32"))  # Keras: "has never called"
+    sizes = (size or 224 for size in model.input_shape[1:])
+    model(np.zeros((1, *sizes), model.inputs[0].dtype))  # Keras exports only a model that has been called
     return _export(model, path, "onnx", opset_version=opset_version, **kwargs)
 
 
