@@ -79,9 +79,13 @@ def test_onnx(model, images, tmp_path):
     [
         pytest.param("saved_model", marks=pytest.mark.backends("tensorflow", "jax")),
         pytest.param("litert", marks=pytest.mark.backends("tensorflow")),
+        pytest.param("onnx", marks=pytest.mark.backends("tensorflow")),
     ],
 )
 def test_with_preprocessing_takes_uint8_of_any_size(model, tmp_path, fmt):
+    if fmt == "onnx":
+        pytest.importorskip("tf2onnx")
+        pytest.importorskip("onnxruntime")
     serving = export.with_preprocessing(model)
     filename, exporter = export.FORMATS[fmt]
     run = export.load(exporter(serving, tmp_path / filename))
