@@ -127,3 +127,24 @@ def test_the_zoo_records_a_sha256_whole(tmp_path):
     record(path, "ab" * 32)
     assert recorded(path) == "ab" * 32
     assert sorted(os.listdir(tmp_path)) == ["a.npz", "a.npz.sha256"]
+
+
+def test_a_failed_timm_save_keeps_the_old_file(tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    import keras_vit
+
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=1, num_classes=5)
+    path = tmp_path / "vit.safetensors"
+    keras_vit.save_timm_safetensors(model, path)
+    before = path.read_bytes()
+
+    def save_half_then_fail(state, filename, metadata=None):
+        with open(filename, "wb") as file:
+            file.write(before[:100])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        keras_vit.save_timm_safetensors(model, path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["vit.safetensors"]

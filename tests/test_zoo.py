@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import keras
 import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
 
@@ -259,20 +260,20 @@ def test_convert_to_onnx(tiny_checkpoint, tmp_path):
     _convert_and_compare(tiny_checkpoint, tmp_path / "vit.onnx")
 
 
-def test_a_failing_convert_leaves_no_partial_output(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    from keras_vit import export
-
-    def broken(model, path, **kwargs):
-        Path(path).write_bytes(b"half a flatbuffer")
+@pytest.mark.parametrize("output, method", [("vit.tflite", "export"), ("vit.keras", "save")])
+def test_a_failing_convert_leaves_no_partial_output(tiny_checkpoint, tmp_path, monkeypatch, capsys, output, method):
+    def broken(model, path, *args, **kwargs):  # Keras' converter or saver, failing half-way through its file
+        Path(path).write_bytes(b"half a file")
         raise ValueError("the converter failed")
 
-    monkeypatch.setattr(export, "export_litert", broken)
+    monkeypatch.setattr(keras.Model, method, broken)
     keep = tmp_path / "notes.txt"
     keep.write_text("the user's")
     with pytest.raises(SystemExit) as exit_:
-        zoo_main(["convert", str(tiny_checkpoint[0]), str(tmp_path / "vit.tflite")])
+        zoo_main(["convert", str(tiny_checkpoint[0]), str(tmp_path / output)])
     assert exit_.value.code == 1 and "the converter failed" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and keep.read_text() == "the user's"
+    monkeypatch.undo()
     for argv in (["vit.unknown"], ["vit.keras", "--quantize", "dynamic_int8"], ["vit.onnx", "--format", "litert"]):
         with pytest.raises(SystemExit):
             zoo_main(["convert", str(tiny_checkpoint[0]), str(tmp_path / argv[0]), *argv[1:]])

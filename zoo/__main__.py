@@ -113,13 +113,23 @@ def _output_format(output: Path, chosen: str | None) -> str:
 
 
 def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
-    """Write ``model`` to ``path`` in ``output_format`` (the keras_vit.export functions for serving formats)."""
+    """Write ``model`` to ``path`` in ``output_format``, atomically: Keras' own files under a temporary name
+    (:mod:`keras_vit.files`); the timm file and the serving formats (:mod:`keras_vit.export`) are written that
+    way by the functions that write them. A failure leaves no partial output."""
     from keras_vit import export
     from keras_vit.checkpoints import save_timm_safetensors
+    from keras_vit.files import atomic_path
+
+    def atomically(save):
+        def write(target):
+            with atomic_path(target) as temporary:
+                save(temporary)
+
+        return write
 
     writers = {
-        "keras": model.save,
-        "weights_h5": model.save_weights,
+        "keras": atomically(model.save),
+        "weights_h5": atomically(model.save_weights),
         "timm-safetensors": lambda p: save_timm_safetensors(model, p),
         "saved_model": lambda p: export.export_saved_model(model, p),
         "litert": lambda p: export.export_litert(model, p, quantize=quantize),
@@ -129,17 +139,6 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
         writers[output_format](path)
     except ImportError as exc:
         raise ValueError(f"--format {output_format}: {exc}") from None  # names the module and how to install it
-
-
-def _write_atomically(model, out: Path, output_format: str, quantize: str | None) -> None:
-    """Write under a temporary name beside ``out``, then rename it into place (:mod:`keras_vit.files`): a
-    failure leaves no partial output."""
-    from keras_vit.files import atomic_path
-
-    if output_format == "saved_model" and out.exists():
-        raise ValueError(f"{out} exists; remove it or choose another folder for the SavedModel.")
-    with atomic_path(out) as temporary:
-        _write(model, Path(temporary), output_format, quantize)
 
 
 def _convert(args) -> None:
@@ -159,7 +158,7 @@ def _convert(args) -> None:
         model = keras.saving.load_model(args.source)  # e.g. a model fine-tuned here, back to timm
     else:
         model = model_from_checkpoint(_local(args.source, args.cache_dir), resize_method=args.resize_method, **kwargs)
-    _write_atomically(model, out, output_format, args.quantize)
+    _write(model, out, output_format, args.quantize)
     written = FORMATS[output_format][1] + (f", {args.quantize}" if args.quantize else "")
     print(f"{model.name}: {model.count_params():,} parameters, input {model.input_shape} -> {out} ({written})")
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
 from keras_vit.checkpoints.keymap import npz_key_map
+from keras_vit.files import atomic_path
 from keras_vit.layers import TransformerBlock
 from keras_vit.models import uses_fc_norm
 from keras_vit.resnet import TIMM_RESNET, ResNetStem
@@ -374,12 +375,14 @@ def timm_model_kwargs(model: keras.Model) -> dict:
 
 def save_timm_safetensors(model: keras.Model, path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Write :func:`to_timm_state_dict` to a ``.safetensors`` file (with :func:`timm_model_kwargs` as JSON
-    metadata under ``"timm_model_kwargs"`` where timm has the architecture); returns the state dict."""
+    metadata under ``"timm_model_kwargs"`` where timm has the architecture), atomically (:mod:`keras_vit.files`);
+    returns the state dict."""
     from safetensors.numpy import save_file
 
     state = to_timm_state_dict(model)
     metadata = {"format": "pt"}
     with contextlib.suppress(ValueError):  # a hybrid timm has no constructor for: the weights still convert
         metadata["timm_model_kwargs"] = json.dumps(timm_model_kwargs(model))
-    save_file(state, os.fspath(path), metadata=metadata)
+    with atomic_path(path) as temporary:
+        save_file(state, temporary, metadata=metadata)
     return state
