@@ -7,6 +7,7 @@ SavedModel) is written the same way, in a new temporary folder."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -43,6 +44,8 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[s
     before the rename (for a file a crash must not lose, such as a checkpoint). The parent folder must exist; a
     folder is renamed only onto a path that does not exist yet."""
     temporary = temporary_path(path)
+    if not os.path.isdir(os.path.dirname(temporary)):  # named as the user gave it, not by the temporary name
+        raise FileNotFoundError(errno.ENOENT, "No such folder to write into", os.path.dirname(temporary))
     try:
         yield temporary
         if durable:

@@ -148,3 +148,11 @@ def test_a_failed_timm_save_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         keras_vit.save_timm_safetensors(model, path)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["vit.safetensors"]
+
+
+def test_a_missing_folder_is_named_and_nothing_is_created(tmp_path):
+    missing = tmp_path / "no" / "such"
+    message = re.escape(f"No such folder to write into: '{missing}'")
+    with pytest.raises(FileNotFoundError, match=message), atomic_open(missing / "metrics.json", "w") as file:
+        file.write("{}")
+    assert os.listdir(tmp_path) == []
