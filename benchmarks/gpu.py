@@ -1,7 +1,7 @@
 """ViT throughput and MFU on one accelerator: keras-vit on JAX next to timm under ``torch.compile``.
 
 One prepared script for a GPU machine with JAX and PyTorch (CUDA), timm and torchvision, and no
-TensorFlow; Keras and keras-vit may travel as source (the repository root is put on ``sys.path``)::
+TensorFlow; keras-vit must be installed there (``benchmarks/gpu_device.sh`` installs it and Keras)::
 
     python benchmarks/gpu.py --models B/16 L/16 --batch 256 --out results.json
     KERAS_BACKEND=jax python benchmarks/gpu.py --tiny     # CPU smoke test: tiny model, batch 4
@@ -43,6 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
 # Dense bfloat16 datasheet peaks (TFLOP/s), for comparison only; MFU uses the measured peak.
 SPEC_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.4, "H200": 989.4, "A100": 312.0, "L4": 121.0, "A10": 125.0}
+CPU_RUNTIME_FRAMES = ("ThunkExecutor", "Await")  # on CPU threads, frames around the ops, not ops
 TINY = dict(models=["Ti/16"], image_size=32, depth=2, num_classes=10, batch=4, steps=2, warmup=1, peak_size=1024)
 
 
@@ -56,7 +57,6 @@ def forward_flops(depth: int, width: int, mlp_dim: int, patch: int, image_size: 
 
 def _shape(model: str, args) -> dict:
     """Depth, width, MLP size and patch of a variant name, with ``--tiny``'s depth override."""
-    sys.path.insert(0, REPO)
     from keras_vit.variants import parse_variant
 
     arch = parse_variant(model)
@@ -109,10 +109,9 @@ def worker_peak(args) -> dict:
     )
 
 
-def worker_keras_vit(args) -> dict:
-    """keras-vit on the JAX backend: ``train_on_batch`` and ``predict_on_batch`` under ``args.policy``."""
+def _keras_vit_step(args):
+    """keras-vit compiled for one JAX train step under ``args.policy``: (model, x, y, facts)."""
     os.environ["KERAS_BACKEND"] = "jax"
-    sys.path.insert(0, REPO)
     import jax
     import keras
     import numpy as np
@@ -132,18 +131,86 @@ def worker_keras_vit(args) -> dict:
     rng = np.random.default_rng(0)
     x = jax.device_put(rng.uniform(-1, 1, (args.batch, args.image_size, args.image_size, 3)).astype("float32"))
     y = jax.device_put(rng.integers(0, args.num_classes, args.batch).astype("int32"))
-    result = dict(
+    facts = dict(
         params=model.count_params(),
         backend=keras.backend.backend(),
         keras=keras.__version__,
         policy=args.policy,
         device=str(jax.devices()[0].device_kind),
     )
+    return model, x, y, facts
+
+
+def worker_keras_vit(args) -> dict:
+    """keras-vit on the JAX backend: ``train_on_batch`` and ``predict_on_batch`` under ``args.policy``."""
+    import jax
+
+    model, x, y, result = _keras_vit_step(args)
     result["train"] = _timed(lambda: model.train_on_batch(x, y), args.warmup, args.steps)
     result["infer"] = _timed(lambda: model.predict_on_batch(x), args.warmup, args.steps)
     stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
     if "peak_bytes_in_use" in stats:
         result["peak_gb"] = stats["peak_bytes_in_use"] / 1e9
+    return result
+
+
+def summarize_trace(path: str, top: int = 15) -> dict:
+    """Where a JAX profile's time went: total and top op (kernel) names of a Perfetto trace (``.json.gz``).
+
+    Counts complete events on the accelerator's processes (``/device:...``); on a CPU, where there are
+    none, on XLA's worker threads (``tf_XLA...``). Names that differ only in a numeric suffix
+    (``fusion.12``, ``fusion.40``) are added together.
+    """
+    import collections
+    import gzip
+    import re
+
+    with gzip.open(path, "rt") as handle:
+        trace = json.load(handle)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    threads = {
+        (e["pid"], e.get("tid")): e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e["name"] == "thread_name"
+    }
+    devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
+
+    def counted(event) -> bool:
+        if event.get("ph") != "X" or event["name"].startswith("end:"):
+            return False
+        if devices:
+            return event["pid"] in devices
+        thread = threads.get((event["pid"], event.get("tid")), "")
+        return thread.startswith("tf_XLA") and not any(word in event["name"] for word in CPU_RUNTIME_FRAMES)
+
+    totals: collections.Counter = collections.Counter()
+    for event in filter(counted, events):
+        totals[re.sub(r"[._]\d+$", "", event["name"])] += float(event.get("dur", 0)) / 1e3
+    total_ms = sum(totals.values())
+    return dict(
+        where="device" if devices else "cpu threads",
+        total_ms=total_ms,
+        top=[dict(name=name, ms=ms, share=ms / total_ms) for name, ms in totals.most_common(top)],
+    )
+
+
+def worker_profile(args) -> dict:
+    """One ``jax.profiler`` trace of ``--profile-steps`` keras-vit train steps, summarised (top ops by time)."""
+    import glob
+    import tempfile
+
+    import jax
+
+    model, x, y, result = _keras_vit_step(args)
+    for _ in range(max(1, args.warmup)):
+        model.train_on_batch(x, y)
+    log_dir = tempfile.mkdtemp(prefix="keras_vit_trace_")
+    with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+        for _ in range(args.profile_steps):
+            model.train_on_batch(x, y)
+    (path,) = glob.glob(os.path.join(log_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+    result.update(summarize_trace(path), steps=args.profile_steps, trace=path)
     return result
 
 
@@ -199,7 +266,7 @@ def worker_timm(args) -> dict:
     return result
 
 
-WORKERS = {"peak": worker_peak, "keras_vit": worker_keras_vit, "timm": worker_timm}
+WORKERS = {"peak": worker_peak, "keras_vit": worker_keras_vit, "timm": worker_timm, "profile": worker_profile}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,6 +295,8 @@ def _run_worker(name: str, model: str | None, args) -> dict:
         str(args.peak_size),
         "--peak-repeats",
         str(args.peak_repeats),
+        "--profile-steps",
+        str(args.profile_steps),
     ]
     command += ["--model", model] if model else []
     command += ["--depth", str(args.depth)] if args.depth else []
@@ -290,9 +359,22 @@ def markdown(results: dict, args) -> str:
             if peak_tflops
             else "",
         ]
+    profile = results.get("profile")
+    if profile and "top" in profile:
+        lines += [
+            "",
+            f"Profile: keras_vit {profile['model']} train step, {profile['steps']} steps traced, "
+            f"{profile['total_ms'] / profile['steps']:.1f} ms of ops per step on the {profile['where']}:",
+            "",
+            "| op | ms per step | share |",
+            "|---|---|---|",
+            *(f"| `{op['name'][:80]}` | {op['ms'] / profile['steps']:.2f} | {op['share']:.1%} |" for op in profile["top"]),
+        ]
     errors = [
         f"{m} {f}: {r['error']}" for m, pf in results.get("models", {}).items() for f, r in pf.items() if "error" in r
     ]
+    if profile and "error" in profile:
+        errors.append(f"profile {profile['model']}: {profile['error']}")
     return "\n".join(lines + (["", "Errors:", *errors] if errors else []))
 
 
@@ -309,6 +391,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--policy", default="mixed_bfloat16", help="Keras dtype policy of keras_vit")
     parser.add_argument("--peak-size", type=int, default=8192)
     parser.add_argument("--peak-repeats", type=int, default=10)
+    parser.add_argument("--profile", metavar="MODEL", help="also trace keras-vit train steps of MODEL (jax.profiler)")
+    parser.add_argument("--profile-steps", type=int, default=3, help="train steps in the --profile trace")
     parser.add_argument("--worker-timeout", type=float, default=900, help="seconds per worker process")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: Ti/16 at 32 px, depth 2, batch 4")
     parser.add_argument("--out", help="write the JSON results here")
@@ -326,6 +410,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict | None:
     """Run the workers in turn, print the Markdown table, return (and write) the results."""
     args = parse_args(argv)
+    os.environ.setdefault("KERAS_BACKEND", "jax")  # keras_vit's variant table loads Keras: never TensorFlow here
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args)), flush=True)
         return None
@@ -348,6 +433,10 @@ def main(argv=None) -> dict | None:
             print(f"running {framework} {model} ...", file=sys.stderr, flush=True)
             per_framework[framework] = dict(_run_worker(framework, model, args), flops=flops)
             save()
+    if args.profile:
+        print(f"profiling keras_vit {args.profile} ...", file=sys.stderr, flush=True)
+        results["profile"] = dict(_run_worker("profile", args.profile, args), model=args.profile)
+        save()
     print(markdown(results, args))
     return results
 

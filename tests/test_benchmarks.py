@@ -42,7 +42,7 @@ def test_gpu_script_tiny_runs_on_cpu_without_tensorflow(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=os.pathsep.join([str(blocker), REPO]))
     out = tmp_path / "results.json"
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--tiny", "--out", str(out)], capture_output=True, text=True, env=env, timeout=900
+        [sys.executable, SCRIPT, "--tiny", "--profile", "Ti/16", "--out", str(out)], capture_output=True, text=True, env=env, timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -53,6 +53,9 @@ def test_gpu_script_tiny_runs_on_cpu_without_tensorflow(tmp_path):
         assert run["train"]["step_s"] > 0 and run["infer"]["step_s"] > 0
     assert results["models"]["Ti/16"]["keras_vit"]["backend"] == "jax"
     assert "| Ti/16 | keras_vit | train | 4 |" in done.stdout
+    profile = results["profile"]
+    assert "error" not in profile, profile.get("error")
+    assert profile["total_ms"] > 0 and profile["top"] and "| op | ms per step | share |" in done.stdout
 
 
 # --- benchmarks/memory.py and benchmarks/op_profile.py: the pure parts, and reading a real trace ---------------
@@ -140,3 +143,52 @@ def test_throughput_backend_option_sets_the_workers_keras_backend(bench_scripts)
     for bad in ("keras_vit+jax+torch", "keras_vit+torch+onednn", "keras_vit+jax+xla"):
         with pytest.raises(ValueError, match="one Keras backend at most"):
             throughput._split_spec(bad)
+
+
+def _write_trace(path, events):
+    import gzip
+
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+
+
+def test_summarize_trace_counts_device_kernels_only(tmp_path):
+    gpu = _load_gpu()
+    meta = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+    ]
+    kernels = [
+        {"ph": "X", "pid": 7, "tid": 1, "name": "fusion.12", "dur": 3000},
+        {"ph": "X", "pid": 7, "tid": 1, "name": "fusion.40", "dur": 1000},
+        {"ph": "X", "pid": 7, "tid": 2, "name": "nvjet_sm90_gemm", "dur": 6000},
+        {"ph": "X", "pid": 1, "tid": 3, "name": "host_work", "dur": 90000},  # the host: not counted
+    ]
+    path = tmp_path / "perfetto_trace.json.gz"
+    _write_trace(path, meta + kernels)
+    summary = gpu.summarize_trace(str(path))
+    assert summary["where"] == "device"
+    assert summary["total_ms"] == pytest.approx(10.0)
+    assert [(op["name"], op["ms"]) for op in summary["top"]] == [("nvjet_sm90_gemm", 6.0), ("fusion", 4.0)]
+    assert summary["top"][1]["share"] == pytest.approx(0.4)
+
+
+def test_summarize_trace_on_a_cpu_reads_xla_threads_without_runtime_frames(tmp_path):
+    gpu = _load_gpu()
+    meta = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 1, "tid": 5, "name": "thread_name", "args": {"name": "tf_XLAEigen/123"}},
+        {"ph": "M", "pid": 1, "tid": 6, "name": "thread_name", "args": {"name": "python"}},
+    ]
+    events = [
+        {"ph": "X", "pid": 1, "tid": 5, "name": "dot_general", "dur": 2000},
+        {"ph": "X", "pid": 1, "tid": 5, "name": "ThunkExecutor::Execute", "dur": 5000},
+        {"ph": "X", "pid": 1, "tid": 5, "name": "end: dot_general", "dur": 1},
+        {"ph": "X", "pid": 1, "tid": 6, "name": "train_step", "dur": 9000},
+    ]
+    path = tmp_path / "perfetto_trace.json.gz"
+    _write_trace(path, meta + events)
+    summary = gpu.summarize_trace(str(path))
+    assert summary["where"] == "cpu threads"
+    assert [op["name"] for op in summary["top"]] == ["dot_general"]
+    assert summary["total_ms"] == pytest.approx(2.0)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU table in one call of a lent accelerator machine (JAX and PyTorch with CUDA, timm, no TensorFlow, no
+# network). Run from the repository root there, with Keras and what it needs beyond that machine's packages
+# carried as wheels in .whl/ (docs/performance.md, "GPU", says how):
+#   bash benchmarks/gpu_device.sh            # results under $OUT (or ./gpu-out): env.txt, gpu.json, table.md
+# Each worker process has its own timeout, and the JSON is rewritten after each, so a cut run keeps what finished.
+set -uo pipefail
+export KERAS_BACKEND=jax
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+# keras-vit itself (its zoo/ and training/ folders install as keras_vit.zoo and keras_vit.training), and the wheels.
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site . $(compgen -G ".whl/*.whl") || exit 1
+export PYTHONPATH=/tmp/site
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  python3 -c "import jax, torch, timm, keras; print('jax', jax.__version__, jax.devices()); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'timm', timm.__version__, 'keras', keras.__version__)"
+  nproc
+} 2>&1 | tee "$out/env.txt"
+PYTHONUNBUFFERED=1 timeout "${GPU_TABLE_TIMEOUT:-500}" python3 benchmarks/gpu.py --models B/16 L/16 --batch 256 \
+  --steps "${GPU_TABLE_STEPS:-10}" --warmup 3 --worker-timeout "${GPU_TABLE_WORKER_TIMEOUT:-170}" --profile B/16 \
+  --out "$out/gpu.json" | tee "$out/table.md"
