@@ -170,9 +170,7 @@ def summarize_trace(path: str, top: int = 15) -> dict:
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     threads = {
-        (e["pid"], e.get("tid")): e["args"]["name"]
-        for e in events
-        if e.get("ph") == "M" and e["name"] == "thread_name"
+        (e["pid"], e.get("tid")): e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"
     }
     devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
 
@@ -368,7 +366,10 @@ def markdown(results: dict, args) -> str:
             "",
             "| op | ms per step | share |",
             "|---|---|---|",
-            *(f"| `{op['name'][:80]}` | {op['ms'] / profile['steps']:.2f} | {op['share']:.1%} |" for op in profile["top"]),
+            *(
+                f"| `{op['name'][:80]}` | {op['ms'] / profile['steps']:.2f} | {op['share']:.1%} |"
+                for op in profile["top"]
+            ),
         ]
     errors = [
         f"{m} {f}: {r['error']}" for m, pf in results.get("models", {}).items() for f, r in pf.items() if "error" in r

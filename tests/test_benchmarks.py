@@ -42,7 +42,11 @@ def test_gpu_script_tiny_runs_on_cpu_without_tensorflow(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=os.pathsep.join([str(blocker), REPO]))
     out = tmp_path / "results.json"
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--tiny", "--profile", "Ti/16", "--out", str(out)], capture_output=True, text=True, env=env, timeout=900
+        [sys.executable, SCRIPT, "--tiny", "--profile", "Ti/16", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
