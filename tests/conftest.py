@@ -2,8 +2,12 @@
 
 A test marked ``@pytest.mark.backends("tensorflow")`` runs only on the backends it names and is skipped,
 saying why, on the others (CI runs a second pass under ``KERAS_BACKEND=jax`` and a smaller one under torch).
+A test marked ``@pytest.mark.requires("timm", "torch")`` needs those optional packages, in its own process or in
+a subprocess, and is skipped, naming the install, where one is missing: the README's set-up installs none of
+them. ``tests/test_package.py`` checks that every test file using an optional package carries the marker.
 """
 
+import importlib.util
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -14,11 +18,35 @@ import pytest
 
 import keras_vit  # noqa: F401  (first, as a user's program would: it picks TF's CPU kernels)
 
+# The optional packages tests use (top-level module -> how to install it), beyond the README's set-up line.
+OPTIONAL = {
+    "jax": "pip install -e '.[jax]'",
+    "torch": "pip install -e '.[reference]'",
+    "torchvision": "pip install -e '.[reference]'",
+    "timm": "pip install -e '.[reference]'",
+    "transformers": "pip install -e '.[reference]'",
+    "tf2onnx": "pip install -e '.[export]'",
+    "onnx": "pip install -e '.[export]'",
+    "onnxruntime": "pip install -e '.[export]'",
+    "ai_edge_litert": "pip install -e '.[export]'",
+    "jax2onnx": "pip install jax2onnx",
+    "keras_hub": "pip install --no-deps keras-hub kagglehub kagglesdk regex sentencepiece tokenizers pyyaml",
+}
+
+
+def missing_packages(modules) -> list[str]:
+    """The modules of ``modules`` that are not installed."""
+    return [module for module in modules if importlib.util.find_spec(module) is None]
+
 
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("backends")
     if marker is not None and keras.backend.backend() not in marker.args:
         pytest.skip(f"needs the {' or '.join(marker.args)} backend, this run is {keras.backend.backend()}")
+    missing = missing_packages(module for mark in item.iter_markers("requires") for module in mark.args)
+    if missing:
+        installs = sorted({OPTIONAL.get(module, f"pip install {module}") for module in missing})
+        pytest.skip(f"needs {', '.join(missing)}, not installed ({'; '.join(installs)})")
 
 
 @pytest.fixture(autouse=True)

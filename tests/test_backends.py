@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.requires("jax", "torch")  # each test compares the three backends' workers
+
 START = time.perf_counter()
 BACKENDS = ("tensorflow", "jax", "torch")
 LOGITS_ATOL = 1e-5

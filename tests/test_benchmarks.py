@@ -28,12 +28,8 @@ def test_forward_flops_is_the_standard_formula():
     assert round(expected / 1e9, 1) == 35.1  # B/16 at 224 px, as docs/performance.md counts it
 
 
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
 @pytest.mark.slow  # about 3 minutes on 2 cores: torch.compile on CPU dominates
-@pytest.mark.skipif(not (_has("jax") and _has("torch") and _has("timm")), reason="needs jax, torch and timm")
+@pytest.mark.requires("jax", "torch", "timm")
 def test_gpu_script_tiny_runs_on_cpu_without_tensorflow(tmp_path):
     blocker = tmp_path / "site"
     blocker.mkdir()

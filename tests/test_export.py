@@ -68,9 +68,8 @@ def test_litert_dynamic_int8(model, images, tmp_path):
 
 
 @pytest.mark.backends("tensorflow")
+@pytest.mark.requires("tf2onnx", "onnxruntime")
 def test_onnx(model, images, tmp_path):
-    pytest.importorskip("tf2onnx")
-    pytest.importorskip("onnxruntime")
     check_float(model, export.export_onnx(model, tmp_path / "model.onnx"), images)
 
 
@@ -79,13 +78,12 @@ def test_onnx(model, images, tmp_path):
     [
         pytest.param("saved_model", marks=pytest.mark.backends("tensorflow", "jax")),
         pytest.param("litert", marks=pytest.mark.backends("tensorflow")),
-        pytest.param("onnx", marks=pytest.mark.backends("tensorflow")),
+        pytest.param(
+            "onnx", marks=[pytest.mark.backends("tensorflow"), pytest.mark.requires("tf2onnx", "onnxruntime")]
+        ),
     ],
 )
 def test_with_preprocessing_takes_uint8_of_any_size(model, tmp_path, fmt):
-    if fmt == "onnx":
-        pytest.importorskip("tf2onnx")
-        pytest.importorskip("onnxruntime")
     serving = export.with_preprocessing(model)
     filename, exporter = export.FORMATS[fmt]
     run = export.load(exporter(serving, tmp_path / filename))
@@ -151,9 +149,8 @@ def test_a_saved_model_is_not_written_over_an_existing_path(model, tmp_path):
 
 
 @pytest.mark.backends("jax")
+@pytest.mark.requires("jax2onnx", "onnxruntime")
 def test_onnx_from_jax_at_a_fixed_batch(model, images, tmp_path):
-    pytest.importorskip("jax2onnx")
-    pytest.importorskip("onnxruntime")
     with pytest.raises(ValueError, match=r"fixed input shape: pass input_signature"):
         export.export_onnx(model, tmp_path / "model.onnx")
     assert not os.listdir(tmp_path)

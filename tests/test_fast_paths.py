@@ -252,6 +252,7 @@ _JAX_REMAT_SCRIPT = """
 
 
 @pytest.mark.slow  # a JAX interpreter: about 15 s
+@pytest.mark.requires("jax")
 def test_remat_equals_plain_on_jax():
     script = f"TINY = {TINY!r}\n" + textwrap.dedent(_JAX_REMAT_SCRIPT)
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")

@@ -22,16 +22,12 @@ import keras_vit
 from keras_vit.checkpoints.read import read_checkpoint
 
 TOLERANCE = 1e-4
-SKIP = 3  # exit status of a reference script whose library is missing
 
 TIMM_SCRIPT = """
 import json, sys
 import numpy as np
-try:
-    import timm, torch
-    from safetensors.torch import save_file
-except ImportError as exc:
-    print(f"needs timm and torch: {exc}"); sys.exit(3)
+import timm, torch
+from safetensors.torch import save_file
 torch.manual_seed(0)
 torch.set_num_threads(2)
 for job in json.load(open(sys.argv[1])):
@@ -56,11 +52,8 @@ for job in json.load(open(sys.argv[1])):
 HF_SCRIPT = """
 import sys
 import numpy as np
-try:
-    import torch
-    from transformers import ViTConfig, ViTForImageClassification, ViTModel
-except ImportError as exc:
-    print(f"needs transformers and torch: {exc}"); sys.exit(3)
+import torch
+from transformers import ViTConfig, ViTForImageClassification, ViTModel
 torch.manual_seed(0)
 out, images = sys.argv[1], torch.from_numpy(np.load(sys.argv[2])).permute(0, 3, 1, 2)
 config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
@@ -88,12 +81,10 @@ def photos(size: int, count: int = 2) -> np.ndarray:
 
 
 def run_reference(script: str, *args) -> None:
-    """Run a reference script in a fresh interpreter; skip the test when its library is missing."""
+    """Run a reference script in a fresh interpreter (its test is marked ``requires`` for the script's library)."""
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *map(str, args)], capture_output=True, text=True, timeout=600
     )
-    if result.returncode == SKIP:
-        pytest.skip(result.stdout.strip())
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -140,6 +131,7 @@ def timm_files(tmp_path_factory):
 
 
 @pytest.mark.reference
+@pytest.mark.requires("timm", "torch")
 @pytest.mark.parametrize("case", list(TIMM_CASES))
 def test_timm_state_dict_gives_timms_logits(timm_files, case):
     _, kwargs, size, suffix = TIMM_CASES[case]
@@ -165,6 +157,7 @@ def test_timm_state_dict_gives_timms_logits(timm_files, case):
 
 
 @pytest.mark.reference
+@pytest.mark.requires("timm", "torch")
 def test_keras_vit_to_timm_round_trip(tmp_path):
     model = keras_vit.ViT(
         None,
@@ -196,6 +189,7 @@ def test_keras_vit_to_timm_round_trip(tmp_path):
 
 
 @pytest.mark.reference
+@pytest.mark.requires("transformers", "torch")
 def test_huggingface_folders_give_transformers_outputs(tmp_path):
     np.save(tmp_path / "images.npy", photos(32))
     run_reference(HF_SCRIPT, tmp_path, tmp_path / "images.npy")
@@ -213,8 +207,10 @@ def test_huggingface_folders_give_transformers_outputs(tmp_path):
     np.testing.assert_allclose(pooler, np.load(tmp_path / "pooler.npy"), atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.requires("keras_hub")
 def test_keras_hub_preset_matches_its_backbone(tmp_path):
-    keras_hub = pytest.importorskip("keras_hub", reason="keras-hub is not installed")
+    import keras_hub
+
     backbone = keras_hub.models.ViTBackbone(
         image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
     )

@@ -1,6 +1,5 @@
 """The hybrids (ResNet feature map + ViT): sizes, parameter counts, checkpoints, parity with timm, saving."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -353,8 +352,6 @@ def _our_parity_model(name, **resnet_numerics):
 @pytest.fixture(scope="module")
 def timm_parity(tmp_path_factory):
     """Runs timm once (in a subprocess) on every parity case; returns the checkpoints, images and outputs."""
-    if importlib.util.find_spec("timm") is None:
-        pytest.skip("timm is not installed (pip install -e '.[reference]')")
     folder = tmp_path_factory.mktemp("timm_hybrid")
     size = PARITY["image_size"]
     images = np.random.default_rng(8).uniform(-1, 1, (2, size, size, 3)).astype("float32")
@@ -396,6 +393,7 @@ def timm_parity(tmp_path_factory):
 
 
 @pytest.mark.reference
+@pytest.mark.requires("timm", "torch")
 @pytest.mark.parametrize("name", list(PARITY_CASES))
 def test_parity_with_timm(timm_parity, name):
     images, cases = timm_parity
@@ -413,6 +411,7 @@ def test_parity_with_timm(timm_parity, name):
 
 
 @pytest.mark.reference
+@pytest.mark.requires("timm", "torch")
 def test_published_numerics_differ_measurably_from_timms(timm_parity):
     """Our defaults are the Flax code's (``(w - m) / (std + 1e-5)``, GroupNorm 1e-6), not timm's
     (``(w - m) / sqrt(var + 1e-8)``, GroupNorm 1e-5): with kernels of small spread the standardisation

@@ -1,8 +1,11 @@
-"""The installed package: one import namespace that a user's own files cannot shadow, and nothing else top level."""
+"""The installed package: one import namespace that a user's own files cannot shadow, and nothing else top level;
+and the test suite itself: every test needing an optional package says so, so the README's set-up passes."""
 
+import ast
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import OPTIONAL
 from npz_layout import vit_checkpoint, write_checkpoint
 
 from keras_vit import zoo
@@ -115,3 +119,136 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     scripts = [line.split("=")[1].strip() for line in entry_points.splitlines() if "=" in line]
     assert scripts and all(target.startswith("keras_vit.") for target in scripts)
+
+
+# --- the suite's optional packages ------------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+# Inside a string (a script a test runs in a subprocess): "import timm, torch", "from transformers import ...".
+SCRIPT_IMPORT = re.compile(r"^\s*(?:import\s+([\w.]+(?:\s*,\s*[\w.]+)*)|from\s+([\w.]+)\s+import)", re.MULTILINE)
+
+
+def _only_on_backend(node: ast.AST, parents: dict, module: str) -> bool:
+    """Whether ``node`` sits in an ``if`` that tests for ``module`` as the Keras backend (so it is installed)."""
+    while node in parents:
+        node = parents[node]
+        test = ast.unparse(node.test) if isinstance(node, ast.If) else ""
+        if "backend" in test and repr(module) in test:
+            return True
+    return False
+
+
+def _script_modules(text: str) -> set[str]:
+    """Top-level modules a Python script (or a script in a string) imports."""
+    modules = set()
+    for imported, source in SCRIPT_IMPORT.findall(text):
+        modules.update(name.strip().split(".")[0] for name in (imported or source).split(","))
+    return modules
+
+
+def _backends_run(node: ast.AST, library_names: set[str]) -> set[str]:
+    """Keras backends a node runs something on: ``KERAS_BACKEND="jax"`` (a keyword or a dict entry), a
+    ``backend="torch"`` keyword of a call that is not keras_vit's own (the library reasons about backends without
+    running them), or a ``BACKENDS = (...)`` tuple."""
+    values = []
+    if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[0] not in library_names:
+        values += [k.value for k in node.keywords if k.arg in ("backend", "KERAS_BACKEND")]
+    elif isinstance(node, ast.Call):
+        values += [k.value for k in node.keywords if k.arg == "KERAS_BACKEND"]
+    if isinstance(node, ast.Dict):
+        values += [
+            v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "KERAS_BACKEND"
+        ]
+    if isinstance(node, ast.Assign) and any("BACKENDS" in ast.unparse(target) for target in node.targets):
+        values += getattr(node.value, "elts", [])
+    return {value.value for value in values if isinstance(value, ast.Constant)}
+
+
+def optional_packages_used(path: Path) -> set[str]:
+    """The optional packages a test file needs: imported (outside an ``if`` on that Keras backend), in a script it
+    runs (a string, or a file of ``tests/reference`` it names), probed (``importorskip``, ``find_spec``), or set as
+    the Keras backend of what it runs."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    library_names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras_vit")
+        for alias in node.names
+    }
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            used.update(m for m in (n.split(".")[0] for n in names) if not _only_on_backend(node, parents, m))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used.update(_script_modules(node.value))
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and ast.unparse(node.func).endswith(("importorskip", "find_spec"))
+        ):
+            used.add(str(node.args[0].value))
+        used |= _backends_run(node, library_names)
+    for script in (TESTS / "reference").glob("*.py"):
+        if script.name in source:
+            used |= _script_modules(script.read_text())
+    return used & set(OPTIONAL)
+
+
+def optional_packages_declared(path: Path) -> set[str]:
+    """The packages named in the file's ``pytest.mark.requires(...)`` markers."""
+    tree = ast.parse(path.read_text())
+    return {
+        str(arg.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("mark.requires")
+        for arg in node.args
+        if isinstance(arg, ast.Constant)
+    }
+
+
+def test_every_test_file_needing_an_optional_package_is_marked():
+    """The README's set-up installs none of them: a test needing one skips (``requires``), it never errors."""
+    undeclared = {
+        path.name: sorted(optional_packages_used(path) - optional_packages_declared(path))
+        for path in sorted(TESTS.glob("test_*.py"))
+        if path.name != Path(__file__).name  # this file's examples of what the check finds
+    }
+    undeclared = {name: missing for name, missing in undeclared.items() if missing}
+    assert not undeclared, f"add @pytest.mark.requires(...) for these packages: {undeclared}"
+
+
+def test_the_marker_check_finds_every_way_a_test_uses_a_package(tmp_path):
+    test = tmp_path / "test_example.py"
+    test.write_text(
+        "import keras\n"
+        "import timm\n"
+        "SCRIPT = 'import json, sys\\nfrom transformers import ViTModel'\n"
+        "def test_a():\n"
+        "    pytest.importorskip('tf2onnx')\n"
+        "    run(code, backend='jax')\n"
+        "    env = {'KERAS_BACKEND': 'torch'}\n"
+        "    if keras.backend.backend() == 'jax':\n"
+        "        import jax  # runs only where JAX is the backend: installed\n"
+        "    subprocess.run([sys.executable, 'timm_vit.py'])\n"
+        "@pytest.mark.requires('timm', 'jax')\n"
+        "def test_b(): pass\n"
+        "def test_c():\n"
+        "    assert precision.auto_policy('cpu', backend='torch')  # keras_vit's own: runs nothing on torch\n"
+        "    if backend == 'jax':\n"
+        "        import jax\n"
+        "    resnet(weight_standardization='torch')\n"
+        "BACKENDS = ('tensorflow', 'jax')\n"
+        "from keras_vit import precision\n"
+    )
+    used = optional_packages_used(test)
+    assert used == {"timm", "transformers", "tf2onnx", "jax", "torch"}  # torch too: tests/reference/timm_vit.py
+    assert optional_packages_declared(test) == {"timm", "jax"}
+
+
+@pytest.mark.requires("a_package_that_does_not_exist")
+def test_a_missing_optional_package_skips_naming_it():
+    raise AssertionError("unreachable: conftest.py skips this test")

@@ -6,7 +6,6 @@ crash), and both run on the same images. timm has no ``pre_logits`` layer, so th
 pre-head features are compared with timm and ``pre_logits`` + head with a numpy computation.
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,10 +20,7 @@ from npz_layout import vit_checkpoint, write_checkpoint
 import keras_vit
 from keras_vit.checkpoints.load import load_weights
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="timm (the reference) is not installed"),
-]
+pytestmark = [pytest.mark.reference, pytest.mark.requires("timm", "torch")]
 
 REFERENCE = Path(__file__).with_name("reference") / "timm_vit.py"
 B16 = dict(patch_size=16, hidden_size=768, depth=2, num_heads=12, mlp_dim=3072)  # B/16, 2 blocks

@@ -23,7 +23,7 @@ from training_support import REPO, TINY, TINY_MODEL_FLAGS, backend_env, checkpoi
 from keras_vit.training.checkpoint import read_checkpoint
 
 # The parent is the TensorFlow test run; the JAX and torch passes run the in-process training tests instead.
-pytestmark = pytest.mark.backends("tensorflow")
+pytestmark = [pytest.mark.backends("tensorflow"), pytest.mark.requires("jax")]
 
 # SGD with a global-norm clip that is active on every step, as in test_training_distributed.py.
 CLIPPED = {**TINY, "steps": 4, "eval_every": 2, "optimizer": "sgd", "lr": 0.1, "clip_norm": 0.05, "weight_decay": 0.0}
@@ -173,6 +173,7 @@ print(json.dumps(dict(
 
 
 @pytest.mark.slow  # CI's torch pass runs the in-process training tests; this checks torch from a TensorFlow run
+@pytest.mark.requires("torch")
 def test_torch_trains_on_one_device_and_resumes_exactly():
     config = {**CLIPPED, "checkpoint_every": 2, "dropout": 0.1}
     code = f"import sys; sys.path.insert(0, {os.path.join(REPO, 'tests')!r})\n" + TORCH_RESUME.format(

@@ -12,6 +12,7 @@ from PIL import Image
 from training_support import TINY
 
 from keras_vit import preprocess_input
+from keras_vit.training import data as data_lib
 from keras_vit.training.data import Split, load_digits, load_folder, load_source, load_tfds
 from keras_vit.training.finetune import finetune
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
@@ -94,8 +95,10 @@ def test_image_folder_trains_end_to_end(tmp_path):
     assert result.model.output_shape == (None, 3)
 
 
-def test_tfds_path_with_mock_data(tmp_path):
+def test_tfds_path_with_mock_data(tmp_path, monkeypatch):
     import tensorflow_datasets as tfds
+
+    monkeypatch.setattr(data_lib, "unresolvable_host", lambda urls: None)  # mock data: nothing is downloaded
 
     with tfds.testing.mock_data(num_examples=20):
         flowers = load_tfds("oxford_flowers102")  # images of varying sizes, stored encoded
@@ -109,6 +112,33 @@ def test_tfds_path_with_mock_data(tmp_path):
     assert 0.0 <= metrics["eval"]["accuracy"] <= 1.0 and result.model.output_shape == (None, 10)
     with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset'"):
         load_source("no_such_dataset")
+
+
+def test_an_offline_tfds_download_fails_at_once_in_one_line(tmp_path, monkeypatch, capsys):
+    """No network: the command names the dataset and the host that does not resolve, not TFDS' retries."""
+    import socket
+
+    from keras_vit.training.finetune import main
+
+    def no_dns(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    assert (
+        data_lib.unresolvable_host(["https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"]) == "www.cs.toronto.edu"
+    )
+    with pytest.raises(SystemExit) as exited:
+        main(["--dataset", "cifar10", "--data-dir", str(tmp_path / "tfds"), "--output-dir", str(tmp_path / "run")])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: cannot download TFDS dataset 'cifar10': www.cs.toronto.edu does not resolve")
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unresolvable_host_is_none_where_every_host_resolves():
+    assert data_lib.unresolvable_host(["http://127.0.0.1:8000/a.tar", "http://localhost/b"]) is None
+    assert data_lib.unresolvable_host([]) is None
 
 
 def _batches(ds, count):

@@ -254,9 +254,8 @@ def test_convert_to_saved_model_folder(tiny_checkpoint, tmp_path):
 
 
 @pytest.mark.backends("tensorflow")  # the formats this backend exports: docs/backends.md
+@pytest.mark.requires("tf2onnx", "onnxruntime")
 def test_convert_to_onnx(tiny_checkpoint, tmp_path):
-    pytest.importorskip("tf2onnx")
-    pytest.importorskip("onnxruntime")
     _convert_and_compare(tiny_checkpoint, tmp_path / "vit.onnx")
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -209,6 +211,16 @@ def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0, skip_corru
     )
 
 
+def unresolvable_host(urls) -> str | None:
+    """The first host of ``urls`` whose name does not resolve, or None when all do."""
+    for host in sorted({urllib.parse.urlsplit(url).hostname for url in urls} - {None}):
+        try:
+            socket.getaddrinfo(host, None)
+        except socket.gaierror:
+            return host
+    return None
+
+
 def load_tfds(
     name: str,
     *,
@@ -233,7 +245,13 @@ def load_tfds(
     features = builder.info.features
     if "image" not in features or "label" not in features:
         raise ValueError(f"TFDS dataset {name!r} has no 'image' and 'label' features.")
-    if download:
+    if download and not builder.is_prepared():
+        host = unresolvable_host(builder.url_infos or {})
+        if host is not None:  # offline: say so at once, not after TFDS' minutes of retries
+            raise ConnectionError(
+                f"cannot download TFDS dataset {name!r}: {host} does not resolve (no network?). Prepare it where "
+                f"there is one (tfds build {name.split(':')[0]}) and pass --data-dir, or train on an image folder."
+            )
         config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
         builder.download_and_prepare(download_config=config)
     eval_split = eval_split or TFDS_EVAL_SPLITS.get(name.split(":")[0].split("/")[0], "test")
