@@ -589,15 +589,26 @@ def predict_benchmark(args) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def conditions() -> str:
+# The CPU flags that decide which kernels run (lscpu's names): vector width, bfloat16 and int8 units.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_name() -> str:
+    """The CPU model and the :data:`KERNEL_FLAGS` it has, e.g. ``Intel(R) Xeon(R) Processor (avx2 ... amx_int8)``."""
     import platform
 
     with open("/proc/cpuinfo") as info:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor()
-        )
+        lines = info.read().splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return f"{model or platform.processor()} ({' '.join(f for f in KERNEL_FLAGS if f in flags) or 'no AVX2'})"
+
+
+def conditions() -> str:
+    import platform
+
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    return f"CPU: {cpu}, {os.cpu_count()} cores; load average {load}; python {platform.python_version()}"
+    return f"CPU: {cpu_name()}, {os.cpu_count()} cores; load average {load}; python {platform.python_version()}"
 
 
 def measure_and_report(measure, report, json_path: str | None = None) -> None:

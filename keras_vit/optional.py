@@ -15,7 +15,7 @@ __all__ = ["INSTALL", "require"]
 
 # module -> the command that installs it
 INSTALL = {
-    "tensorflow": "pip install tensorflow-cpu",
+    "tensorflow": "pip install tensorflow",
     "tensorflow_datasets": "pip install tensorflow-datasets",
     "ai_edge_litert": "pip install ai-edge-litert",
     "onnxruntime": "pip install onnxruntime",

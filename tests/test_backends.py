@@ -371,8 +371,8 @@ def test_the_library_runs_without_tensorflow(results, backend):
     for name in ("zoo/logits", *(f"analysis/{name}" for name in ANALYSES)):
         np.testing.assert_allclose(out[name], other[name], atol=1e-5, rtol=1e-5)
     saved_model, tfds = out["errors"]
-    assert "Running a SavedModel needs tensorflow" in saved_model and "pip install tensorflow-cpu" in saved_model
-    assert "'tfds:mnist'" in tfds and "pip install tensorflow-cpu" in tfds
+    assert "Running a SavedModel needs tensorflow" in saved_model and "pip install tensorflow" in saved_model
+    assert "'tfds:mnist'" in tfds and "pip install tensorflow" in tfds
 
 
 def test_require_names_what_needs_a_module_and_how_to_install_it(tmp_path, monkeypatch):
@@ -380,7 +380,7 @@ def test_require_names_what_needs_a_module_and_how_to_install_it(tmp_path, monke
 
     assert require("json", "Reading JSON") is json
     with pytest.raises(
-        ImportError, match=r"^Running X needs tensorflow, which is not installed: pip install tensorflow-cpu$"
+        ImportError, match=r"^Running X needs tensorflow, which is not installed: pip install tensorflow$"
     ):
         monkeypatch.setitem(sys.modules, "tensorflow", None)  # as if not installed
         require("tensorflow", "Running X")
