@@ -29,7 +29,7 @@ def run_main_job(backend: str, precision: str) -> dict:
         command = [sys.executable, "-m", "keras_vit.training.finetune", "--output-dir", output]
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
         start = time.perf_counter()
-        done = subprocess.run(command + ["--mixed-precision", precision], capture_output=True, text=True, env=env)
+        done = subprocess.run([*command, "--mixed-precision", precision], capture_output=True, text=True, env=env)
         seconds = time.perf_counter() - start
     found = ACCURACY.search(done.stdout)
     if done.returncode or not found:

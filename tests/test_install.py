@@ -29,8 +29,18 @@ TENSORFLOW_DISTRIBUTIONS = {
 def install_plan(*requirements: str) -> set[str]:
     """The normalised names of the distributions ``pip install REQUIREMENTS`` would install into a new environment."""
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-"]
-        + list(requirements),
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            "-",
+            *list(requirements),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
