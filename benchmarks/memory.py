@@ -13,7 +13,7 @@ the steps after the first. Workers run one at a time: one at a large batch needs
 A straight line through each setting's (batch, peak) points, least squares, gives the memory per image and
 the fixed part; the largest batch within ``--budget-gb`` (GiB) is read off that line: an **extrapolation**,
 as exact as the line is straight. A batch whose peak the line predicts above ``--max-gb`` (default: 80% of
-this machine's available memory) is skipped, not run.
+the available memory of the machine it runs on) is skipped, not run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ViT throughput side by side: keras_vit, keras-hub and timm on this machine (CPU), in images/s.
+"""ViT throughput side by side: keras_vit, keras-hub and timm on the CPU it runs on, in images/s.
 
 Two modes:
 
