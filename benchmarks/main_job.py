@@ -1,4 +1,4 @@
-"""The README's main job on this machine: its held-out accuracy and time in each precision (and backend).
+"""The README's main job on the machine it runs on: held-out accuracy and time in each precision (and backend).
 
 Runs ``python -m keras_vit.training.finetune`` (the offline default: a small ViT trained from scratch on
 scikit-learn's digits) once per setting, each in a fresh output folder, and prints a Markdown table with the CPU
