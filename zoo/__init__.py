@@ -20,8 +20,9 @@ import json
 import os
 from pathlib import Path
 
+from . import download
 from .cache import check_file
-from .download import DEFAULT_TIMEOUT, CorruptCheckpointError, DownloadError, download
+from .download import DEFAULT_TIMEOUT, CorruptCheckpointError, DownloadError
 from .progress import ProgressBar
 from .validate import check_npz
 
@@ -142,7 +143,7 @@ def fetch(
     ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again behind the user's back.
     """
     entry = get(name) if isinstance(name, str) else name
-    return download(
+    return download.download(
         entry.url,
         cache_path(entry, cache_dir),
         sha256=entry.sha256,

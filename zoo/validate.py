@@ -1,21 +1,24 @@
 """Structural check of an ``.npz`` checkpoint, without loading it: a whole zip whose members' CRC-32 verify,
-holding the expected keys as plain ``.npy`` arrays (no pickled objects) of the size their headers state."""
+holding the expected keys as plain ``.npy`` arrays (no pickled objects) of the size their headers state.
+numpy (its ``.npy`` header parser) is imported when a file is checked, not with the zoo."""
 
 from __future__ import annotations
 
 import io
 import lzma
+import math
 import os
 import struct
 import tokenize
 import warnings
 import zipfile
 import zlib
-from typing import BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, BinaryIO
 
 from .errors import CorruptCheckpointError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["REQUIRED_KEYS", "check_npz"]
 
@@ -54,6 +57,8 @@ def _check_ends_with_archive(f: BinaryIO, size: int) -> None:
 def _read_header(member: BinaryIO, name: str) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype from an ``.npy`` header: Python-literal text that numpy tokenizes and parses, so a
     damaged one can fail in many ways, each of them a corrupt file."""
+    import numpy as np
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
@@ -74,7 +79,7 @@ def _check_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         shape, dtype = _read_header(member, info.filename)
         if dtype.hasobject:
             raise CorruptCheckpointError(f"{info.filename}: holds Python objects, not a plain array")
-        expected = member.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        expected = member.tell() + math.prod(shape) * dtype.itemsize
     if expected != info.file_size:
         raise CorruptCheckpointError(f"{info.filename}: {info.file_size} bytes, its header describes {expected}")
 
