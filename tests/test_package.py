@@ -1,11 +1,13 @@
 """The installed package: one import namespace that a user's own files cannot shadow, and nothing else top level;
-and the test suite itself: every test needing an optional package says so, so the README's set-up passes."""
+importing it loads no framework, and what it names and the docs write resolves on first use; and the test suite
+itself: every test needing an optional package says so, so the README's set-up passes."""
 
 import ast
 import functools
 import http.server
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -13,10 +15,14 @@ import threading
 import zipfile
 from pathlib import Path
 
+import keras
+import numpy as np
 import pytest
 from conftest import OPTIONAL
 from npz_layout import vit_checkpoint, write_checkpoint
+from test_import_graph import module_files
 
+import keras_vit
 from keras_vit import zoo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +125,102 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     scripts = [line.split("=")[1].strip() for line in entry_points.splitlines() if "=" in line]
     assert scripts and all(target.startswith("keras_vit.") for target in scripts)
+
+
+# --- what importing loads, and what resolves after it -----------------------------------------------------------
+
+FRAMEWORKS = ("keras", "tensorflow", "jax", "torch", "numpy")
+
+
+@pytest.mark.parametrize("module", ["keras_vit", "keras_vit.zoo", "keras_vit.variants"])
+def test_importing_loads_no_framework(module, tmp_path):
+    code = f"import sys, {module}\nprint(sorted({{m.split('.')[0] for m in sys.modules}} & {set(FRAMEWORKS)}))"
+    done = run_in(tmp_path, "-c", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_the_zoo_lists_without_starting_tensorflow(tmp_path):
+    before = _children_cpu_seconds()
+    done = run_in(tmp_path, "-m", "keras_vit.zoo", "list", env={"KERAS_HOME": str(tmp_path)})
+    cpu = _children_cpu_seconds() - before
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "B_16.orig_in21k" in done.stdout
+    assert done.stderr == ""  # where TensorFlow writes its start-up lines
+    assert cpu < 1.0, f"python -m keras_vit.zoo list took {cpu:.2f} s of CPU"
+
+
+def test_every_public_name_resolves():
+    for name in keras_vit.__all__:
+        assert getattr(keras_vit, name) is not None
+    assert set(keras_vit.__all__) <= set(dir(keras_vit))
+    assert keras_vit.ViT_B16 is keras_vit.applications.ViT_B16
+    with pytest.raises(AttributeError, match="no_such_name"):
+        keras_vit.no_such_name  # noqa: B018
+
+
+def test_submodules_are_attributes_of_a_plain_import(tmp_path):
+    """``keras_vit.precision.with_policy`` as docs/models.md writes it, without an import of its own."""
+    code = "import sys, keras_vit\nprint(keras_vit.precision.with_policy.__name__, 'keras' in sys.modules)"
+    done = run_in(tmp_path, "-c", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["with_policy", "False"]
+
+
+def test_every_module_and_the_names_the_docs_write_resolve_after_import_keras_vit(tmp_path):
+    """Each module by its dotted name (``keras_vit.training.strategy``) and each ``keras_vit.x.y`` of the docs
+    and README, attribute by attribute from ``import keras_vit`` alone."""
+    documents = [*(REPO / "docs").glob("*.md"), REPO / "README.md"]
+    written = {name for path in documents for name in re.findall(r"\bkeras_vit(?:\.\w+)+", path.read_text())}
+    names = sorted(written | {m for m in module_files() if not m.endswith("__main__")})
+    code = (
+        "import functools, sys, keras_vit\n"
+        "for name in sys.argv[1:]:\n"
+        "    functools.reduce(getattr, name.split('.')[1:], keras_vit)\n"
+    )
+    done = run_in(tmp_path, "-c", code, *names)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """A ``.keras`` file holding a layer of each module that registers some (a hybrid's features, with its
+    preprocessing), an input, and what the model makes of it."""
+    folder = tmp_path_factory.mktemp("saved")
+    tiny = dict(image_size=64, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, include_preprocessing=True)
+    model = keras_vit.feature_model(keras_vit.ViT("R26+S/32", **tiny), -1)
+    images = np.random.default_rng(0).integers(0, 256, (2, 64, 64, 3)).astype("uint8")
+    model.save(folder / "model.keras")
+    np.save(folder / "images.npy", images)
+    np.save(folder / "expected.npy", keras.ops.convert_to_numpy(model.predict_on_batch(images)))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "first_import",
+    [
+        "import keras_vit",  # Keras first loaded by the user, after keras_vit
+        "import keras_vit.layers",  # ... by a module that registers layers, half run
+        "import keras_vit.checkpoints",  # ... by keras_vit.position, itself half run beneath checkpoints.inspect
+    ],
+)
+def test_load_model_finds_the_layers_after_import_keras_vit(saved_model, first_import, tmp_path):
+    code = (
+        f"{first_import}\n"
+        "import pathlib, sys, keras, numpy as np\n"
+        "folder = pathlib.Path(sys.argv[1])\n"
+        "model = keras.saving.load_model(folder / 'model.keras')\n"
+        "outputs = model.predict_on_batch(np.load(folder / 'images.npy'))\n"
+        "np.save(sys.argv[2], keras.ops.convert_to_numpy(outputs))\n"
+    )
+    done = run_in(tmp_path, "-c", code, str(saved_model), str(tmp_path / "loaded.npy"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "loaded.npy"), np.load(saved_model / "expected.npy"), atol=1e-5)
 
 
 # --- the suite's optional packages ------------------------------------------------------------------------------

@@ -13,13 +13,12 @@ fine-tuning run), ``masked_patch`` (masked patch prediction); and the commands `
 and ``ablation``.
 
 The entry point is ``from keras_vit.training.finetune import finetune`` (``keras_vit.training.finetune`` is the module).
-The names below are loaded on first use, so ``python -m keras_vit.training.finetune`` does not import its
-own module twice.
+The names below and the modules are loaded on first use, so ``python -m keras_vit.training.finetune`` does not
+import its own module twice.
 """
 
-import importlib
-
 import keras_vit  # noqa: F401  (first: it picks TensorFlow's CPU kernels before TensorFlow loads)
+from keras_vit.lazy import lazy_attributes
 
 _EXPORTS = {
     "FinetuneResult": "keras_vit.training.supervised",
@@ -39,10 +38,26 @@ _EXPORTS = {
     "fit": "keras_vit.training.loop",
     "Checkpointer": "keras_vit.training.checkpoint",
 }
+_SUBMODULES = (
+    "ablation",
+    "checkpoint",
+    "config",
+    "data",
+    "errors",
+    "fields",
+    "finetune",
+    "launch",
+    "loop",
+    "masked_patch",
+    "optimizers",
+    "outputs",
+    "pipeline",
+    "pretrain",
+    "schedules",
+    "steps",
+    "strategy",
+    "supervised",
+)
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'training' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, _SUBMODULES)

@@ -35,6 +35,7 @@ from keras_vit.analysis.fewshot import (
     sample_per_class,
 )
 from keras_vit.analysis.geometry import TokenGeometry, token_geometry
+from keras_vit.lazy import lazy_attributes
 
 __all__ = [
     "L2_GRID",
@@ -60,3 +61,6 @@ __all__ = [
     "to_rgb_tiles",
     "token_geometry",
 ]
+
+# Imported on first use (plots loads matplotlib), attributes all the same: keras_vit.analysis.plots.
+__getattr__, __dir__ = lazy_attributes(__name__, {}, ("data", "plots"))
