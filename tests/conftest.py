@@ -13,10 +13,12 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras_vit  # noqa: F401  (before Keras loads TensorFlow, as in a user's program: it picks TF's CPU kernels)
+
+# isort: split
+
 import keras
 import pytest
-
-import keras_vit  # noqa: F401  (first, as a user's program would: it picks TF's CPU kernels)
 
 # The optional packages tests use (top-level module -> how to install it), beyond the README's set-up line.
 OPTIONAL = {
