@@ -7,7 +7,7 @@ and a training step 1.16x faster, mostly because Eigen's batched matmuls (the tw
 products) reach a third to a half of oneDNN's speed (README, Performance).
 The switch is the environment variable ``TF_ENABLE_ONEDNN_OPTS``, read once when TensorFlow loads.
 
-``import keras_vit`` calls :func:`prefer_onednn` before it imports Keras: on x86-64, if TensorFlow
+``import keras_vit`` calls :func:`prefer_onednn` (and imports no Keras itself): on x86-64, if TensorFlow
 is not loaded yet and the variable is unset, it sets it to ``1``. A value the user set, ``0``
 included, is kept; if TensorFlow was imported first, nothing changes (import keras_vit first, or
 set the variable). :func:`onednn_enabled` says which kernels this process runs.
