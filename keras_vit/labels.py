@@ -73,9 +73,9 @@ def decode_predictions(preds, top: int = 5, labels: str | None = None) -> list[l
     labels = label_set(preds.shape[1]) if labels is None else _check(labels)
     if preds.shape[1] != LABEL_SETS[labels]:
         raise ValueError(f"{labels} has {LABEL_SETS[labels]} classes but the scores have {preds.shape[1]}.")
-    rows, names = _rows(labels), class_names(labels)
+    ids, names = wnids(labels), class_names(labels)
     results = []
     for scores in preds:
         order = np.argsort(-scores, kind="stable")[:top]
-        results.append([(rows[i][0], names[i], float(scores[i])) for i in order])
+        results.append([(ids[i], names[i], float(scores[i])) for i in order])
     return results

@@ -268,7 +268,7 @@ def test_console_command_runs_in_a_fresh_process(tmp_path):
     assert_png(tmp_path / "embedding_filters.png", DEFAULT_SIZES["embedding_filters.png"])
 
 
-# --- bad inputs (issue 13): 16-bit images, unreadable files, options that cannot work together -----------------
+# --- bad inputs: 16-bit images, unreadable files, options that cannot work together -----------------
 
 
 def test_a_16_bit_png_is_scaled_to_8_bits_not_saturated(tmp_path):

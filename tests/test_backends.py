@@ -1,4 +1,4 @@
-"""The library on every Keras backend (issue 16): the same files give the same numbers on TensorFlow, JAX and torch.
+"""The library on every Keras backend: the same files give the same numbers on TensorFlow, JAX and torch.
 
 The backend is fixed when Keras is imported, so each backend runs in its own subprocess: this file run as a
 script (``python test_backends.py JOB``) is the worker. Two rounds, one subprocess per backend each:

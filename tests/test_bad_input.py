@@ -1,4 +1,4 @@
-"""Bad model arguments and empty batches (issue 13): a ``ValueError`` naming the argument and its value, raised
+"""Bad model arguments and empty batches: a ``ValueError`` naming the argument and its value, raised
 before any layer is built; a batch of 0 images gives an empty output, and the normal path is unchanged."""
 
 import keras

@@ -1,4 +1,4 @@
-"""Training faults (issue 13), each on real files: --overwrite of a folder that is not a run's, a diverged
+"""Training faults, each on real files: --overwrite of a folder that is not a run's, a diverged
 run, broken checkpoints, a run that fails before its first step, corrupt or unusual image files, bad
 settings, and the commands' one-line errors. See docs/faults.md."""
 
