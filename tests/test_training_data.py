@@ -16,7 +16,7 @@ from keras_vit.training import data as data_lib
 from keras_vit.training.data import Split, load_digits, load_folder, load_source, load_tfds
 from keras_vit.training.finetune import finetune
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
-from keras_vit.training.supervised import OverImages
+from keras_vit.training.runner import OverImages
 
 # sha256 of (images, labels) of the digits' splits as training/data.py made them before keras_vit.datasets.
 DIGITS_HELD_OUT = "ef74cf7408b16ebc5c0dbab65af78704cafa3e7bd13212cc1d0ae7e2a3ec6954"
@@ -219,7 +219,7 @@ def test_bad_augment_settings():
 def test_whole_eval_batches_score_every_image_once(batch):
     """``whole_batches`` (TPU, JAX DataParallel): whole batches, the last filled with blanks of weight 0. A model
     evaluated on them scores what it scores on the plain batches: the accuracy exactly, the loss once scaled by
-    (images + blanks) / images, as supervised.OverImages does (359 digits: 9 blanks at batch 16, none at 359 or 7)."""
+    (images + blanks) / images, as runner.OverImages does (359 digits: 9 blanks at batch 16, none at 359 or 7)."""
     split = load_digits(0.2, 0).eval
     augment = Augment(16, crop_area=None, flip=False)
     padded = list(eval_dataset(split, 10, batch, augment, whole_batches=True))

@@ -1,12 +1,14 @@
 """The paper's position-embedding ablation (Appendix D.4), and token vs GAP: ``python -m keras_vit.training.ablation``.
 
 Trains one ViT per position embedding of :data:`keras_vit.position.POSITION_EMBEDDINGS` (and per
-classifier, ``token`` or ``gap``) under the same budget -- same data, steps, optimizer, schedule
-and augmentation as ``python -m keras_vit.training.finetune`` would use -- and prints a Markdown table of
-held-out accuracy (mean and spread over ``--seeds``). Without ``--dataset`` it runs offline on
-scikit-learn's digits with the ``digits`` preset's small ViT. The paper (Table 8: ViT-B/16, ImageNet
-5-shot linear accuracy) found 1-D, 2-D and relative embeddings within 0.2% of each other (64.2%,
-64.0%, 64.0%) and all about 3% above none (61.4%).
+classifier, ``token`` or ``gap``) under the same budget -- same data, steps, optimizer, schedule, precision,
+strategy and augmentation as ``python -m keras_vit.training.finetune`` would use -- and prints a Markdown table of
+held-out accuracy (mean and spread over ``--seeds``). Each setting and seed is a run of
+:func:`keras_vit.training.runner.train`, as fine-tuning is, into ``OUT/<position>-<classifier>/seed-<seed>/``
+(checkpoints, logs, ``model.keras``, ``metrics.json``; a run started again resumes there); the table goes to
+``OUT/ablation.md`` and ``OUT/ablation.json``. Without ``--dataset`` it runs offline on scikit-learn's digits with
+the ``digits`` preset's small ViT. The paper (Table 8: ViT-B/16, ImageNet 5-shot linear accuracy) found 1-D, 2-D
+and relative embeddings within 0.2% of each other (64.2%, 64.0%, 64.0%) and all about 3% above none (61.4%).
 """
 
 from __future__ import annotations
@@ -15,23 +17,31 @@ import argparse
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-import keras
 import numpy as np
 
 from keras_vit.files import atomic_open
-from keras_vit.position import POSITION_EMBEDDINGS, POSITION_VARIABLES, check_position_embedding
+from keras_vit.models import CLASSIFIERS
+from keras_vit.position import POSITION_EMBEDDINGS, check_position_embedding
 from keras_vit.training import config as config_lib
 from keras_vit.training import fields, outputs, steps
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.data import Source
 from keras_vit.training.errors import add_debug_flag, command_errors
 from keras_vit.training.fields import option
-from keras_vit.training.optimizers import no_decay_variables
-from keras_vit.training.pipeline import eval_dataset, train_dataset
+from keras_vit.training.runner import train
+from keras_vit.training.supervised import Classification
 
-__all__ = ["DEFAULT_RUNS", "AblationOptions", "AblationRow", "main", "parser", "run_ablation", "table", "train_one"]
+__all__ = [
+    "DEFAULT_RUNS",
+    "AblationOptions",
+    "AblationRow",
+    "main",
+    "parser",
+    "run_ablation",
+    "run_folder",
+    "table",
+]
 
 DEFAULT_RUNS = (*((p, "token") for p in POSITION_EMBEDDINGS), ("learned_1d", "gap"))
 BASE = TrainConfig().replace(steps=400, output_dir="runs/ablation", verbose=0)  # the command's defaults
@@ -46,7 +56,7 @@ class AblationOptions:
         "comma-separated classifiers (token, gap) crossed with --positions",
         unset="token; with neither option: every position embedding with token, plus learned_1d with gap",
     )
-    seeds: int = option("runs per setting (seeds 0..N-1)", 1)
+    seeds: int = option("runs per setting (seeds --seed, --seed + 1, ..., --seed + N - 1)", 1)
 
     def runs(self) -> tuple[tuple[str, str], ...]:
         """The ``(position_embedding, classifier)`` settings."""
@@ -73,54 +83,51 @@ class AblationRow:
         return float(np.std(self.accuracies, ddof=1)) if len(self.accuracies) > 1 else 0.0
 
 
-def train_one(
-    config: TrainConfig, source: Source, position_embedding: str, classifier: str, seed: int
-) -> tuple[keras.Model, float]:
-    """Train one model of the resolved ``config`` for its steps; return it and its held-out accuracy."""
-    keras.utils.set_random_seed(seed)
-    model = steps.build_model(config, source.num_classes, classifier=classifier, position_embedding=position_embedding)
-    steps.compile_model(model, config)
-    if config.optim.weight_decay:  # spare the position parameters of every kind, as the 1-D ones are spared
-        variables = model.trainable_variables
-        model.optimizer.exclude_from_weight_decay(
-            var_list=no_decay_variables(variables) + [v for v in variables if v.name in POSITION_VARIABLES]
-        )
-    augment, batch = steps.augment_of(config), config.optim.batch_size
-    model.fit(
-        train_dataset(
-            source.train, source.num_classes, batch, augment, seed=seed, shuffle_buffer=config.data.shuffle_buffer
-        ),
-        steps_per_epoch=config.optim.steps,
-        epochs=1,
-        verbose=0,
-    )
-    scores = model.evaluate(eval_dataset(source.eval, source.num_classes, batch, augment), return_dict=True, verbose=0)
-    return model, float(scores["accuracy"])
+def run_folder(output_dir: str, position_embedding: str, classifier: str, seed: int) -> str:
+    """Where the run of one setting and seed goes (:data:`keras_vit.training.outputs.ABLATION_FOLDERS`)."""
+    return os.path.join(output_dir, f"{position_embedding}-{classifier}", f"seed-{seed}")
 
 
 def run_ablation(
-    config: TrainConfig, runs: Sequence[tuple[str, str]] = DEFAULT_RUNS, seeds: Sequence[int] = (0,), log=print
+    config: TrainConfig,
+    runs: Sequence[tuple[str, str]] = DEFAULT_RUNS,
+    seeds: Sequence[int] | None = None,
+    log: Callable[[str], object] = print,
 ) -> list[AblationRow]:
-    """Train every ``(position_embedding, classifier)`` of ``runs`` once per seed; one row per run."""
+    """Train every ``(position_embedding, classifier)`` of ``runs`` once per seed (default: the config's), each a
+    resumable run in its :func:`run_folder`; write and log the table. One row per setting."""
     for position_embedding, classifier in runs:
         check_position_embedding(position_embedding)
-        if classifier not in ("token", "gap"):
+        if classifier not in CLASSIFIERS:
             raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
+    if config.model.weights:
+        raise ValueError("the ablation trains from scratch; --weights does not apply.")
     setup = steps.prepare(config)
     config, source, optim = setup.config, setup.source, setup.config.optim
+    seeds = (optim.seed,) if seeds is None else tuple(seeds)
+    log = log if setup.chief else lambda line: None
+    steps.start_parent(setup, "ablation")
     log(
         f"{source.name}: ViT {config.model.name} {config.architecture()} at {config.model.image_size}px, "
-        f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}; seeds {list(seeds)}"
+        f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}, "
+        f"{steps.policy_name(config, setup.device)}; seeds {list(seeds)}"
     )
-    rows = []
+    out, rows = config.run.output_dir, []
     for position_embedding, classifier in runs:
-        accuracies, started = [], time.time()
+        task, accuracies, started = Classification(position_embedding, classifier), [], time.time()
         for seed in seeds:
-            model, accuracy = train_one(config, source, position_embedding, classifier, seed)
-            accuracies.append(accuracy)
+            folder = run_folder(out, position_embedding, classifier, seed)
+            result = train(setup.replace(seed=seed, overwrite=False, output_dir=folder), task, command="ablation")
+            accuracies.append(result.metrics["accuracy"])
         seconds = (time.time() - started) / len(seeds)
-        rows.append(AblationRow(position_embedding, classifier, model.count_params(), accuracies, seconds))
+        rows.append(AblationRow(position_embedding, classifier, result.model.count_params(), accuracies, seconds))
         log(f"{position_embedding:>10} {classifier:>5}: held-out accuracy {rows[-1].mean:.4f} ({seconds:.0f} s/run)")
+    text = table(rows)
+    if setup.chief:
+        with atomic_open(os.path.join(out, "ablation.md"), "w") as file:
+            file.write(text + "\n")
+        outputs.write_json(os.path.join(out, "ablation.json"), [dataclasses.asdict(r) for r in rows])
+    log(text)
     return rows
 
 
@@ -162,23 +169,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> list[AblationRow]:
-    """Parse the command line, run the ablation, print the table and write it to ``OUTPUT_DIR``; an error is one
-    line on stderr and exit status 1."""
-    p = parser()
-    args = p.parse_args(argv)
+    """Parse the command line and run :func:`run_ablation` (seeds ``--seed`` to ``--seed`` + ``--seeds`` - 1); an
+    error is one line on stderr and exit status 1."""
+    args = parser().parse_args(argv)
     config, options = config_lib.from_args(args, BASE), AblationOptions(**fields.given(args, AblationOptions))
-    if config.model.weights:
-        p.error("the ablation trains from scratch; --weights does not apply.")
     with command_errors(args):
-        rows = run_ablation(config, options.runs(), range(options.seeds))
-        text = table(rows)
-        print(text, flush=True)
-        out = config.run.output_dir
-        outputs.mark_output(out, "ablation")
-        with atomic_open(os.path.join(out, "ablation.md"), "w") as file:
-            file.write(text + "\n")
-        outputs.write_json(os.path.join(out, "ablation.json"), [dataclasses.asdict(r) for r in rows])
-    return rows
+        first = config.optim.seed
+        return run_ablation(config, options.runs(), range(first, first + options.seeds))
 
 
 if __name__ == "__main__":

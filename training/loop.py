@@ -352,13 +352,15 @@ def _fit(
     return FitResult(history, start, total_steps)
 
 
-def save_outputs(model: keras.Model, metrics: dict, output_dir: str, strategy: Strategy) -> str | None:
-    """Write ``model.keras`` (an uncompiled copy sharing the weights) and ``metrics.json`` (strict JSON: NaN and
-    infinite values as ``null``); chief only."""
+def save_outputs(
+    model: keras.Model, metrics: dict, output_dir: str, strategy: Strategy, model_path: str | None = None
+) -> str | None:
+    """Write ``model.keras`` (an uncompiled copy sharing the weights; at ``model_path`` when given) and
+    ``metrics.json`` (strict JSON: NaN and infinite values as ``null``) to ``output_dir``; chief only."""
     if not is_chief(strategy):
         return None
     os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "model.keras")
+    path = model_path or os.path.join(output_dir, "model.keras")
     with atomic_path(path) as temporary:
         keras.Model(model.inputs, model.outputs, name=model.name).save(temporary)
     write_json(os.path.join(output_dir, "metrics.json"), metrics)

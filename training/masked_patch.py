@@ -20,16 +20,24 @@ in tf.data, the model side Keras layers: pre-training runs on every Keras backen
   logits, sharing (and so training) the model's own encoder layers.
 - :func:`masked_patch_dataset` turns a ``keras_vit.training.data`` split into training batches
   ``(inputs, targets, sample_weight)``.
+- :class:`MaskedPatches` is the task a training run trains (:func:`keras_vit.training.runner.train`): the config's
+  ViT inside :func:`masked_patch_model`, under cross-entropy over the corrupted patches.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 from keras import layers, ops
 
+from keras_vit.training import steps
+from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Split
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
+from keras_vit.training.steps import Setup
 
 __all__ = [
     "KEEP",
@@ -37,6 +45,7 @@ __all__ = [
     "MASK",
     "RANDOM",
     "UNCHANGED",
+    "MaskedPatches",
     "PatchCorruption",
     "PatchTokens",
     "colour_targets",
@@ -264,3 +273,65 @@ def masked_patch_dataset(
         ),
         num_parallel_calls=tf.data.AUTOTUNE,
     ).prefetch(tf.data.AUTOTUNE)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedPatches:
+    """Pre-train the config's ViT by masked patch prediction: corrupt ``rate`` of every image's patches (of those,
+    ``mask_fraction`` by ``[mask]``, ``random_fraction`` by another patch) and predict their ``bits``-bit colours.
+    The run keeps (saves and returns) the ViT itself, the encoder."""
+
+    rate: float = 0.5
+    mask_fraction: float = 0.8
+    random_fraction: float = 0.1
+    bits: int = 3
+
+    accuracy_name = "held-out masked-patch accuracy"
+    blanks_in_loss = False  # the loss averages over the corrupted patches of the images, the blanks' weigh 0
+
+    def describe(self) -> str:
+        return (
+            f"masked patch prediction: {self.rate:.0%} of the patches corrupted ({self.mask_fraction:.0%} [mask], "
+            f"{self.random_fraction:.0%} another patch), {self.bits}-bit colour targets"
+        )
+
+    def build(self, config: TrainConfig, num_classes: int) -> tuple[keras.Model, keras.Model]:
+        encoder = steps.build_model(config, num_classes)
+        return masked_patch_model(encoder, bits=self.bits), encoder
+
+    def compile(self, model: keras.Model, config: TrainConfig) -> None:
+        steps.compile_model(
+            model,
+            config,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+            metric=keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+        )
+
+    def datasets(
+        self, setup: Setup, model: keras.Model, batch: int
+    ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
+        config, source = setup.config, setup.source
+        augment, patch = steps.augment_of(config), patch_grid(model)[1]
+        settings = dict(
+            seed=config.optim.seed,
+            bits=self.bits,
+            rate=self.rate,
+            mask_fraction=self.mask_fraction,
+            random_fraction=self.random_fraction,
+        )
+
+        def data_fn(step: int) -> tf.data.Dataset:
+            return masked_patch_dataset(
+                source.train,
+                batch,
+                augment,
+                patch,
+                start_step=step,
+                shuffle_buffer=config.data.shuffle_buffer,
+                **settings,
+            )
+
+        held_out = masked_patch_dataset(
+            source.eval, batch, augment, patch, training=False, whole_batches=setup.whole_batches, **settings
+        )
+        return data_fn, held_out

@@ -14,6 +14,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_vit.position import POSITION_VARIABLES
+
 __all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "ReplicaClipping", "build_optimizer", "no_decay_variables"]
 
 OPTIMIZERS = ("sgd", "adamw", "adam")
@@ -50,8 +52,9 @@ class Adam(ReplicaClipping, keras.optimizers.Adam):
 
 
 def no_decay_variables(variables) -> list:
-    """Variables conventionally spared weight decay: biases, norms (all 1-D), class token, position embeddings."""
-    names = ("cls", "pos_embedding")
+    """Variables conventionally spared weight decay: biases, norms (all 1-D), class token, and the position
+    parameters of every kind of position embedding (:data:`keras_vit.position.POSITION_VARIABLES`)."""
+    names = ("cls", *POSITION_VARIABLES)
     return [v for v in variables if len(v.shape) <= 1 or v.name in names]
 
 

@@ -19,9 +19,12 @@ import shutil
 from typing import Any
 
 from keras_vit.files import atomic_open, temporary_target
+from keras_vit.models import CLASSIFIERS
+from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
 
 __all__ = [
+    "ABLATION_FOLDERS",
     "MARKER",
     "RUN_FILES",
     "clear_output",
@@ -33,6 +36,8 @@ __all__ = [
 ]
 
 MARKER = ".keras_vit_run"
+# The ablation's folder per setting, <position embedding>-<classifier>, each holding a run per seed.
+ABLATION_FOLDERS = tuple(f"{p}-{c}" for p in POSITION_EMBEDDINGS for c in CLASSIFIERS)
 RUN_FILES = (
     MARKER,
     "run.json",
@@ -48,6 +53,7 @@ RUN_FILES = (
     "summary.json",
     "ablation.md",
     "ablation.json",
+    *ABLATION_FOLDERS,
 )
 
 

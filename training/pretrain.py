@@ -6,19 +6,21 @@ embeddings (80% ``[mask]``, 10% another patch, 10% unchanged) and predict each c
 Adam, lr 2e-4, 10k warmup steps, cosine decay) and reached 79.9% on ImageNet after fine-tuning: 2%
 better than training from scratch, 4% behind supervised pre-training.
 
-One run:
+One run, each phase a run of :func:`keras_vit.training.runner.train` like ``keras_vit.training.finetune``'s
+(precision policy, strategy scope, checkpoints and resuming, ``run.json``, ``metrics.json``):
 
 1. builds the ViT that ``keras_vit.training.finetune`` will fine-tune (same options, same presets: without
    ``--dataset`` a small ViT on scikit-learn's digits, offline);
-2. pre-trains it by masked patch prediction on the training images (labels unused) with the
-   resumable loop of :mod:`keras_vit.training.loop` (Adam, warmup + cosine; ``OUT/pretrain``);
-3. saves the encoder as ``OUT/encoder.keras``;
-4. fine-tunes it as ``keras_vit.training.finetune`` does (``OUT/finetune``), loading the encoder into
+2. pre-trains it by masked patch prediction on the training images (labels unused) into ``OUT/pretrain``
+   (Adam, warmup + cosine; the ``--pretrain-*`` options) and saves the encoder as ``OUT/encoder.keras``;
+3. fine-tunes it as ``keras_vit.training.finetune`` does (``OUT/finetune``), loading the encoder into
    the freshly built model before the first step; ``--compare-scratch`` also trains the same model
    from random initialisation (``OUT/scratch``) and prints both held-out accuracies.
 
 Every option of ``python -m keras_vit.training.finetune`` applies to the fine-tuning (and so chooses the
-model and data); the ``--pretrain-*`` options set the pre-training.
+model and data); the pre-training shares the model, data, precision, seed and run options, and takes its
+optimisation from the ``--pretrain-*`` options (without gradient accumulation, RandAugment, MixUp or CutMix).
+``--lora-rank`` is refused: the pre-training trains the whole encoder.
 """
 
 from __future__ import annotations
@@ -30,18 +32,15 @@ from collections.abc import Sequence
 
 import keras
 
-from keras_vit.files import atomic_path
 from keras_vit.training import config as config_lib
 from keras_vit.training import fields, outputs, steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.errors import add_debug_flag, command_errors
 from keras_vit.training.fields import option
-from keras_vit.training.loop import fit
-from keras_vit.training.masked_patch import masked_patch_dataset, masked_patch_model, patch_grid
-from keras_vit.training.optimizers import build_optimizer
-from keras_vit.training.schedules import WarmupDecay
-from keras_vit.training.strategy import is_chief
-from keras_vit.training.supervised import FinetuneResult, train_classifier
+from keras_vit.training.masked_patch import MaskedPatches
+from keras_vit.training.runner import train
+from keras_vit.training.steps import Setup
+from keras_vit.training.supervised import Classification, FinetuneResult
 
 __all__ = [
     "LoadEncoder",
@@ -49,6 +48,7 @@ __all__ = [
     "PretrainResult",
     "copy_encoder_weights",
     "main",
+    "masked_setup",
     "parser",
     "pretrain",
     "summary_table",
@@ -129,6 +129,31 @@ class LoadEncoder(keras.callbacks.Callback):
         self.loaded = True
 
 
+def masked_setup(setup: Setup, config: PretrainConfig) -> Setup:
+    """The masked-patch phase of the fine-tuning ``setup``: its model, data, precision, seed and run settings with
+    the pre-training's optimisation (Adam, warmup then cosine decay to 0, no weight decay or accumulation) and no
+    RandAugment, MixUp or CutMix, into ``OUT/pretrain``."""
+    return setup.replace(
+        steps=config.steps,
+        epochs=None,
+        eval_every=config.eval_every or max(1, config.steps // 5),
+        batch_size=config.batch_size or setup.config.optim.batch_size,
+        accumulation_steps=1,
+        lr=config.lr,
+        warmup=min(config.warmup, config.steps),
+        schedule="cosine",
+        end_lr=0.0,
+        optimizer="adam",
+        weight_decay=0.0,
+        clip_norm=config.clip_norm,
+        randaugment=(0, 0.0),
+        mixup=0.0,
+        cutmix=0.0,
+        output_dir=os.path.join(setup.config.run.output_dir, "pretrain"),
+        overwrite=False,
+    )
+
+
 def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None) -> PretrainResult:
     """Pre-train the model ``finetune_config`` describes by masked patch prediction, then fine-tune it."""
     config = config or PretrainConfig()
@@ -137,94 +162,26 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
             "--lora-rank does not apply to pretrain, which fine-tunes the whole encoder it pre-trained; fine-tune "
             "its encoder.keras with LoRA through keras_vit.training.finetune --weights OUT/encoder.keras --lora-rank N."
         )
-    strategy = steps.make_strategy(finetune_config)
-    out = finetune_config.run.output_dir
-    if finetune_config.run.overwrite and is_chief(strategy):
-        outputs.clear_output(out)
-    setup = steps.prepare(finetune_config, strategy)
-    resolved, source = setup.config, setup.source
-    batch = config.batch_size or resolved.optim.batch_size
-    keras.utils.set_random_seed(resolved.optim.seed)
-    with steps.precision(resolved, setup.device), strategy.scope():  # --mixed-precision, as in fine-tuning
-        encoder = steps.build_model(resolved, source.num_classes)
-        model = masked_patch_model(encoder, bits=config.bits)
-        schedule = WarmupDecay(config.lr, config.steps, min(config.warmup, config.steps), "cosine")
-        model.compile(
-            optimizer=build_optimizer("adam", schedule, clip_norm=config.clip_norm),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
-            weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        )
-    augment = dataclasses.replace(steps.augment_of(resolved), randaugment=None, mixup=0.0, cutmix=0.0)
-    patch = patch_grid(encoder)[1]
-    corruption = dict(rate=config.rate, mask_fraction=config.mask_fraction, random_fraction=config.random_fraction)
-    seed, shuffle_buffer = resolved.optim.seed, resolved.data.shuffle_buffer
-
-    def data_fn(step: int):
-        return masked_patch_dataset(
-            source.train,
-            batch,
-            augment,
-            patch,
-            start_step=step,
-            seed=seed,
-            bits=config.bits,
-            shuffle_buffer=shuffle_buffer,
-            **corruption,
-        )
-
-    eval_data = masked_patch_dataset(
-        source.eval,
-        batch,
-        augment,
-        patch,
-        seed=seed,
-        bits=config.bits,
-        training=False,
-        whole_batches=setup.whole_batches,
-        **corruption,
-    )
-    verbose = resolved.run.verbose
-    if setup.chief and verbose:
-        print(
-            f"masked patch prediction: {encoder.name} ({encoder.count_params():,} parameters) on "
-            f"{source.name}, {config.steps} steps of {batch}, adam lr {config.lr:g}",
-            flush=True,
-        )
-    if setup.chief:
-        outputs.mark_output(out, "pretrain")
-    every = config.eval_every or max(1, config.steps // 5)
-    result = fit(
-        model,
-        data_fn,
-        total_steps=config.steps,
-        steps_per_epoch=every,
-        output_dir=os.path.join(out, "pretrain"),
-        strategy=strategy,
-        eval_data=eval_data,
-        log_every=resolved.run.log_every,
-        seed=resolved.optim.seed,
-        verbose=verbose,
-    )
+    setup = steps.prepare(finetune_config)
+    steps.start_parent(setup, "pretrain")
+    out, verbose = setup.config.run.output_dir, setup.config.run.verbose
     encoder_path = os.path.join(out, "encoder.keras")
-    if setup.chief:
-        with atomic_path(encoder_path) as temporary:
-            encoder.save(temporary)
+    task = MaskedPatches(config.rate, config.mask_fraction, config.random_fraction, config.bits)
+    masked = train(masked_setup(setup, config), task, command="pretrain", model_path=encoder_path)
     runs = {"finetune": [LoadEncoder(encoder_path)], **({"scratch": []} if config.compare_scratch else {})}
     results = {
-        name: train_classifier(
-            finetune_config.replace(overwrite=False, output_dir=os.path.join(out, name)),
-            callbacks=callbacks,
-            strategy=strategy,
+        name: train(
+            setup.replace(overwrite=False, output_dir=os.path.join(out, name)), Classification(), callbacks=callbacks
         )
         for name, callbacks in runs.items()
     }
     summary = {name: r.metrics for name, r in results.items()}
-    summary["pretrain_history"] = result.history
+    summary["pretrain_history"] = masked.history
     if setup.chief:
         outputs.write_json(os.path.join(out, "summary.json"), summary)
         if verbose:
             print(summary_table(summary), flush=True)
-    return PretrainResult(encoder_path, result.history, results["finetune"], results.get("scratch"))
+    return PretrainResult(encoder_path, masked.history, results["finetune"], results.get("scratch"))
 
 
 def summary_table(summary: dict) -> str:

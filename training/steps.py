@@ -1,10 +1,11 @@
-"""The steps every training command shares: from a :class:`TrainConfig` to a strategy, data, a model, compiled.
+"""The steps every training run shares: from a :class:`TrainConfig` to a strategy, data, a model, compiled.
 
 :func:`prepare` loads the source and the strategy and resolves the config (:class:`Setup`);
 :func:`build_model`, :func:`compile_model`, :func:`augment_of` and :func:`precision` turn a resolved
 config into a compiled model (LoRA adapters when the config asks) and the pipelines' settings;
 :func:`prepare_output`, :func:`start_output` and :func:`describe` check and start a run's output directory and
-say what will run.
+say what will run; :func:`start_parent` clears and marks the folder of a command whose runs go to its
+sub-folders. :func:`keras_vit.training.runner.train` puts them together.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "prepare",
     "prepare_output",
     "start_output",
+    "start_parent",
     "strategy_name",
 ]
 
@@ -74,6 +76,12 @@ class Setup:
         last batch is then filled with blank examples of weight 0 (pipeline.eval_dataset)."""
         split = isinstance(self.strategy, KerasDistribution) and self.strategy.num_replicas_in_sync > 1
         return self.device == "tpu" or split
+
+    def replace(self, **fields) -> Setup:
+        """This setup with fields of its config changed by flat name (:meth:`TrainConfig.replace`). The config
+        stays as resolved: change only what resolving does not derive from (run settings, the seed), or give
+        every field that it does."""
+        return dataclasses.replace(self, config=self.config.replace(**fields))
 
     def blanks(self, batch_size: int) -> int:
         """How many blank examples fill the held-out set's last batch of ``batch_size`` (0 unless whole batches)."""
@@ -137,8 +145,15 @@ def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model
     return vit
 
 
-def compile_model(model: keras.Model, config: TrainConfig) -> None:
-    """Compile with the schedule, optimizer, label-smoothed cross-entropy and accuracy of ``config``."""
+def compile_model(
+    model: keras.Model,
+    config: TrainConfig,
+    *,
+    loss: keras.losses.Loss | None = None,
+    metric: keras.metrics.Metric | None = None,
+) -> None:
+    """Compile with the schedule and optimizer of ``config`` (gradient accumulation included), its label-smoothed
+    cross-entropy and accuracy, or ``loss`` and ``metric`` (weighted: examples of weight 0 do not count)."""
     optim = config.optim
     schedule = WarmupDecay(optim.lr, optim.steps, optim.warmup, optim.schedule, optim.end_lr, optim.accumulation_steps)
     optimizer = build_optimizer(
@@ -152,8 +167,8 @@ def compile_model(model: keras.Model, config: TrainConfig) -> None:
     )
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=optim.label_smoothing),
-        weighted_metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],  # blanks of weight 0 do not count
+        loss=loss or keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=optim.label_smoothing),
+        weighted_metrics=[metric or keras.metrics.CategoricalAccuracy(name="accuracy")],
         steps_per_execution=config.run.steps_per_execution,
     )
 
@@ -205,6 +220,15 @@ def start_output(config: TrainConfig, chief: bool, command: str = "finetune") ->
     outputs.mark_output(out, command)
     if not outputs.has_checkpoint(out):
         outputs.write_json(os.path.join(out, "run.json"), config_lib.json_ready(config))
+
+
+def start_parent(setup: Setup, command: str) -> None:
+    """Clear (``overwrite``) and mark the output folder of a command whose runs go to its sub-folders (``pretrain``,
+    ``ablation``); each run there checks and starts its own folder."""
+    if setup.chief:
+        if setup.config.run.overwrite:
+            outputs.clear_output(setup.config.run.output_dir)
+        outputs.mark_output(setup.config.run.output_dir, command)
 
 
 def describe(setup: Setup) -> str:

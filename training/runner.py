@@ -1,0 +1,163 @@
+"""The one training run every command goes through: :func:`train`.
+
+Given a prepared :class:`~keras_vit.training.steps.Setup` (strategy, data, resolved config) and a :class:`Task`
+(what is trained: a classifier, or the masked-patch model around one), a run
+
+1. checks its output folder (``overwrite`` clears it; a folder holding another run's checkpoints is refused);
+2. builds and compiles the task's model under the config's precision policy and in the strategy's scope
+   (optimizer, schedule, clipping, gradient accumulation, weight decay: :func:`steps.compile_model`);
+3. marks the folder and writes ``run.json``;
+4. trains with :func:`keras_vit.training.loop.fit`: checkpoints, step logs, TensorBoard, resuming from the
+   folder's last checkpoint;
+5. evaluates on the held-out data and writes ``model.keras`` and ``metrics.json``.
+
+``finetune`` is one run; ``pretrain`` a masked-patch run then classification runs; ``ablation`` one
+classification run per setting and seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import keras
+import tensorflow as tf
+
+from keras_vit.training import config as config_lib
+from keras_vit.training import steps
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.loop import fit, save_outputs
+from keras_vit.training.steps import Setup
+from keras_vit.training.strategy import strategy_name, training_scope
+
+__all__ = ["OverImages", "RunResult", "Task", "train"]
+
+
+class Task(Protocol):
+    """What a run trains: its model, how it is compiled, its data."""
+
+    accuracy_name: str  # what the final accuracy is called ("held-out accuracy")
+    blanks_in_loss: bool  # whether the loss averages over the blanks that fill whole held-out batches
+
+    def describe(self) -> str:
+        """What the task adds to the run's description ("" when nothing)."""
+
+    def build(self, config: TrainConfig, num_classes: int) -> tuple[keras.Model, keras.Model]:
+        """The model that trains and the model the run keeps (saves and returns): the same, or the one inside."""
+
+    def compile(self, model: keras.Model, config: TrainConfig) -> None:
+        """Compile the model that trains."""
+
+    def datasets(
+        self, setup: Setup, model: keras.Model, batch: int
+    ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
+        """``data_fn(step)``, the endless training batches from ``step`` on, and the held-out batches, of ``batch``
+        examples; ``model`` is the kept model."""
+
+
+class OverImages(keras.callbacks.Callback):
+    """The held-out loss over the images alone when the evaluation is in whole batches (TPU, JAX DataParallel).
+
+    Keras' loss tracker averages over every example of a batch, so the blanks that fill the last one (weight 0,
+    loss 0) pull ``val_loss`` down by images / (images + blanks); this puts ``val_loss`` back, times ``scale``,
+    for the callbacks after it (TensorBoard, and History and the progress bar, which Keras calls last).
+    """
+
+    def __init__(self, images: int, blanks: int):
+        super().__init__()
+        self.scale = (images + blanks) / images if blanks else 1.0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and "val_loss" in logs:
+            logs["val_loss"] = float(logs["val_loss"]) * self.scale
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run produced: the kept model, the final held-out metrics, the history, the settings."""
+
+    model: keras.Model
+    metrics: dict[str, float]
+    history: dict[str, list[float]]
+    config: TrainConfig
+    output_dir: str
+
+
+def train(
+    setup: Setup,
+    task: Task,
+    *,
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+    command: str = "finetune",
+    model_path: str | None = None,
+) -> RunResult:
+    """Run ``task`` as ``setup`` says, into its ``output_dir`` (see the module docstring).
+
+    ``callbacks`` are added to ``model.fit``; ``command`` is written in the folder's marker; ``model_path`` is where
+    the kept model goes (default ``OUTPUT_DIR/model.keras``). A loss that turns NaN or infinite stops the run with a
+    ``DivergedError`` (no model is saved).
+    """
+    config, source, strategy = setup.config, setup.source, setup.strategy
+    optim, run = config.optim, config.run
+    steps.prepare_output(config, setup.chief)
+    if setup.chief and run.verbose:
+        print("\n".join(filter(None, (steps.describe(setup), task.describe()))), flush=True)
+
+    keras.utils.set_random_seed(optim.seed)
+    with steps.precision(config, setup.device), strategy.scope():
+        model, kept = task.build(config, source.num_classes)
+        task.compile(model, config)
+    steps.start_output(config, setup.chief, command)  # the run has started: its folder is marked, its settings written
+
+    accumulate = optim.accumulation_steps
+    micro_batch = optim.batch_size // accumulate
+    data_fn, eval_data = task.datasets(setup, kept, micro_batch)
+    count = source.eval.num_examples
+    over_images = OverImages(count, setup.blanks(micro_batch) if task.blanks_in_loss else 0)
+    started = time.time()
+    result = fit(
+        model,
+        data_fn,
+        total_steps=optim.steps * accumulate,
+        steps_per_epoch=optim.eval_every * accumulate,
+        output_dir=run.output_dir,
+        strategy=strategy,
+        eval_data=eval_data,
+        checkpoint_every=run.checkpoint_every * accumulate,
+        keep_checkpoints=run.keep_checkpoints,
+        log_every=run.log_every * accumulate,
+        accumulation_steps=accumulate,
+        seed=optim.seed,
+        callbacks=[over_images, *callbacks],
+        verbose=run.verbose,
+    )
+    train_seconds = time.time() - started
+    with training_scope(strategy):
+        scores = model.evaluate(eval_data, return_dict=True, verbose=0)
+    scores["loss"] *= over_images.scale
+    metrics = {
+        "eval": {k: float(v) for k, v in scores.items()},
+        "eval_examples": count,
+        "eval_split": source.eval_split,
+        "dataset": source.name,
+        "steps": optim.steps,
+        "resumed_from_step": result.start_step // accumulate,
+        "train_seconds_this_run": round(train_seconds, 1),
+        "backend": keras.backend.backend(),
+        "strategy": strategy_name(strategy),
+        "replicas": strategy.num_replicas_in_sync,
+        "precision": steps.policy_name(config, setup.device),
+        "history": result.history,
+        "config": config_lib.json_ready(config),
+    }
+    save_outputs(kept, metrics, run.output_dir, strategy, model_path)
+    if setup.chief and run.verbose:
+        where = f"model {model_path}, metrics" if model_path else "model and metrics"
+        print(
+            f"{task.accuracy_name}: {scores['accuracy']:.4f} on {count or '?'} images "
+            f"({source.name}, {source.eval_split}); {where} in {run.output_dir}",
+            flush=True,
+        )
+    return RunResult(kept, metrics["eval"], result.history, config, run.output_dir)
