@@ -1,5 +1,6 @@
 """Masked patch prediction (keras_vit.training.masked_patch, keras_vit.training.pretrain) and the ablation's pieces."""
 
+import json
 import os
 
 import keras
@@ -236,6 +237,29 @@ def test_pretrain_runs_its_masked_phase_in_the_chosen_precision(tmp_path):
     assert model.get_layer("mpp_head").compute_dtype == "float32"
     assert result.history["loss"][-1] < result.history["loss"][0]
     assert keras.mixed_precision.dtype_policy().name == before
+
+
+def test_pretrain_phases_are_runs_as_finetune_is(tmp_path, capsys):
+    """Both phases go through the one training run: the masked-patch phase writes run.json, metrics.json and its
+    checkpoints in OUT/pretrain (and the encoder as OUT/encoder.keras); started again, both phases resume from their
+    last checkpoints; a changed pre-training setting is refused, naming it."""
+    from keras_vit.training.pretrain import main
+
+    out = tmp_path / "run"
+    argv = ["--pretrain-steps=4", "--pretrain-eval-every=2", "--steps=2", "--depth=1", "--hidden-size=32"]
+    argv += ["--mixed-precision=none", "--verbose=0", "--output-dir", str(out)]
+    first = main(argv)
+    masked = json.loads((out / "pretrain" / "metrics.json").read_text())
+    assert masked["steps"] == 4 and masked["resumed_from_step"] == 0 and masked["history"] == first.history
+    assert json.loads((out / "pretrain" / "run.json").read_text())["optimizer"] == "adam"
+    assert (out / "encoder.keras").exists() and not (out / "pretrain" / "model.keras").exists()
+    main(argv)
+    for phase, steps in (("pretrain", 4), ("finetune", 2)):
+        assert json.loads((out / phase / "metrics.json").read_text())["resumed_from_step"] == steps
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*argv, "--pretrain-lr", "0.5"])
+    assert "holds a run with different settings (lr)" in capsys.readouterr().err
 
 
 def test_whole_masked_eval_batches_weigh_only_real_patches():

@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 from training_support import REPO, TINY, TINY_MODEL_FLAGS, backend_env, checkpoint_steps, iterations, read_log
 
+from keras_vit.training import ablation
+from keras_vit.training.checkpoint import checkpoint_path, read_checkpoint
 from keras_vit.training.finetune import finetune
 from keras_vit.training.loop import plan_segments, truncate_log
 from keras_vit.training.schedules import WarmupDecay
@@ -110,6 +113,55 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
     for a, b in zip(whole.model.get_weights(), accumulated.model.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert [e["step"] for e in read_log(str(tmp_path / "accumulated"))] == [1, 2, 3]
+
+
+# TINY as the ablation's flags.
+ABLATION_FLAGS = [*TINY_MODEL_FLAGS, "--batch-size=16", "--crop-area=0.6,1", "--warmup=2", "--eval-every=5"]
+
+
+def test_ablation_gradient_accumulation_equals_the_whole_batch(tmp_path):
+    """As finetune's: ``ablation --accumulation-steps 2`` (two micro-batches of 8 per update) makes the same updates
+    as one batch of 16, on a setting of its own (learned 2-D position embeddings, spared SGD's weight decay)."""
+    flags = [*ABLATION_FLAGS, "--positions=learned_2d", "--steps=3", "--optimizer=sgd", "--lr=0.05", "--clip-norm=0.05"]
+    flags += ["--mixed-precision=none", "--log-every=1"]
+    rows, folders = {}, {}
+    for name, accumulation in (("whole", 1), ("accumulated", 2)):
+        out = str(tmp_path / name)
+        rows[name] = ablation.main([*flags, f"--accumulation-steps={accumulation}", "--output-dir", out])
+        folders[name] = ablation.run_folder(out, "learned_2d", "token", 0)
+    _, manifest, arrays = read_checkpoint(checkpoint_path(os.path.join(folders["accumulated"], "checkpoints"), 6))
+    names = [path.rpartition("/")[2] for path, *_ in manifest["optimizer"]]
+    # Keras counts micro-batches (6); its optimizer.iterations divides by the accumulation steps: 3 updates
+    assert int(arrays["optimizer"][names.index("iteration")]) == 6
+    whole, accumulated = (keras.saving.load_model(os.path.join(folders[name], "model.keras")) for name in folders)
+    for a, b in zip(whole.get_weights(), accumulated.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert [e["step"] for e in read_log(folders["accumulated"])] == [1, 2, 3]
+    assert rows["accumulated"][0].accuracies == pytest.approx(rows["whole"][0].accuracies)
+
+
+def test_the_ablation_runs_each_setting_as_finetune_does_and_resumes(tmp_path, capsys):
+    """Every setting is a run in its own folder (checkpoints, model.keras, metrics.json) in the precision asked
+    for; started again, each resumes from its last checkpoint instead of training again; changed settings are
+    refused, naming them."""
+    out = str(tmp_path / "ablation")
+    flags = [*ABLATION_FLAGS, "--positions=none", "--classifiers=token,gap", "--steps=2", "--checkpoint-every=1"]
+    flags += ["--mixed-precision=bfloat16", "--output-dir", out]
+    first = ablation.main(flags)
+    folders = [Path(ablation.run_folder(out, "none", classifier, 0)) for classifier in ("token", "gap")]
+    for folder in folders:
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert (metrics["precision"], metrics["resumed_from_step"]) == ("mixed_bfloat16", 0)
+        assert checkpoint_steps(str(folder)) == [1, 2] and (folder / "model.keras").exists()
+    assert os.path.exists(os.path.join(out, "ablation.md"))
+    again = ablation.main(flags)
+    for folder in folders:
+        assert json.loads((folder / "metrics.json").read_text())["resumed_from_step"] == 2
+    assert [row.accuracies for row in again] == [row.accuracies for row in first]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        ablation.main([*flags, "--lr=0.5"])
+    assert "holds a run with different settings (lr)" in capsys.readouterr().err
 
 
 @pytest.mark.slow
