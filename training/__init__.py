@@ -8,9 +8,9 @@ the command-line options generated from them), ``strategy`` (choose a tf.distrib
 keras.distribution), ``data`` (digits / image folder / TFDS sources), ``pipeline`` (tf.data augmentation
 and preprocessing), ``schedules`` (warmup + decay from Keras' schedules), ``optimizers`` (clipping that is
 correct across replicas), ``checkpoint`` (one checkpoint format for every backend), ``loop`` (resumable
-``fit``), ``steps`` (what every command does: data, strategy, resolve, build, compile), ``supervised`` (the
-fine-tuning run), ``masked_patch`` (masked patch prediction); and the commands ``finetune``, ``pretrain``
-and ``ablation``.
+``fit``), ``steps`` (what every run does: data, strategy, resolve, build, compile), ``runner`` (the one
+training run every command goes through), ``supervised`` (its classification task), ``masked_patch`` (masked
+patch prediction and its task); and the commands ``finetune``, ``pretrain`` and ``ablation``.
 
 The entry point is ``from keras_vit.training.finetune import finetune`` (``keras_vit.training.finetune`` is the module).
 The names below and the modules are loaded on first use, so ``python -m keras_vit.training.finetune`` does not

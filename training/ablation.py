@@ -102,9 +102,11 @@ def run_ablation(
             raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
     if config.model.weights:
         raise ValueError("the ablation trains from scratch; --weights does not apply.")
+    seeds = (config.optim.seed,) if seeds is None else tuple(seeds)
+    if not seeds:
+        raise ValueError("--seeds must be >= 1, got 0.")
     setup = steps.prepare(config)
     config, source, optim = setup.config, setup.source, setup.config.optim
-    seeds = (optim.seed,) if seeds is None else tuple(seeds)
     log = log if setup.chief else lambda line: None
     steps.start_parent(setup, "ablation")
     log(

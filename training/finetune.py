@@ -1,6 +1,7 @@
 """Fine-tune a (pre-trained) ViT on a dataset, or train one from scratch: ``python -m keras_vit.training.finetune``.
 
-The command and :func:`finetune` run the same code (:func:`keras_vit.training.supervised.train_classifier`):
+The command and :func:`finetune` run the same code (:func:`keras_vit.training.supervised.train_classifier`, one
+run of :func:`keras_vit.training.runner.train`, as every command's training is):
 load the data, build the strategy, the model, the optimizer and the schedule, ``model.fit`` with
 checkpoints (resuming from ``output_dir`` when it holds one), evaluate on held-out data, save
 ``model.keras`` and ``metrics.json``. With no arguments it trains a small ViT on scikit-learn's digits
