@@ -53,6 +53,7 @@ _SUBMODULES = (
     "outputs",
     "pipeline",
     "pretrain",
+    "runner",
     "schedules",
     "steps",
     "strategy",
