@@ -41,7 +41,6 @@ from keras_vit.training.steps import Setup
 
 __all__ = [
     "KEEP",
-    "KIND_NAMES",
     "MASK",
     "RANDOM",
     "UNCHANGED",
@@ -56,7 +55,6 @@ __all__ = [
 ]
 
 KEEP, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: corrupted (predicted) but left as it is
-KIND_NAMES = ("keep", "mask", "random", "unchanged")
 EDGE_TOLERANCE = 1e-3  # grey levels; see colour_targets
 
 
