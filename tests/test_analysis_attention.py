@@ -10,6 +10,9 @@ import pytest
 import keras_vit
 from keras_vit.analysis import TokenGeometry, attention, token_geometry
 
+# torch runs the library tests, and of these only the tests marked for it below
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, include_top=False)
 
 
@@ -139,6 +142,7 @@ def test_analyse_attention_on_a_model_matches_the_array_functions(classifier):
     np.testing.assert_allclose(found.distances, uniform[0, 0], rtol=0.2)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_hybrid_patches_are_measured_in_input_pixels():
     model = keras_vit.ViT("Ti/16", resnet=(1, 1), **{**TINY, "image_size": 64, "patch_size": 2, "depth": 1})
     geometry = token_geometry(model)

@@ -13,6 +13,8 @@ from keras_vit import datasets
 from keras_vit.analysis import data, filter_components, plots
 from keras_vit.analysis.__main__ import main, model_input
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 TINY_ARCHITECTURE = ["--patch-size", "8", "--hidden-size", "32", "--depth", "2", "--num-heads", "2", "--mlp-dim", "64"]
 TINY_ARGS = ["Ti/16", "--image-size", "32", *TINY_ARCHITECTURE]
 DEFAULT_SIZES = {  # figsize (inches) * dpi 100

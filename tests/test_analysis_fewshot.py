@@ -9,6 +9,9 @@ import keras_vit
 from keras_vit import datasets
 from keras_vit.analysis import fewshot
 
+# torch runs the library tests, and of these only the tests marked for it below
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, include_top=False)
 
 

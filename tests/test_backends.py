@@ -33,7 +33,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.requires("jax", "torch")  # each test compares the three backends' workers
+pytestmark = [
+    pytest.mark.backends("tensorflow"),
+    pytest.mark.requires("jax", "torch"),
+]  # each test compares the three backends' workers
 
 START = time.perf_counter()
 BACKENDS = ("tensorflow", "jax", "torch")

@@ -30,6 +30,8 @@ from keras_vit.zoo.cache import record_path, recorded
 from keras_vit.zoo.download import CorruptCheckpointError, DownloadError, download
 from keras_vit.zoo.validate import check_npz
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 ROOT = Path(__file__).resolve().parents[1]
 HOLD = 5.0  # the longest a stalled or slow handler keeps its connection
 

@@ -26,6 +26,8 @@ import tensorflow as tf
 import keras_vit
 from keras_vit.layers import MultiHeadSelfAttention, PatchEmbed, TransformerBlock
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 TINY = dict(image_size=32, patch_size=8, depth=2, hidden_size=32, num_heads=4, mlp_dim=64, gelu="exact")
 FLOAT32_ATOL = 1e-5
 

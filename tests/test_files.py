@@ -18,6 +18,8 @@ from keras_vit.training.loop import save_outputs
 from keras_vit.training.outputs import write_json
 from keras_vit.zoo.cache import record, recorded
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 
 @pytest.fixture
 def target(tmp_path):

@@ -21,6 +21,8 @@ from sklearn.datasets import load_sample_image
 import keras_vit
 from keras_vit.checkpoints.read import read_checkpoint
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 TOLERANCE = 1e-4
 
 TIMM_SCRIPT = """

@@ -14,6 +14,8 @@ import keras_vit
 from keras_vit.checkpoints.load import load_weights
 from keras_vit.resnet import TIMM_RESNET
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 REFERENCE = Path(__file__).parent / "reference" / "timm_hybrid.py"
 CONSTRUCTORS = {
     "R50+B/16": keras_vit.ViT_R50_B16,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 REPO = Path(__file__).resolve().parents[1]
 # Source folder -> the package it installs as (setup.cfg, package_dir).
 PACKAGES = {"keras_vit": "keras_vit", "zoo": "keras_vit.zoo", "training": "keras_vit.training"}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 REPO = Path(__file__).resolve().parents[1]
 # Distributions that install the `tensorflow` package (PyPI names, normalised).
 TENSORFLOW_DISTRIBUTIONS = {

@@ -5,6 +5,8 @@ import pytest
 
 from keras_vit import labels
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 
 def test_counts_and_order():
     in1k, in21k = labels.wnids("imagenet1k"), labels.wnids("imagenet21k")

@@ -22,6 +22,7 @@ def adapted():
     return keras_vit.enable_lora(model, RANK)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_parameter_count(adapted):
     d, m = ARCH["hidden_size"], ARCH["mlp_dim"]
     per_block = RANK * ((d + 3 * d) + (d + d) + (d + m) + (m + d))  # qkv, out, fc1, fc2: rank * (in + out)

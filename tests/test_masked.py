@@ -26,6 +26,8 @@ from keras_vit.training.masked_patch import (
 from keras_vit.training.pipeline import Augment
 from keras_vit.training.pretrain import LoadEncoder, copy_encoder_weights
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 ENCODER = dict(image_size=16, patch_size=4, depth=1, hidden_size=32, num_heads=2, mlp_dim=64, num_classes=10)
 
 

@@ -55,6 +55,7 @@ def _variant_of(name):
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=[] if n in FAST_FULL_BUILDS else [pytest.mark.slow]) for n in TIMM_PARAMS]
 )
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_parameter_counts_match_table_1(name):
     cfg, patch = _variant_of(name)
     model = getattr(keras_vit, name)()
@@ -64,6 +65,7 @@ def test_parameter_counts_match_table_1(name):
 
 
 @pytest.mark.parametrize("name", list(TIMM_PARAMS))
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_parameter_counts_of_every_variant_from_a_one_block_build(name):
     """Fast for every size: the model with one block, plus ``depth - 1`` more blocks of the same size."""
     cfg, patch = _variant_of(name)

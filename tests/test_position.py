@@ -53,6 +53,7 @@ def test_every_variant_has_the_right_shape_and_saves_bit_identically(position_em
     assert [w.path for w in loaded.weights] == [w.path for w in model.weights]
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_parameter_counts_of_the_variants():
     """D=32, a 4x4 grid, class token, 2 blocks of 2 heads: each variant's position parameters exactly."""
     counts = {p: tiny(p, depth=2).count_params() for p in POSITION_EMBEDDINGS}

@@ -13,6 +13,8 @@ from sklearn.datasets import load_sample_image
 
 from keras_vit.predict import main
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 # A zero head kernel makes the logits equal the bias, whatever the image: goldfish (1), tench (0),
 # great white shark (2), then the rest (0.0, in index order).
 BIAS = {1: 3.0, 0: 2.0, 2: 1.0}

@@ -20,7 +20,7 @@ from npz_layout import vit_checkpoint, write_checkpoint
 import keras_vit
 from keras_vit.checkpoints.load import load_weights
 
-pytestmark = [pytest.mark.reference, pytest.mark.requires("timm", "torch")]
+pytestmark = [pytest.mark.backends("tensorflow"), pytest.mark.reference, pytest.mark.requires("timm", "torch")]
 
 REFERENCE = Path(__file__).with_name("reference") / "timm_vit.py"
 B16 = dict(patch_size=16, hidden_size=768, depth=2, num_heads=12, mlp_dim=3072)  # B/16, 2 blocks

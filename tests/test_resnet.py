@@ -13,6 +13,8 @@ from keras_vit.resnet import (
 )
 from keras_vit.variants import resnet_depth, resnet_stride
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 RNG = np.random.default_rng(0)
 
 

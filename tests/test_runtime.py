@@ -13,9 +13,10 @@ import pytest
 
 from keras_vit.runtime import ONEDNN_VARIABLE, X86_64
 
-pytestmark = pytest.mark.skipif(
-    platform.machine().lower() not in X86_64, reason="keras_vit only turns oneDNN on for x86-64"
-)
+pytestmark = [
+    pytest.mark.backends("tensorflow"),  # TensorFlow's CPU kernels
+    pytest.mark.skipif(platform.machine().lower() not in X86_64, reason="keras_vit only turns oneDNN on for x86-64"),
+]
 
 PROBE = """
 import json, os, sys

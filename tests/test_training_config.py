@@ -30,6 +30,9 @@ from keras_vit.training.steps import build_model
 from keras_vit.training.strategy import choose_strategy, get_strategy
 from keras_vit.variants import parse_variant
 
+# torch runs the library tests, and of these only the tests marked for it below
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 PARSERS = {"finetune": finetune.parser, "pretrain": pretrain.parser, "ablation": ablation.parser}
 
 
@@ -228,6 +231,7 @@ def test_unknown_models_are_rejected():
         digits(model="Ti/4", hidden_size=30, num_heads=4)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_a_hybrid_resolves_and_builds_in_a_tiny_config():
     resolved = digits(model="R50+B/16", image_size=32, depth=1, hidden_size=16, num_heads=2, mlp_dim=32)
     arch = parse_variant(resolved.model.name).replace(**resolved.architecture())

@@ -18,6 +18,9 @@ from keras_vit.training.finetune import finetune
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 from keras_vit.training.runner import OverImages
 
+# torch runs the library tests, and of these only the tests marked for it below
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 # sha256 of (images, labels) of the digits' splits as training/data.py made them before keras_vit.datasets.
 DIGITS_HELD_OUT = "ef74cf7408b16ebc5c0dbab65af78704cafa3e7bd13212cc1d0ae7e2a3ec6954"
 DIGITS_TRAIN = "1c03aaba7a606b1d7d85fd65b122ac89d0f9863d066cd10ded39757a2bbf0799"
@@ -80,6 +83,7 @@ def test_image_folder_errors(tmp_path):
         load_folder(str(tmp_path))
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_image_folder_trains_end_to_end(tmp_path):
     write_images(tmp_path / "images")
     result = finetune(
@@ -95,6 +99,7 @@ def test_image_folder_trains_end_to_end(tmp_path):
     assert result.model.output_shape == (None, 3)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_tfds_path_with_mock_data(tmp_path, monkeypatch):
     import tensorflow_datasets as tfds
 
@@ -114,6 +119,7 @@ def test_tfds_path_with_mock_data(tmp_path, monkeypatch):
         load_source("no_such_dataset")
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_an_offline_tfds_download_fails_at_once_in_one_line(tmp_path, monkeypatch, capsys):
     """No network: the command names the dataset and the host that does not resolve, not TFDS' retries."""
     import socket
@@ -145,6 +151,7 @@ def _batches(ds, count):
     return [(x.numpy(), y.numpy()) for x, y in ds.take(count)]
 
 
+@pytest.mark.backends("tensorflow", "jax", "torch")
 def test_training_stream_restarts_exactly_at_any_step():
     split = load_digits().train
     augment = Augment(16, crop_area=(0.3, 1.0), flip=True)
@@ -158,6 +165,7 @@ def test_training_stream_restarts_exactly_at_any_step():
     assert not np.array_equal(other_seed[0][0], full[0][0])
 
 
+@pytest.mark.backends("tensorflow", "jax", "torch")
 def test_every_example_once_per_epoch():
     split = Split(12, np.arange(12, dtype=np.uint8).reshape(12, 1, 1, 1).repeat(3, -1), np.arange(12))
     batches = _batches(train_dataset(split, 12, 4, Augment(1, crop_area=None, flip=False)), 6)
@@ -169,6 +177,7 @@ def test_every_example_once_per_epoch():
     np.testing.assert_allclose(values, (first - 127.5) / 127.5, atol=1e-6)  # pixels scaled to [-1, 1]
 
 
+@pytest.mark.backends("tensorflow", "jax", "torch")
 def test_the_pipelines_scale_pixels_with_preprocess_input_on_every_backend():
     """keras_vit.preprocess_input runs inside the tf.data maps (TensorFlow ops there, on every backend)."""
     pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, axis=-1)
@@ -194,6 +203,7 @@ def test_inception_crop_and_flip_change_images_but_eval_does_not():
     np.testing.assert_allclose(centre, (image[0, 4:12, 4:12] - 127.5) / 127.5, atol=1e-5)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_mixup_and_cutmix_mix_labels():
     split = load_digits().train
     for augment in (

@@ -25,6 +25,9 @@ from keras_vit.training.data import load_source
 from keras_vit.training.errors import CorruptDataError, DivergedError, OutputDirError, TrainingError
 from keras_vit.training.finetune import finetune, main
 
+# torch runs the library tests, and of these only the tests marked for it below
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 RUN = {**TINY, "steps": 6, "checkpoint_every": 2, "log_every": 1}
 
 
@@ -46,6 +49,7 @@ def test_overwrite_refuses_a_folder_that_holds_no_run_and_deletes_nothing(tmp_pa
     assert (tmp_path / "photo.jpg").read_bytes() == b"the user's"
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_overwrite_of_a_run_folder_deletes_only_what_runs_write(tmp_path):
     out = tmp_path / "run"
     finetune(output_dir=str(out), **{**RUN, "steps": 2})
@@ -219,6 +223,7 @@ def test_corrupt_images_are_named_before_training(tmp_path):
     assert not os.path.exists(out)  # nothing started
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_skip_corrupt_leaves_them_out_and_webp_images_train(tmp_path, capsys):
     root = str(tmp_path / "images")
     truncated, text = damaged_folder(root)
@@ -286,6 +291,7 @@ def test_a_command_line_error_is_one_line_unless_debugging(tmp_path, capsys, mon
         main(args)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_the_command_prints_one_line_and_exits_non_zero(tmp_path):
     env = {**backend_env(keras.backend.backend()), "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("KERAS_VIT_DEBUG", None)

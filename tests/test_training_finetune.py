@@ -19,6 +19,9 @@ from keras_vit.training.finetune import finetune, main
 from keras_vit.training.pipeline import eval_dataset
 from keras_vit.training.steps import augment_of, build_model, policy_name
 
+# torch runs the library tests, and of these only the tests marked for it below
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 TINY_ARGS = [
     *TINY_MODEL_FLAGS,
     "--batch-size",
@@ -30,6 +33,7 @@ TINY_ARGS = [
 ]
 
 
+@pytest.mark.backends("tensorflow", "jax", "torch")
 def test_command_trains_and_writes_every_output(tmp_path, capsys):
     out = tmp_path / "run"
     result = main([*TINY_ARGS, "--steps", "4", "--checkpoint-every", "2", "--verbose", "2", "--output-dir", str(out)])
@@ -60,6 +64,7 @@ def test_command_rejects_bad_options(tmp_path):
         finetune(**{**TINY, "model": "X/16"}, output_dir=str(tmp_path))
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_pretrained_weights_are_loaded_resized_and_fine_tuned(tmp_path):
     """A checkpoint of an 8 px model with a 1000-class head and pre_logits, fine-tuned at 16 px on the
     10 digits: the encoder comes from the checkpoint, position embeddings are resized, the head is new."""
@@ -84,6 +89,7 @@ def test_pretrained_weights_are_loaded_resized_and_fine_tuned(tmp_path):
     assert model.output_shape == (None, 10)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_mixed_precision_trains_and_resumes(tmp_path):
     """float16 (with its loss-scale optimizer, whose state is checkpointed too); on JAX, whose CPU compiler has no
     float16 matmul, bfloat16 (float16 is refused there: test_auto_mixed_precision_is_the_hardware_policy)."""
@@ -127,6 +133,7 @@ def test_offline_default_run_reaches_its_stated_accuracy(tmp_path, capsys):
         ("tpu", {}, "mixed_bfloat16"),
     ],
 )
+@pytest.mark.backends("tensorflow", "jax", "torch")
 def test_auto_mixed_precision_is_the_hardware_policy(monkeypatch, device, facts, expected):
     """``--mixed-precision auto`` asks keras_vit.precision.auto_policy (bfloat16 on this CI's AVX512_BF16 CPU under
     TensorFlow and torch, float32 under JAX on a CPU); the other choices are fixed."""
@@ -144,6 +151,7 @@ def test_auto_mixed_precision_is_the_hardware_policy(monkeypatch, device, facts,
         assert policy_name(float16, device) == "mixed_float16"
 
 
+@pytest.mark.backends("tensorflow", "jax", "torch")
 def test_lora_trains_only_the_adapters_and_the_head_and_resumes(tmp_path):
     """Rank 4 on the tiny ViT (width 16, MLP 32, one block): adapters 16*4+4*48 (qkv) + 16*4+4*16 (out) +
     16*4+4*32 + 32*4+4*16 (MLP) = 768 parameters, the head 16*10+10 = 170: 938 train, every other weight stays

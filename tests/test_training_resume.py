@@ -21,6 +21,9 @@ from keras_vit.training.finetune import finetune
 from keras_vit.training.loop import plan_segments, truncate_log
 from keras_vit.training.schedules import WarmupDecay
 
+# torch runs the library tests, and of these only the tests marked for it below
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 RUN = {
     **TINY,
     "steps": 12,
@@ -67,6 +70,7 @@ def test_truncate_log_drops_steps_past_the_checkpoint_and_a_cut_line(tmp_path):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
 
 
+@pytest.mark.backends("tensorflow", "jax", "torch")
 def test_crash_and_resume_continues_the_run_exactly(tmp_path):
     whole = finetune(output_dir=str(tmp_path / "whole"), **RUN)
     crashed_dir = str(tmp_path / "crashed")
@@ -104,6 +108,7 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_is_refused(tmp_path):
     np.testing.assert_allclose(model.predict(images, verbose=0), again.model.predict(images, verbose=0), atol=1e-6)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
 def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
     """Two accumulated micro-batches of 8 make the same updates as one batch of 16 (same data order)."""
     run = {**RUN, "steps": 3, "dropout": 0.0, "clip_norm": 0.05}

@@ -290,6 +290,7 @@ def hybrid_arrays(model):
     return arrays
 
 
+@pytest.mark.backends("tensorflow", "torch")  # slow to compile on JAX
 def test_hybrid_layers_contribute_their_own_keys_and_a_hybrid_converts():
     model = keras_vit.ViT(
         None,

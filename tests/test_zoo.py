@@ -21,6 +21,8 @@ from keras_vit import zoo
 from keras_vit.variants import parse_variant
 from keras_vit.zoo.__main__ import main as zoo_main
 
+pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+
 GCS = "https://storage.googleapis.com/vit_models/"
 
 
