@@ -27,6 +27,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_vit.cli import CommandError, add_debug_flag, command_errors
 from keras_vit.files import atomic_path
 from keras_vit.optional import require
 
@@ -220,16 +221,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weights", required=True, metavar="NAME_OR_PATH", help="zoo name or Google .npz checkpoint")
     parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
     parser.add_argument("--images", type=int, default=16, help="photo crops to compare on (default 16)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
+    with command_errors(args):
+        _export_and_compare(args)
+    return 0
 
+
+def _export_and_compare(args: argparse.Namespace) -> None:
+    """The command's work: each format written, run and compared with the model, as one table row."""
     import keras_vit
     from keras_vit.preprocessing import ImagePreprocessor
 
     try:
         model = keras_vit.model_from_checkpoint(args.weights)
     except (OSError, ValueError) as exc:
-        print(f"error: weights {args.weights!r}: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(f"weights {args.weights!r}: {exc}") from exc
     preprocess = ImagePreprocessor(tuple(model.input_shape[1:3]))
     images = np.stack([np.asarray(preprocess(crop)) for crop in photo_crops(args.images)])
     out = Path(args.out)
@@ -247,7 +254,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{name:<12} {row['bytes'] / 1e6:>10.2f} {row['max_abs_diff']:>11.2e} {row['top1_agreement']:>12.3f}"
             f" {row['max_abs_output']:>10.2f}"
         )
-    return 0
 
 
 if __name__ == "__main__":

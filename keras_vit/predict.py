@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_vit.cli import CommandError, add_debug_flag, command_errors
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
 __all__ = ["classify", "load_image", "main"]
@@ -29,22 +30,18 @@ SCORES = ("softmax", "sigmoid", "logits")
 _BATCH = 16
 
 
-class PredictError(Exception):
-    """A failure reported as one line."""
-
-
 def load_image(path: str | Path) -> np.ndarray:
-    """An image file as a ``(H, W, 3)`` uint8 RGB array; a :class:`PredictError` when it can't be read."""
+    """An image file as a ``(H, W, 3)`` uint8 RGB array; a :class:`~keras_vit.cli.CommandError` if unreadable."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     path = Path(path)
     if not path.is_file():
-        raise PredictError(f"{path}: no such file")
+        raise CommandError(f"{path}: no such file")
     try:
         with Image.open(path) as image:
             return np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise PredictError(f"{path}: not a readable image ({exc})") from exc
+        raise CommandError(f"{path}: not a readable image ({exc})") from exc
 
 
 def _scores(logits: np.ndarray, kind: str) -> np.ndarray:
@@ -78,12 +75,12 @@ def _build_model(weights: str, mixed_precision: str):
     try:
         policy = policy_of_choice(mixed_precision)
     except ValueError as exc:  # float16 on JAX's CPU
-        raise PredictError(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     try:
         with global_policy(policy):
             return keras_vit.model_from_checkpoint(weights)
     except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
-        raise PredictError(f"weights {weights!r}: {exc}") from exc
+        raise CommandError(f"weights {weights!r}: {exc}") from exc
 
 
 def _table(path: str, predictions: list[tuple[str, str, float]]) -> str:
@@ -113,24 +110,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--scores", choices=SCORES, default="softmax", help="what to print (default softmax)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_mixed_precision_flag(parser)
+    add_debug_flag(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; the exit status (0 on success, 1 on an error reported on stderr)."""
+    """Run the command (exit status 0); an error is one line on stderr and exit status 1 (:mod:`keras_vit.cli`)."""
     args = _parser().parse_args(argv)
-    try:
+    with command_errors(args):
         if args.top < 1:
-            raise PredictError(f"--top must be at least 1, got {args.top}")
+            raise CommandError(f"--top must be at least 1, got {args.top}")
         images = [load_image(path) for path in args.images]
         model = _build_model(args.weights, args.mixed_precision)
-        try:
-            results = classify(model, images, top=args.top, labels=args.labels, scores=args.scores)
-        except ValueError as exc:  # a head with no known class names
-            raise PredictError(str(exc)) from exc
-    except PredictError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        results = classify(model, images, top=args.top, labels=args.labels, scores=args.scores)
     if args.json:
         out = [
             {"image": path, "predictions": [{"wnid": w, "name": n, "score": s} for w, n, s in preds]}

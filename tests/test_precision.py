@@ -203,10 +203,11 @@ def test_with_policy_runs_a_saved_float32_model_in_bfloat16(tmp_path):
 def test_predict_refuses_float16_on_jax_cpu_in_one_line(tiny_checkpoint):
     """``--mixed-precision float16`` where it cannot run (JAX on a CPU) is the command's one-line error, not a
     traceback or a complaint about the weights; elsewhere it builds a ``mixed_float16`` model."""
-    from keras_vit.predict import PredictError, _build_model
+    from keras_vit.cli import CommandError
+    from keras_vit.predict import _build_model
 
     if keras.backend.backend() == "jax":
-        with pytest.raises(PredictError, match=r"^mixed precision float16 does not run on JAX's CPU"):
+        with pytest.raises(CommandError, match=r"^mixed precision float16 does not run on JAX's CPU"):
             _build_model(tiny_checkpoint, "float16")
     else:
         assert _build_model(tiny_checkpoint, "float16").get_layer("encoderblock_0").compute_dtype == "float16"

@@ -80,7 +80,9 @@ def test_errors_are_one_line(checkpoint, images, tmp_path, capsys, case):
         "unknown_weights": [images[0], "--weights", "B_16.no_such_checkpoint"],
         "missing_weights": [images[0], "--weights", str(tmp_path / "missing.npz")],
     }[case]
-    assert main(argv) == 1
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("error: ")

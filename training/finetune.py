@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
+from keras_vit.cli import add_debug_flag, command_errors
 from keras_vit.training import config as config_lib
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.errors import add_debug_flag, command_errors
 from keras_vit.training.supervised import FinetuneResult, train_classifier
 
 __all__ = ["FinetuneResult", "finetune", "main", "parser"]

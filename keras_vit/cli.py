@@ -1,0 +1,66 @@
+"""How every keras-vit command reports an error: one line on stderr and a documented exit status.
+
+The commands (``keras_vit.predict``, ``keras_vit.export``, ``keras_vit.zoo``, ``keras_vit.analysis`` and the
+training commands) run their work inside :func:`command_errors` and take ``--debug`` (:func:`add_debug_flag`).
+
+Exit statuses:
+
+    0    done
+    1    an error the user can fix, as one line ``error: ...`` on stderr: bad settings or input, a missing,
+         corrupt or foreign file, no network, a diverged run (:data:`REPORTED`)
+    2    a command line argparse refuses (unknown option, a value of the wrong type or out of its choices)
+    130  interrupted (Ctrl-C)
+
+``--debug`` or ``KERAS_VIT_DEBUG=1`` lets the traceback through instead of the one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+__all__ = ["REPORTED", "CommandError", "add_debug_flag", "command_errors"]
+
+
+class CommandError(Exception):
+    """A failure a command reports in one line, raised where no built-in error type says it better."""
+
+
+# What a command reports in one line (ImportError: an optional package not installed, naming the install).
+REPORTED = (CommandError, ValueError, OSError, ImportError)
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """``--debug``: show the traceback of an error (as ``KERAS_VIT_DEBUG=1`` does)."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,  # absent options stay absent
+        help="show the traceback of an error (or KERAS_VIT_DEBUG=1)",
+    )
+
+
+def debugging(args: argparse.Namespace | None = None) -> bool:
+    """Whether ``--debug`` or ``KERAS_VIT_DEBUG`` asks for tracebacks."""
+    return getattr(args, "debug", False) or os.environ.get("KERAS_VIT_DEBUG", "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
+    """Turn :data:`REPORTED` errors into one line ``error: ...`` on stderr and exit status 1 (130 when
+    interrupted), unless :func:`debugging`."""
+    try:
+        yield
+    except REPORTED as error:
+        if debugging(args):
+            raise
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        if debugging(args):
+            raise
+        print("interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
