@@ -27,7 +27,7 @@ from npz_layout import vit_checkpoint, write_checkpoint
 import keras_vit
 from keras_vit import zoo
 from keras_vit.zoo.cache import record_path, recorded
-from keras_vit.zoo.download import CorruptCheckpointError, DownloadError, download
+from keras_vit.zoo.download import CorruptCheckpointError, DownloadError, download, redact
 from keras_vit.zoo.validate import check_npz
 
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
@@ -50,11 +50,13 @@ class Server:
     def __init__(self, files, faults=(), changes=None, etag=True, ranges=True):
         self.files, self.faults, self.changes = dict(files), list(faults), dict(changes or {})
         self.etag, self.ranges, self.requests, self.stop = etag, ranges, [], threading.Event()
+        self.authorizations = []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 server.requests.append((self.path, self.headers.get("Range"), self.headers.get("If-Range")))
+                server.authorizations.append(self.headers.get("Authorization"))
                 data = server.files.get(self.path)
                 if data is None:
                     self.send_error(404)
@@ -178,6 +180,28 @@ def test_a_cut_connection_resumes_with_range_and_if_range(tmp_path, payload, ser
     (_, no_range, _), (_, resumed, validator) = server.requests
     assert no_range is None and 0 < int(re.fullmatch(r"bytes=(\d+)-", resumed).group(1)) < len(payload)
     assert validator.startswith('"') and cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
+
+
+def test_credentials_in_a_mirror_url_are_sent_as_a_header_and_never_shown_or_stored(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["drop"] * 3)
+    url = server.url.replace("http://", "http://reader:s3cret@") + "/a.npz"
+    dest = tmp_path / "cache" / "a.npz"
+    with pytest.raises(DownloadError) as failed:
+        download(url, dest, backoff=0, timeout=5, validate=check_npz, retries=2)
+    message = str(failed.value)
+    assert "s3cret" not in message and "http://reader:***@127.0.0.1:" in message  # in the error and its curl line
+    assert message.count("reader:***@") == 2
+    assert all("s3cret" not in path.read_text(errors="replace") for path in dest.parent.glob("*.json"))
+    assert set(server.authorizations) == {"Basic cmVhZGVyOnMzY3JldA=="}  # base64 of reader:s3cret
+    assert download(url, dest, backoff=0, timeout=5, validate=check_npz).read_bytes() == payload  # resumed, whole
+    assert redact("https://u:p@host:8/x") == "https://u:***@host:8/x" and redact("https://host/x") == "https://host/x"
+
+
+def test_a_host_that_does_not_resolve_fails_at_once_naming_the_mirror_variable(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match=r"does not resolve.*KERAS_VIT_ZOO_URL"):
+        download("http://keras-vit-mirror.invalid/a.npz", tmp_path / "a.npz", backoff=30, retries=5)
+    assert time.monotonic() - start < 20  # one try: a retry would have waited 30 s first
 
 
 def test_without_a_validator_a_partial_file_restarts_from_zero(tmp_path, payload, serve):

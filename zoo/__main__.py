@@ -19,13 +19,14 @@ import sys
 from pathlib import Path
 
 from keras_vit import zoo
+from keras_vit.zoo.download import redact
 from keras_vit.zoo.progress import ProgressBar
 
 
 def _list(args) -> None:
     entries = [e for e in zoo.catalogue() if args.family in (None, e.family)]
     if args.json:
-        print(json.dumps([dict(dataclasses.asdict(e), url=e.url) for e in entries], indent=1))
+        print(json.dumps([dict(dataclasses.asdict(e), url=redact(e.url)) for e in entries], indent=1))
         return
     head = f"{'name':36} {'variant':9} {'pre-training':13} {'fine-tuning':13} {'res':>4} {'top-1':>7}  {'params':>7}"
     print(f"{head}  {'licence':10} cached")
@@ -40,7 +41,7 @@ def _list(args) -> None:
         )
     if any(e.top1 is not None and _timm_number(e) for e in entries):
         print("* top-1 of timm's own evaluation, not the authors' (see top1_source: --json)")
-    print(f"\n{len(entries)} checkpoints from {zoo.base_url()} (cache: {zoo.cache_root(args.cache_dir)})")
+    print(f"\n{len(entries)} checkpoints from {redact(zoo.base_url())} (cache: {zoo.cache_root(args.cache_dir)})")
 
 
 def _timm_number(entry) -> bool:
@@ -81,7 +82,7 @@ def _info(args) -> None:
 
     entry = zoo.find(args.source)
     if entry is not None:
-        print(json.dumps(dict(dataclasses.asdict(entry), url=entry.url), indent=1))
+        print(json.dumps(dict(dataclasses.asdict(entry), url=redact(entry.url)), indent=1))
     arrays = read_npz(_local(args.source, args.cache_dir))
     print(f"{arrays.source}: {len(arrays)} arrays, {sum(a.size for a in arrays.values()):,} parameters")
     print(checkpoint_info(arrays).describe())

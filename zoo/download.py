@@ -2,8 +2,8 @@
 
 A file enters the cache (``dest``) only once it is proven whole:
 
-1. bytes go to ``<dest>.part``, and ``<dest>.part.json`` keeps the URL and the server's validator (a strong
-   ``ETag``, else ``Last-Modified``);
+1. bytes go to ``<dest>.part``, and ``<dest>.part.json`` keeps the URL's sha256 and the server's validator (a
+   strong ``ETag``, else ``Last-Modified``);
 2. a dropped transfer resumes with ``Range`` and ``If-Range: <validator>``, so a file that changed on the server
    comes back whole (status 200) and restarts the ``.part``; without a validator the ``.part`` restarts from zero;
 3. the transfer must reach the expected ``size`` (when known) and the ``Content-Length``; an HTML page
@@ -15,19 +15,26 @@ A file enters the cache (``dest``) only once it is proven whole:
 A cached ``dest`` is checked against that record on every call (``CorruptCheckpointError`` when it changed; the
 file is left in place). One downloader at a time holds ``<dest>.lock``; the others wait and then use its file.
 ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call, waiting for the
-lock included (checked between reads, so it may be overshot by up to ``timeout``).
+lock included (checked between reads, so it may be overshot by up to ``timeout``). A name that does not resolve
+(offline) fails at once, naming the mirror variable. Credentials in a URL (``http://user:secret@host/``) never
+appear in a message or a file: they go in an ``Authorization`` header (HTTP basic authentication), and messages
+show :func:`redact`'s form.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import http.client
 import json
 import os
 import re
+import socket
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +45,7 @@ from .cache import ensure_intact, record, sha256sum
 from .errors import CorruptCheckpointError, DownloadError
 from .lock import file_lock
 
-__all__ = ["DEFAULT_TIMEOUT", "CorruptCheckpointError", "DownloadError", "download", "sha256sum"]
+__all__ = ["DEFAULT_TIMEOUT", "CorruptCheckpointError", "DownloadError", "download", "redact", "sha256sum"]
 
 CHUNK = 1 << 20
 DEFAULT_TIMEOUT = 30.0
@@ -48,6 +55,36 @@ Progress = Callable[[int, "int | None"], None]
 
 class _Retry(DownloadError):
     """A failed try that another one may fix."""
+
+
+def redact(url: str) -> str:
+    """``url`` as it may be shown: a password in it replaced by ``***`` (``http://user:***@host/``)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _credentials(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``user:password@`` part, and that part (for HTTP basic authentication), if any."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, None
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    plain = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return plain, f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+
+
+def _url_key(url: str) -> str:
+    """What the resume state keeps of the URL: its sha256 (the URL may hold credentials)."""
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
+def _unresolvable(exc: BaseException) -> bool:
+    """Whether a network error is a name that does not resolve (offline, or a mistyped host): no retry helps."""
+    return isinstance(getattr(exc, "reason", None), socket.gaierror) or isinstance(exc, socket.gaierror)
 
 
 def _validator(headers) -> str | None:
@@ -68,14 +105,16 @@ def _resumable(part: Path, state: Path, url: str) -> tuple[int, str | None]:
         have = part.stat().st_size
     except (OSError, ValueError):
         return 0, None
-    if not isinstance(saved, dict) or saved.get("url") != url or not saved.get("validator") or not have:
+    if not isinstance(saved, dict) or saved.get("url_sha256") != _url_key(url):
+        return 0, None
+    if not saved.get("validator") or not have:
         return 0, None
     return have, saved["validator"]
 
 
 def _save_state(state: Path, url: str, validator: str | None) -> None:
     with atomic_open(state, "w") as file:
-        json.dump({"url": url, "validator": validator}, file)
+        json.dump({"url_sha256": _url_key(url), "validator": validator}, file)
 
 
 def _check_partial(response, have: int, validator: str) -> None:
@@ -101,9 +140,12 @@ def _attempt(
     """One request into ``part``; True when its length is proven (``Content-Length`` or ``size``)."""
     have, validator = _resumable(part, state, url)
     headers = {"Range": f"bytes={have}-", "If-Range": validator} if have else {}
+    plain, credentials = _credentials(url)
+    if credentials:
+        headers["Authorization"] = f"Basic {base64.b64encode(credentials.encode()).decode()}"
     try:
         response = urllib.request.urlopen(
-            urllib.request.Request(url, headers=headers), timeout=_seconds_left(end, timeout)
+            urllib.request.Request(plain, headers=headers), timeout=_seconds_left(end, timeout)
         )
     except urllib.error.HTTPError as exc:
         if exc.code == 416:  # the .part does not fit the file (any more): start over
@@ -151,7 +193,7 @@ def _accept(
     try:
         digest = sha256sum(part)
         if sha256 is not None and digest != sha256.lower():
-            raise DownloadError(f"sha256 mismatch for {url}: expected {sha256}, got {digest}")
+            raise DownloadError(f"sha256 mismatch for {redact(url)}: expected {sha256}, got {digest}")
         if validate is not None:
             validate(part)
     except DownloadError as exc:
@@ -202,6 +244,9 @@ def _transfer(
             continue
         except NETWORK_ERRORS as exc:
             failures.append(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}")
+            if _unresolvable(exc):
+                failures.append("the host name does not resolve: offline? a mirror is set with KERAS_VIT_ZOO_URL")
+                break
             continue
         try:
             _accept(url, part, state, dest, sha256, validate)
@@ -211,8 +256,8 @@ def _transfer(
                 raise
             failures.append(f"the connection closed at an unknown length and the file is not whole ({exc})")
     raise DownloadError(
-        f"Could not download {url} ({'; '.join(failures)}). If this machine is offline or the URL moved, fetch the "
-        f"file elsewhere (e.g. `curl -L -o {dest.name} {url}`) and put it at {dest}, or pass "
+        f"Could not download {redact(url)} ({'; '.join(failures)}). If this machine is offline or the URL moved, "
+        f"fetch the file elsewhere (e.g. `curl -L -o {dest.name} {redact(url)}`) and put it at {dest}, or pass "
         "weights='/path/to/file.npz'."
         + (f" The partial download {part} is kept and resumed next time." if part.exists() else "")
     )
