@@ -7,9 +7,11 @@ Without timm / torch / transformers those tests skip.
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 import zipfile
 
 import keras
@@ -318,6 +320,29 @@ def test_torch_file_without_torch_says_so(tmp_path, monkeypatch):
 def test_unreadable_paths_say_what_they_are(tmp_path, make, error, match):
     with pytest.raises(error, match=match):
         keras_vit.load_weights(small_model(), make(tmp_path))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    """Opening a named pipe would wait for a writer forever: it is named and refused without being opened."""
+    fifo = tmp_path / "weights.npz"
+    os.mkfifo(fifo)
+    model, outcome = small_model(), {}
+
+    def load():
+        try:
+            keras_vit.load_weights(model, fifo)
+        except ValueError as error:
+            outcome["error"] = str(error)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    if reader.is_alive():  # the regression: release the blocked reader, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("load_weights blocked on a FIFO")
+    assert outcome["error"].startswith(f"{fifo} is not a regular file or folder")
 
 
 def test_keras_files(tmp_path):

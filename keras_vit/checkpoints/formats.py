@@ -102,6 +102,8 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if path.is_dir():
         return _folder_format(path)
+    if path.exists() and not path.is_file():  # opening a FIFO would wait for a writer forever
+        raise ValueError(f"{path} is not a regular file or folder (a pipe, socket or device): not a checkpoint.")
     with open(path, "rb") as f:
         head = f.read(16)
     size = path.stat().st_size
