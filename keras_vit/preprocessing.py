@@ -55,14 +55,26 @@ def ops_for(images) -> types.SimpleNamespace:
 
 
 def _to_model_range(images, xp):
-    return (xp.cast(images, "float32") - 127.5) / 127.5
+    """``(x - 127.5) / 127.5`` in float32 with the operations ``xp`` (numpy, Keras' or TensorFlow's)."""
+    images = images.astype("float32") if xp is np else xp.cast(images, "float32")
+    return (images - np.float32(127.5)) / np.float32(127.5)
 
 
-def preprocess_input(images):
+DATA_FORMATS = ("channels_last", "channels_first")
+
+
+def preprocess_input(images, data_format: str | None = None):
     """Scale pixel values in [0, 255] to [-1, 1] as float32, the range the published checkpoints expect.
 
-    Takes numpy arrays and the backend's tensors, and ``tf.Tensor`` s (e.g. in a ``tf.data`` map) on any backend.
+    Returns what it was given, as ``keras.applications``' ``preprocess_input`` does: a numpy array (or a list) for
+    a numpy array, the backend's tensor for one, a ``tf.Tensor`` for one (e.g. in a ``tf.data`` map) on any backend.
+    ``data_format`` (``"channels_last"``, ``"channels_first"`` or ``None`` for Keras' setting) is accepted for
+    ``keras.applications``' signature: the scaling is the same for every channel, so any layout gives the same.
     """
+    if data_format not in (None, *DATA_FORMATS):
+        raise ValueError(f"data_format must be one of {DATA_FORMATS} or None, got {data_format!r}.")
+    if isinstance(images, np.ndarray | list | tuple):
+        return _to_model_range(np.asarray(images), np)
     return _to_model_range(images, ops_for(images))
 
 

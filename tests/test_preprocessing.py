@@ -77,8 +77,24 @@ def test_in_tf_data(photos):
         np.testing.assert_array_equal(scaled, (photos[0].astype("float32") - 127.5) / 127.5)
 
 
+def test_preprocess_input_returns_what_it_was_given():
+    """keras.applications' habit: an ndarray comes back as an ndarray, a tensor as the same kind of tensor."""
+    pixels = np.array([[0, 127.5, 255]], "float32")
+    out = preprocess_input(pixels)
+    assert type(out) is np.ndarray and out.dtype == np.float32 and out.tolist() == [[-1.0, 0.0, 1.0]]
+    assert type(preprocess_input(pixels.astype("uint8"))) is np.ndarray
+    assert preprocess_input([[0, 255]]).tolist() == [[-1.0, 1.0]]
+    tensor = preprocess_input(keras.ops.convert_to_tensor(pixels))
+    assert keras.ops.is_tensor(tensor) and not isinstance(tensor, np.ndarray)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(tensor), out)  # the same numbers either way
+    for data_format in ("channels_first", "channels_last", None):  # the same scaling for any layout
+        np.testing.assert_array_equal(preprocess_input(pixels, data_format=data_format), out)
+    with pytest.raises(ValueError, match="data_format must be one of"):
+        preprocess_input(pixels, data_format="NCHW")
+
+
 def test_preprocess_input_keeps_the_backends_tensors():
-    out = preprocess_input(np.array([[0, 255]], "uint8"))
+    out = preprocess_input(keras.ops.convert_to_tensor(np.array([[0, 255]], "uint8")))
     assert keras.ops.is_tensor(out) and keras.ops.convert_to_numpy(out).tolist() == [[-1.0, 1.0]]
     assert keras.backend.backend() == "tensorflow" or not tf.is_tensor(out)
     eager_tf = preprocess_input(tf.constant([0.0, 255.0]))  # a tf.Tensor stays one, on any backend
