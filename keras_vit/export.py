@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -221,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weights", required=True, metavar="NAME_OR_PATH", help="zoo name or Google .npz checkpoint")
     parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
     parser.add_argument("--images", type=int, default=16, help="photo crops to compare on (default 16)")
+    parser.add_argument("--overwrite", action="store_true", help="replace exported files OUT_DIR already holds")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     with command_errors(args):
@@ -229,31 +232,45 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _export_and_compare(args: argparse.Namespace) -> None:
-    """The command's work: each format written, run and compared with the model, as one table row."""
+    """The command's work: each format written, run and compared with the model (one table row each), in a
+    staging folder inside ``OUT_DIR``; the files enter ``OUT_DIR`` only when every format is done."""
     import keras_vit
     from keras_vit.preprocessing import ImagePreprocessor
 
+    out = Path(args.out)
+    targets = {name: out / FORMATS[name][0] for name in args.formats}
+    existing = [str(path) for path in targets.values() if path.exists()]
+    if existing and not args.overwrite:
+        raise CommandError(f"{', '.join(existing)} already exist: pass --overwrite to replace them.")
     try:
         model = keras_vit.model_from_checkpoint(args.weights)
     except (OSError, ValueError) as exc:
         raise CommandError(f"weights {args.weights!r}: {exc}") from exc
     preprocess = ImagePreprocessor(tuple(model.input_shape[1:3]))
     images = np.stack([np.asarray(preprocess(crop)) for crop in photo_crops(args.images)])
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{'format':<12} {'size (MB)':>10} {'max |diff|':>11} {'top-1 agree':>12} {'max |out|':>10}")
-    for name in args.formats:
-        filename, exporter = FORMATS[name]
-        try:
-            exporter(model, out / filename)
-        except (ImportError, ValueError) as exc:  # a converter not installed, a format this backend can't write
-            print(f"{name:<12} skipped: {exc}")
-            continue
-        row = compare(model, out / filename, images)
-        print(
-            f"{name:<12} {row['bytes'] / 1e6:>10.2f} {row['max_abs_diff']:>11.2e} {row['top1_agreement']:>12.3f}"
-            f" {row['max_abs_output']:>10.2f}"
-        )
+    staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
+    try:
+        print(f"{'format':<12} {'size (MB)':>10} {'max |diff|':>11} {'top-1 agree':>12} {'max |out|':>10}")
+        written = []
+        for name, target in targets.items():
+            try:
+                FORMATS[name][1](model, staging / target.name)
+            except (ImportError, ValueError) as exc:  # a converter not installed, a format this backend can't write
+                print(f"{name:<12} skipped: {exc}")
+                continue
+            written.append(target)
+            row = compare(model, staging / target.name, images)
+            print(
+                f"{name:<12} {row['bytes'] / 1e6:>10.2f} {row['max_abs_diff']:>11.2e} {row['top1_agreement']:>12.3f}"
+                f" {row['max_abs_output']:>10.2f}"
+            )
+        for target in written:  # all formats done: replace (--overwrite) and move in
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(staging / target.name, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 if __name__ == "__main__":

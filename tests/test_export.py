@@ -157,3 +157,47 @@ def test_onnx_from_jax_at_a_fixed_batch(model, images, tmp_path):
     spec = keras.InputSpec(shape=images.shape, dtype="float32")
     path = export.export_onnx(model, tmp_path / "model.onnx", input_signature=[spec])
     np.testing.assert_allclose(export.load(path)(images), model.predict_on_batch(images), atol=FLOAT_ATOL)
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("weights") / "tiny.npz"
+    np.savez(path, **vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=5))
+    return str(path)
+
+
+@pytest.mark.backends("tensorflow")  # SavedModel and LiteRT: the formats every TensorFlow install writes
+def test_the_command_writes_all_or_nothing_and_replaces_only_with_overwrite(checkpoint, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "exported"
+    argv = [str(out), "--weights", checkpoint, "--formats", "saved_model", "litert", "--images", "2"]
+    assert export.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "saved_model" in table and "litert" in table and "skipped" not in table
+    assert sorted(os.listdir(out)) == ["model.tflite", "saved_model"]
+    before = (out / "model.tflite").read_bytes()
+
+    with pytest.raises(SystemExit) as exited:  # a second run into the same folder: refused, nothing touched
+        export.main(argv)
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "saved_model" in err and "model.tflite" in err and "--overwrite" in err
+    assert sorted(os.listdir(out)) == ["model.tflite", "saved_model"]
+
+    def litert_fails(model, path, **kwargs):  # the second format fails after the first was written
+        Path(path).write_bytes(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(export.FORMATS, "litert", ("model.tflite", litert_fails))
+    with pytest.raises(SystemExit) as exited:
+        export.main([*argv, "--overwrite"])
+    assert exited.value.code == 1 and "No space left on device" in capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["model.tflite", "saved_model"]  # no staging folder left, nothing replaced
+    assert (out / "model.tflite").read_bytes() == before
+
+    monkeypatch.undo()
+    assert export.main([*argv, "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == ["model.tflite", "saved_model"]
+    assert export.load(out / "model.tflite")(np.zeros((1, 32, 32, 3), "float32")).shape == (1, 5)
