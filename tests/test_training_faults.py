@@ -49,6 +49,25 @@ def test_overwrite_refuses_a_folder_that_holds_no_run_and_deletes_nothing(tmp_pa
     assert (tmp_path / "photo.jpg").read_bytes() == b"the user's"
 
 
+@pytest.mark.parametrize("command", ["finetune", "pretrain"])
+def test_a_first_run_into_a_users_folder_is_refused_and_touches_nothing(tmp_path, command, capsys):
+    """A folder holding the user's own model.keras, metrics.json and tensorboard/ (no run marker): the run would
+    overwrite them and mark the folder, so that a later --overwrite would delete the rest. It is refused."""
+    from keras_vit.training import pretrain
+
+    (tmp_path / "model.keras").write_bytes(b"the user's model")
+    (tmp_path / "metrics.json").write_text('{"mine": 1}')
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "my_events.txt").write_text("the user's events")
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    main_of = {"finetune": main, "pretrain": pretrain.main}[command]
+    with pytest.raises(SystemExit) as exited:
+        main_of(["--output-dir", str(tmp_path), "--steps", "1"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip().endswith("Choose another --output-dir.")
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.backends("tensorflow")  # backend-independent
 def test_overwrite_of_a_run_folder_deletes_only_what_runs_write(tmp_path):
     out = tmp_path / "run"

@@ -1,6 +1,7 @@
 """A run's output folder: the marker that says a run wrote it, what ``--overwrite`` may delete, strict JSON.
 
-Every command writes :data:`MARKER` into its output folder before anything else of its own. Every file is
+A run starts only in a missing or empty folder or in its own run folder (:func:`check_usable`). Every command
+writes :data:`MARKER` into its output folder before anything else of its own. Every file is
 written atomically (:mod:`keras_vit.files`); the temporary files of :data:`RUN_FILES` that a killed run left
 are removed when a run starts again. :func:`clear_output` (``--overwrite``) deletes only the entries of
 :data:`RUN_FILES` (and those temporary files), and only in a folder that holds the marker (or a ``run.json``,
@@ -27,6 +28,7 @@ __all__ = [
     "ABLATION_FOLDERS",
     "MARKER",
     "RUN_FILES",
+    "check_usable",
     "clear_output",
     "finite_json",
     "has_checkpoint",
@@ -68,6 +70,16 @@ def has_checkpoint(path: str) -> bool:
     folder = os.path.join(path, "checkpoints")
     names = os.listdir(folder) if os.path.isdir(folder) else []
     return any(n.startswith("ckpt-") and n.endswith((".npz", ".index")) for n in names)
+
+
+def check_usable(path: str) -> None:
+    """Refuse ``path`` as a run's output folder unless it is missing, empty or a run's own (the user's files in it
+    would be overwritten, and a later ``--overwrite`` would take the folder for a run's)."""
+    if os.path.isdir(path) and os.listdir(path) and not is_run_folder(path):
+        raise OutputDirError(
+            f"{path} is not empty and holds no run (no {MARKER} or run.json): a run starts only in a missing or "
+            "empty folder or in its own run folder. Choose another --output-dir."
+        )
 
 
 def mark_output(path: str, command: str) -> None:

@@ -198,8 +198,10 @@ def prepare_output(config: TrainConfig, chief: bool) -> None:
     run that failed before its first checkpoint does not bind the next one. Writes nothing (see :func:`start_output`).
     """
     out = config.run.output_dir
-    if config.run.overwrite and chief:
-        outputs.clear_output(out)
+    if chief and config.run.overwrite:
+        outputs.clear_output(out)  # refuses a folder that is not a run's
+    elif chief:
+        outputs.check_usable(out)
     path = os.path.join(out, "run.json")
     if os.path.exists(path) and outputs.has_checkpoint(out):
         with open(path) as file:
@@ -228,6 +230,8 @@ def start_parent(setup: Setup, command: str) -> None:
     if setup.chief:
         if setup.config.run.overwrite:
             outputs.clear_output(setup.config.run.output_dir)
+        else:
+            outputs.check_usable(setup.config.run.output_dir)
         outputs.mark_output(setup.config.run.output_dir, command)
 
 
