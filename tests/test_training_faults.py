@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from PIL import Image
 from test_training_data import write_images
 from test_training_resume import Crash
-from training_support import REPO, TINY, backend_env, checkpoint_steps, read_log
+from training_support import REPO, TINY, TINY_MODEL_FLAGS, backend_env, checkpoint_steps, read_log
 
 from keras_vit.files import temporary_path
 from keras_vit.training import outputs
@@ -66,6 +67,37 @@ def test_a_first_run_into_a_users_folder_is_refused_and_touches_nothing(tmp_path
     assert exited.value.code == 1
     assert capsys.readouterr().err.strip().endswith("Choose another --output-dir.")
     assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.backends("tensorflow")  # processes and file locks: backend-independent
+def test_a_second_run_into_a_live_runs_folder_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "keras_vit.training.finetune", *TINY_MODEL_FLAGS, "--output-dir", str(out)]
+    first = subprocess.Popen(
+        [*command, "--steps", "5000"], env=backend_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        lock = out / outputs.LOCK
+        deadline = time.monotonic() + 180
+        while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+            assert first.poll() is None, "the first run ended before it took the lock"
+            time.sleep(0.2)
+        assert lock.read_text().strip() == str(first.pid)
+        second = subprocess.run(
+            [*command, "--steps", "5000"], env=backend_env(), capture_output=True, text=True, timeout=300
+        )
+        assert second.returncode == 1
+        assert second.stderr.strip().splitlines()[-1] == (
+            f"error: {out} is in use by another run (process {first.pid}): wait for it to end, or choose another "
+            "--output-dir."
+        )
+        assert first.poll() is None  # the first run goes on
+    finally:
+        first.kill()
+        first.wait()
+    with outputs.run_lock(str(out)):  # a killed run's lock is free: the next run takes it over
+        assert lock.read_text().strip() == str(os.getpid())
+    assert not lock.exists()  # a run that ends removes its lock file
 
 
 @pytest.mark.backends("tensorflow")  # backend-independent

@@ -13,16 +13,23 @@ JSON outputs are strict JSON: :func:`write_json` writes NaN and infinite floats 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 from keras_vit.files import atomic_open, temporary_target
 from keras_vit.models import CLASSIFIERS
 from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks
+    fcntl = None
 
 __all__ = [
     "ABLATION_FOLDERS",
@@ -34,10 +41,12 @@ __all__ = [
     "has_checkpoint",
     "is_run_folder",
     "mark_output",
+    "run_lock",
     "write_json",
 ]
 
 MARKER = ".keras_vit_run"
+LOCK = ".keras_vit_run.lock"  # held (flock) by the run writing the folder; not a run file: --overwrite keeps it
 # The ablation's folder per setting, <position embedding>-<classifier>, each holding a run per seed.
 ABLATION_FOLDERS = tuple(f"{p}-{c}" for p in POSITION_EMBEDDINGS for c in CLASSIFIERS)
 RUN_FILES = (
@@ -72,14 +81,68 @@ def has_checkpoint(path: str) -> bool:
     return any(n.startswith("ckpt-") and n.endswith((".npz", ".index")) for n in names)
 
 
-def check_usable(path: str) -> None:
+def _entries(path: str) -> list[str]:
+    """What ``path`` holds besides a run's lock file (nothing when it is not a folder)."""
+    return [name for name in os.listdir(path) if name != LOCK] if os.path.isdir(path) else []
+
+
+def check_usable(path: str, overwrite: bool = False) -> None:
     """Refuse ``path`` as a run's output folder unless it is missing, empty or a run's own (the user's files in it
     would be overwritten, and a later ``--overwrite`` would take the folder for a run's)."""
-    if os.path.isdir(path) and os.listdir(path) and not is_run_folder(path):
+    if not _entries(path) or is_run_folder(path):
+        return
+    if overwrite:
         raise OutputDirError(
-            f"{path} is not empty and holds no run (no {MARKER} or run.json): a run starts only in a missing or "
-            "empty folder or in its own run folder. Choose another --output-dir."
+            f"--overwrite refuses to clear {path}: it is not empty and holds no run (no {MARKER} or run.json). "
+            "Choose another --output-dir."
         )
+    raise OutputDirError(
+        f"{path} is not empty and holds no run (no {MARKER} or run.json): a run starts only in a missing or "
+        "empty folder or in its own run folder. Choose another --output-dir."
+    )
+
+
+@contextlib.contextmanager
+def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator[None]:
+    """Hold ``path``'s run lock (:data:`LOCK`, ``fcntl.flock``) while the block runs: a second run into the folder
+    is refused while this one lives; a killed run's lock is free again (it ends with its process), and the lock file
+    goes when the run ends. The folder is checked first (:func:`check_usable`), so that no lock file is ever made in
+    a folder that is not a run's."""
+    if not chief or fcntl is None:  # workers write nothing; no advisory locks on this system
+        yield
+        return
+    check_usable(path, overwrite)
+    os.makedirs(path, exist_ok=True)
+    lock = os.path.join(path, LOCK)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputDirError(
+                f"{path} is in use by another run (process {holder}): wait for it to end, or choose another "
+                "--output-dir."
+            ) from None
+        if _still_linked(fd, lock):
+            break
+        os.close(fd)  # the run before removed this file as it ended: take the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.unlink(lock)
+        os.close(fd)
+
+
+def _still_linked(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def mark_output(path: str, command: str) -> None:
@@ -92,13 +155,9 @@ def mark_output(path: str, command: str) -> None:
 
 def clear_output(path: str) -> None:
     """Delete what runs write in ``path`` (:data:`RUN_FILES`); refuse a non-empty folder that is not a run's."""
-    if not os.path.isdir(path) or not os.listdir(path):
+    if not _entries(path):
         return
-    if not is_run_folder(path):
-        raise OutputDirError(
-            f"--overwrite refuses to clear {path}: it is not empty and holds no run (no {MARKER} or run.json). "
-            "Choose another --output-dir."
-        )
+    check_usable(path, overwrite=True)
     _remove_temporaries(path)
     for name in RUN_FILES:
         entry = os.path.join(path, name)

@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit.training import config as config_lib
-from keras_vit.training import steps
+from keras_vit.training import outputs, steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.steps import Setup
@@ -97,8 +97,16 @@ def train(
 
     ``callbacks`` are added to ``model.fit``; ``command`` is written in the folder's marker; ``model_path`` is where
     the kept model goes (default ``OUTPUT_DIR/model.keras``). A loss that turns NaN or infinite stops the run with a
-    ``DivergedError`` (no model is saved).
+    ``DivergedError`` (no model is saved). The run holds its folder's lock from start to end
+    (:func:`keras_vit.training.outputs.run_lock`): a second run into the folder is refused meanwhile.
     """
+    with outputs.run_lock(setup.config.run.output_dir, setup.chief, setup.config.run.overwrite):
+        return _run(setup, task, callbacks, command, model_path)
+
+
+def _run(
+    setup: Setup, task: Task, callbacks: Sequence[keras.callbacks.Callback], command: str, model_path: str | None
+) -> RunResult:
     config, source, strategy = setup.config, setup.source, setup.strategy
     optim, run = config.optim, config.run
     steps.prepare_output(config, setup.chief)
