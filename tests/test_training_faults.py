@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +68,53 @@ def test_a_first_run_into_a_users_folder_is_refused_and_touches_nothing(tmp_path
     assert exited.value.code == 1
     assert capsys.readouterr().err.strip().endswith("Choose another --output-dir.")
     assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.backends("tensorflow", "jax")
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_a_preempted_run_checkpoints_where_it_is_says_so_and_resumes(tmp_path, signal_number):
+    """SIGTERM (a preemption) or Ctrl-C mid-run: a checkpoint at the step reached, one line, a non-zero exit; the
+    same command resumes from that step, nothing since the last periodic checkpoint (here: none) is lost."""
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "keras_vit.training.finetune",
+        *TINY_MODEL_FLAGS,
+        "--output-dir",
+        str(out),
+        "--steps",
+        "300",
+        "--eval-every",
+        "300",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        "1000",
+        "--batch-size",
+        "8",
+        "--mixed-precision",
+        "none",
+    ]
+    env = backend_env(keras.backend.backend())
+    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = out / "train_log.jsonl"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and len(log.read_text().splitlines()) >= 5) and time.monotonic() < deadline:
+        assert run.poll() is None, run.stderr.read()[-2000:]
+        time.sleep(0.1)
+    run.send_signal(signal_number)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1
+    last = err.strip().splitlines()[-1]
+    stopped = int(re.fullmatch(rf"error: stopped by {signal_number.name} at step (\d+): .*resume\.", last).group(1))
+    assert 5 <= stopped < 300
+    assert checkpoint_steps(str(out)) == [stopped]  # the only checkpoint: the one written on the signal
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    steps = [entry["step"] for entry in read_log(str(out))]
+    assert steps == list(range(1, 301))  # every step logged once: the resume went on from the checkpoint
+    assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == stopped
 
 
 @pytest.mark.backends("tensorflow")  # processes and file locks: backend-independent

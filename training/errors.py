@@ -11,7 +11,7 @@ import sys
 
 from keras_vit.cli import CommandError
 
-__all__ = ["CorruptDataError", "DivergedError", "OutputDirError", "TrainingError", "warn"]
+__all__ = ["CorruptDataError", "DivergedError", "OutputDirError", "PreemptedError", "TrainingError", "warn"]
 
 
 class TrainingError(CommandError):
@@ -20,6 +20,10 @@ class TrainingError(CommandError):
 
 class DivergedError(TrainingError):
     """The loss (or the weights) became NaN or infinite."""
+
+
+class PreemptedError(TrainingError):
+    """The run was stopped by a signal (SIGTERM, SIGINT) after writing a checkpoint at the step it reached."""
 
 
 class CorruptDataError(TrainingError, ValueError):

@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from keras_vit.files import atomic_open, atomic_path
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
-from keras_vit.training.errors import DivergedError, TrainingError
+from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
 from keras_vit.training.outputs import write_json
 from keras_vit.training.strategy import Strategy, is_chief, training_scope
 
@@ -156,6 +156,47 @@ class StopOnNonFinite(StepCallback):
         raise DivergedError(
             f"Training diverged: the loss is {loss} at step {math.ceil(step / self.accumulation_steps)}"
             f" (batch {step}); {kept}. To fix: {DIVERGED_HINT}."
+        )
+
+
+class StopOnSignal(StepCallback):
+    """Preemption: on SIGTERM or SIGINT (in the main thread of a single process) the run finishes the update it is
+    in, writes a checkpoint at that step and stops; :func:`fit` then raises :class:`PreemptedError`, and the same
+    command resumes from the checkpoint. Everything since the last periodic checkpoint is kept."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, checkpointer: Checkpointer, accumulation_steps: int = 1):
+        super().__init__()
+        self.checkpointer, self.accumulation_steps = checkpointer, accumulation_steps
+        self.received: int | None = None
+        self.stopped_at: int | None = None
+        self.previous: dict[int, object] = {}
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is threading.main_thread() and not self.previous:
+            self.previous = {number: signal.signal(number, self._receive) for number in self.SIGNALS}
+
+    def _receive(self, number, frame):
+        self.received = number
+
+    def on_step_end(self, step, batches_in_epoch, logs):
+        if self.received is not None and self.stopped_at is None and step % self.accumulation_steps == 0:
+            self.checkpointer.save(self.model, step)
+            self.stopped_at = step
+            self.model.stop_training = True
+
+    def restore(self) -> None:
+        """Give the signals back to the handlers they had."""
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
+
+    def error(self) -> PreemptedError:
+        name = signal.Signals(self.received).name
+        return PreemptedError(
+            f"stopped by {name} at step {self.stopped_at // self.accumulation_steps}: the checkpoint of that step is "
+            f"in {self.checkpointer.directory}; run the same command again to resume."
         )
 
 
@@ -277,6 +318,17 @@ def fit(
                 signal.signal(signal.SIGTERM, previous)
 
 
+def _one_process(strategy: Strategy) -> bool:
+    """Whether the run is one process (a signal to it stops the whole run; with several, the launcher stops them)."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.process_count() == 1
+    return True
+
+
 def agree_on_start(strategy: Strategy, start: int, output_dir: str) -> None:
     """Check that every worker of a multi-worker run restored the same step (they all read the chief's
     checkpoints, so ``output_dir`` must be on a file system every worker sees)."""
@@ -322,32 +374,40 @@ def _fit(
     truncate_log(log_path, start)
     saver = CheckpointEvery(checkpointer, checkpoint_every)
     guard = StopOnNonFinite(checkpointer, accumulation_steps)  # first: no checkpoint at a non-finite step
+    stopper = StopOnSignal(checkpointer, accumulation_steps) if _one_process(strategy) else None
     steppers = [
         guard,
         saver,
+        *([stopper] if stopper else []),
         StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
         *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
     ]
     tensorboard = keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"), update_freq="epoch")
     history: dict[str, list[float]] = {"epoch": []}
-    for segment in plan_segments(start, total_steps, steps_per_epoch):
-        for stepper in steppers:
-            stepper.segment = segment
-        saver.last = segment.start_step
-        with training_scope(strategy):
-            run = model.fit(
-                data_fn(segment.start_step),
-                epochs=segment.first_epoch + segment.epochs,
-                shuffle=False,
-                initial_epoch=segment.first_epoch,
-                steps_per_epoch=segment.steps_per_epoch,
-                validation_data=eval_data,
-                callbacks=[*steppers, *callbacks, tensorboard],  # TensorBoard logs what the callbacks leave
-                verbose=verbose,
-            )
-        history["epoch"].extend(run.epoch)
-        for key, values in run.history.items():
-            history.setdefault(key, []).extend(float(v) for v in values)
+    try:
+        for segment in plan_segments(start, total_steps, steps_per_epoch):
+            for stepper in steppers:
+                stepper.segment = segment
+            saver.last = segment.start_step
+            with training_scope(strategy):
+                run = model.fit(
+                    data_fn(segment.start_step),
+                    epochs=segment.first_epoch + segment.epochs,
+                    shuffle=False,
+                    initial_epoch=segment.first_epoch,
+                    steps_per_epoch=segment.steps_per_epoch,
+                    validation_data=eval_data,
+                    callbacks=[*steppers, *callbacks, tensorboard],  # TensorBoard logs what the callbacks leave
+                    verbose=verbose,
+                )
+            history["epoch"].extend(run.epoch)
+            for key, values in run.history.items():
+                history.setdefault(key, []).extend(float(v) for v in values)
+            if stopper and stopper.stopped_at is not None:
+                raise stopper.error()
+    finally:
+        if stopper:
+            stopper.restore()
     checkpointer.save(model, total_steps)
     return FitResult(history, start, total_steps)
 
