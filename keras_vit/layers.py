@@ -12,15 +12,20 @@ embeddings ``E_pos``, of every kind, are in :mod:`keras_vit.position`.
 from __future__ import annotations
 
 import math
-import numbers
 
 import keras
 from keras import layers, ops
 
-from keras_vit.checks import check_fraction, check_positive_int
+from keras_vit.checks import (
+    check_bool,
+    check_choice,
+    check_fraction,
+    check_positive_int,
+)
+from keras_vit.checks import check_pair as _pair
+from keras_vit.config import GELUS as GELU_VARIANTS
 
 LAYER_NORM_EPSILON = 1e-6  # the published models' value, not Keras' 1e-3
-GELU_VARIANTS = ("tanh", "exact")
 
 __all__ = [
     "GELU_VARIANTS",
@@ -35,15 +40,6 @@ __all__ = [
     "fused_attention_available",
     "layer_norm",
 ]
-
-
-def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
-    """Return ``(h, w)`` from a positive int or a pair of them, rejecting anything else (0, negative sizes,
-    bools) with an error naming ``name`` and the value."""
-    pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in pair):
-        raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), all positive, got {value!r}.")
-    return (int(pair[0]), int(pair[1]))
 
 
 def layer_norm(name: str, dtype=None) -> layers.LayerNormalization:
@@ -262,11 +258,9 @@ class MlpBlock(layers.Layer):
 
     def __init__(self, mlp_dim: int, dropout: float = 0.0, gelu: str = "tanh", **kwargs):
         super().__init__(**kwargs)
-        if gelu not in GELU_VARIANTS:
-            raise ValueError(f"Unknown gelu {gelu!r}; expected one of {GELU_VARIANTS}.")
+        self.gelu = check_choice(gelu, GELU_VARIANTS, "gelu")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
         self.dropout_rate = check_fraction(dropout, "dropout")
-        self.gelu = gelu
         self.dropout = layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
 
     def build(self, input_shape):
@@ -332,9 +326,7 @@ class TransformerBlock(layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(remat, bool):
-            raise ValueError(f"`remat` must be True or False, got {remat!r}.")
-        self.remat = remat
+        self.remat = check_bool(remat, "remat")
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
         self.dropout_rate = check_fraction(dropout, "dropout")

@@ -201,7 +201,13 @@ NON_DEFAULT_ARGUMENTS = {
     "MlpBlock": dict(mlp_dim=16, dropout=0.1, gelu="exact"),
     "DropPath": dict(rate=0.3, seed=7),
     "TransformerBlock": dict(
-        num_heads=2, mlp_dim=16, dropout=0.1, attention_dropout=0.2, drop_path=0.3, gelu="exact", remat=True
+        num_heads=2,
+        mlp_dim=16,
+        dropout=0.1,
+        attention_dropout=0.2,
+        drop_path=0.3,
+        gelu="exact",
+        remat=True,
     ),
     "StdConv2D": dict(filters=8, kernel_size=(3, 5), strides=(2, 1), epsilon=1e-8, standardization="timm"),
     "BottleneckUnit": dict(
@@ -209,6 +215,12 @@ NON_DEFAULT_ARGUMENTS = {
     ),
     "ResNetStem": dict(
         num_layers=(1, 2), width=96, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
+    ),
+    # the model: its one argument is the config record (tests/test_config.py sets every field of it)
+    "VisionTransformer": dict(
+        config=keras_vit.ViTConfig.from_variant(
+            None, image_size=16, patch_size=8, hidden_size=8, depth=1, num_heads=2, mlp_dim=8, gelu="exact"
+        ).to_dict()
     ),
 }
 

@@ -200,7 +200,7 @@ def _check_position_layout(state: Mapping[str, np.ndarray], source: str) -> None
 def timm_to_npz(
     state: Mapping[str, np.ndarray], *, num_heads: int | None = None, source: str = "the state dict"
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """A timm ViT state dict in the ``.npz`` layout, and the :func:`keras_vit.models.build_vit` options that
+    """A timm ViT state dict in the ``.npz`` layout, and the :class:`~keras_vit.config.ViTConfig` fields that
     reproduce timm's model (``gelu="exact"``; ``fc_norm``; timm's ResNet numerics for a hybrid).
 
     Keys this does not recognise pass through unchanged, so the loader lists them as unexpected; known
@@ -237,7 +237,7 @@ def timm_to_npz(
             value = take(key)
             arrays[npz_key] = conv_kernel(value) if npz_key.endswith("/kernel") else value
     if "conv_root/kernel" in arrays:
-        options["resnet_options"] = dict(TIMM_RESNET)
+        options.update(TIMM_RESNET)
     arrays.update(rest)  # unrecognised: reported as unexpected by the loader
     return arrays, options
 
