@@ -57,6 +57,7 @@ _EXPORTS = {
     "keras_vit.layers": (
         "ClassToken",
         "DropPath",
+        "LayerScale",
         "MlpBlock",
         "MultiHeadSelfAttention",
         "PatchEmbed",

@@ -155,6 +155,15 @@ class ViTConfig:
         "structure",
         check=check_bool,
     )
+    layer_scale_init: float | None = _field(
+        "layer scale (timm's ls1/ls2, CaiT, DeiT III): every block scales its attention and MLP outputs by learned "
+        "per-channel factors starting at this value",
+        None,
+        "structure",
+        check=optional(check_positive_number),
+        layer="block",
+        unset="off",
+    )
     resnet_width: int = _field(
         "a hybrid's ResNet: channels of its root convolution, a multiple of 32",
         ROOT_WIDTH,

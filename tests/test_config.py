@@ -35,6 +35,7 @@ CONFIGS = {
         representation_size=8,
         position_embedding="relative",
         fc_norm=True,
+        layer_scale_init=0.1,
         resnet_width=32,
         gelu="exact",
         std_conv_epsilon=1e-8,
@@ -94,8 +95,8 @@ def test_the_record_is_plain_json_and_back():
 
 
 def test_vit_is_parse_replace_build():
-    model = keras_vit.ViT("Ti/16", image_size=32, depth=1, gelu="exact", remat=True)
-    assert model.config == ViTConfig.from_variant("Ti/16", image_size=32, depth=1, gelu="exact", remat=True)
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=1, gelu="exact", layer_scale_init=1e-4)
+    assert model.config == ViTConfig.from_variant("Ti/16", image_size=32, depth=1, gelu="exact", layer_scale_init=1e-4)
     assert model.config.replace(depth=3).architecture.depth == 3
     assert ViTConfig.from_variant("R50+B/16").replace(std_conv_epsilon=1e-8).std_conv_epsilon == 1e-8
 
@@ -107,6 +108,7 @@ def test_vit_is_parse_replace_build():
         (dict(gelu="relu"), ValueError, "Unknown gelu 'relu'"),
         (dict(position_embedding="rope"), ValueError, "Unknown position_embedding 'rope'"),
         (dict(dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
+        (dict(layer_scale_init=0.0), ValueError, "layer_scale_init must be a positive number"),
         (dict(remat="yes"), ValueError, "`remat` must be True or False"),
         (dict(image_size=30), ValueError, "not divisible by the patch size 16"),
         (dict(classifier="gap", pooling="token"), ValueError, "needs classifier='token'"),
@@ -130,10 +132,14 @@ def test_layer_options_are_arguments_of_their_layers():
 
 
 def test_a_plain_functional_model_shows_its_options_through_its_layers():
-    model = keras_vit.ViT(None, **TINY, image_size=16, gelu="exact", dropout=0.25, classifier="gap", fc_norm=True)
+    model = keras_vit.ViT(
+        None, **TINY, image_size=16, gelu="exact", layer_scale_init=0.5, classifier="gap", fc_norm=True
+    )
     wrapped = keras.Model(model.inputs, model.outputs)
     options = keras_vit.models.model_options(wrapped)
-    assert {k: options[k] for k in ("gelu", "dropout", "fc_norm")} == dict(gelu="exact", dropout=0.25, fc_norm=True)
+    assert {k: options[k] for k in ("gelu", "layer_scale_init", "fc_norm")} == dict(
+        gelu="exact", layer_scale_init=0.5, fc_norm=True
+    )
 
 
 def test_model_flags_come_from_the_config():
@@ -147,8 +153,8 @@ def test_model_flags_come_from_the_config():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser, flags())
-    args = parser.parse_args(["--gelu", "exact", "--resnet-stages", "3,4,9", "--fc-norm"])
-    assert given(args, flags) == dict(gelu="exact", resnet_stages=(3, 4, 9), fc_norm=True)
+    args = parser.parse_args(["--gelu", "exact", "--resnet-stages", "3,4,9", "--fc-norm", "--layer-scale-init", "1e-5"])
+    assert given(args, flags) == dict(gelu="exact", resnet_stages=(3, 4, 9), fc_norm=True, layer_scale_init=1e-5)
     with pytest.raises(SystemExit):
         parser.parse_args(["--gelu", "erf"])
 
