@@ -160,13 +160,11 @@ def test_model_flags_come_from_the_config():
 
 
 def test_choice_lists_are_written_once():
-    """Every choice list of the config is typed out in keras_vit/config.py only: not in the library, the zoo
-    command or training's model section."""
+    """Every choice list of the config is typed out in keras_vit/config.py only: not in the library, the
+    training commands or the zoo's."""
     choices = [config_lib.GELUS, config_lib.CLASSIFIERS, config_lib.RESIZE_METHODS, config_lib.WEIGHT_STANDARDIZATIONS]
     patterns = [re.compile(r",\s*".join(f"[\"']{re.escape(c)}[\"']" for c in choice)) for choice in choices]
-    paths = [*(REPO / "keras_vit").rglob("*.py"), *(REPO / "zoo").rglob("*.py")]
-    paths += [REPO / "training" / "config.py", REPO / "training" / "steps.py"]
-    for path in paths:
+    for path in (path for folder in ("keras_vit", "training", "zoo") for path in (REPO / folder).rglob("*.py")):
         if path == REPO / "keras_vit" / "config.py":
             continue
         text = path.read_text()
