@@ -4,11 +4,12 @@ Where things are (each module imports only the ones above it, never this package
 
     optional        imports on demand (TensorFlow where Keras runs JAX or torch), naming the install command
     variants        the one table of variants ("B/16", "R50+B/16") and the Architecture record
+    config          ViTConfig: the architecture and every model option, each declared once (default, check, flag)
     zoo             the catalogue of published checkpoints and their download cache (no Keras)
     layers          the encoder's layers: PatchEmbed, ClassToken, TransformerBlock, ...
     position        position embeddings of every kind, and resizing them for another image size
     resnet          the BiT ResNet of the hybrids
-    models          the graph builder: Architecture -> keras.Model (no files, no checkpoints)
+    models          the graph builder: ViTConfig -> VisionTransformer, a keras.Model (no files, no checkpoints)
     checkpoints     the published .npz files: read, inspect, key map, load
     applications    ViT(variant, weights=...) and the named constructors ViT_B16, ViT_R50_B16, ...
     features        feature_model: chosen blocks' tokens or (B, h, w, D) maps, sharing the weights
@@ -50,11 +51,13 @@ _EXPORTS = {
     "keras_vit.checkpoints.keymap": ("npz_key_map",),
     "keras_vit.checkpoints.load": ("load_weights", "model_from_checkpoint"),
     "keras_vit.checkpoints.timm": ("save_timm_safetensors", "to_timm_state_dict"),
+    "keras_vit.config": ("ViTConfig",),
     "keras_vit.features": ("feature_model",),
     "keras_vit.labels": ("decode_predictions",),
     "keras_vit.layers": (
         "ClassToken",
         "DropPath",
+        "LayerScale",
         "MlpBlock",
         "MultiHeadSelfAttention",
         "PatchEmbed",
@@ -62,7 +65,7 @@ _EXPORTS = {
         "TransformerBlock",
     ),
     "keras_vit.lora": ("enable_lora", "lora_parameter_count", "merge_lora"),
-    "keras_vit.models": ("attention_model",),
+    "keras_vit.models": ("VisionTransformer", "attention_model"),
     "keras_vit.position": (
         "POSITION_EMBEDDINGS",
         "AddPositionEmbs",
@@ -86,9 +89,12 @@ _SUBMODULES = (
     "applications",
     "checkpoints",
     "checks",
+    "cloning",
+    "config",
     "datasets",
     "export",
     "features",
+    "fields",
     "files",
     "labels",
     "layers",

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Collection
-from typing import TypeVar
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
 
-__all__ = ["check_choice", "check_fraction", "check_positive_int"]
+__all__ = [
+    "check_bool",
+    "check_choice",
+    "check_fraction",
+    "check_pair",
+    "check_positive_int",
+    "check_positive_number",
+    "optional",
+]
 
 T = TypeVar("T")
 
@@ -18,6 +26,38 @@ def check_positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     return int(value)
+
+
+def check_positive_number(value, name: str) -> float:
+    """``value`` as a ``float`` if it is a real number > 0 (not a bool, not NaN); a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}.")
+    return float(value)
+
+
+def check_pair(value, name: str) -> tuple[int, int]:
+    """``(h, w)`` from a positive int or a pair of them; a ``ValueError`` naming ``name`` and the value for
+    anything else (0, negative sizes, bools)."""
+    pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in pair):
+        raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), all positive, got {value!r}.")
+    return (int(pair[0]), int(pair[1]))
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` if it is ``True`` or ``False``; a ``ValueError`` naming ``name`` otherwise."""
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False, got {value!r}.")
+    return value
+
+
+def optional(check: Callable[[Any, str], T]) -> Callable[[Any, str], T | None]:
+    """``check`` that lets ``None`` through (an option that is off)."""
+
+    def check_or_none(value, name: str):
+        return None if value is None else check(value, name)
+
+    return check_or_none
 
 
 def check_fraction(value, name: str, low: float = 0.0, high: float = 1.0) -> float:

@@ -12,21 +12,29 @@ embeddings ``E_pos``, of every kind, are in :mod:`keras_vit.position`.
 from __future__ import annotations
 
 import math
-import numbers
 
 import keras
 from keras import layers, ops
 
-from keras_vit.checks import check_fraction, check_positive_int
+from keras_vit.checks import (
+    check_bool,
+    check_choice,
+    check_fraction,
+    check_positive_int,
+    check_positive_number,
+    optional,
+)
+from keras_vit.checks import check_pair as _pair
+from keras_vit.config import GELUS as GELU_VARIANTS
 
 LAYER_NORM_EPSILON = 1e-6  # the published models' value, not Keras' 1e-3
-GELU_VARIANTS = ("tanh", "exact")
 
 __all__ = [
     "GELU_VARIANTS",
     "LAYER_NORM_EPSILON",
     "ClassToken",
     "DropPath",
+    "LayerScale",
     "MlpBlock",
     "MultiHeadSelfAttention",
     "PatchEmbed",
@@ -35,15 +43,6 @@ __all__ = [
     "fused_attention_available",
     "layer_norm",
 ]
-
-
-def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
-    """Return ``(h, w)`` from a positive int or a pair of them, rejecting anything else (0, negative sizes,
-    bools) with an error naming ``name`` and the value."""
-    pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in pair):
-        raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), all positive, got {value!r}.")
-    return (int(pair[0]), int(pair[1]))
 
 
 def layer_norm(name: str, dtype=None) -> layers.LayerNormalization:
@@ -262,11 +261,9 @@ class MlpBlock(layers.Layer):
 
     def __init__(self, mlp_dim: int, dropout: float = 0.0, gelu: str = "tanh", **kwargs):
         super().__init__(**kwargs)
-        if gelu not in GELU_VARIANTS:
-            raise ValueError(f"Unknown gelu {gelu!r}; expected one of {GELU_VARIANTS}.")
+        self.gelu = check_choice(gelu, GELU_VARIANTS, "gelu")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
         self.dropout_rate = check_fraction(dropout, "dropout")
-        self.gelu = gelu
         self.dropout = layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
 
     def build(self, input_shape):
@@ -309,6 +306,34 @@ class DropPath(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
+class LayerScale(layers.Layer):
+    """Multiplies its input by learned per-channel factors ``gamma`` ``(D,)``, each ``init_value`` at first: timm's
+    ``LayerScale`` (CaiT, DeiT III), on an encoder block's attention and MLP outputs."""
+
+    def __init__(self, init_value: float = 1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.init_value = check_positive_number(init_value, "init_value")
+
+    def build(self, input_shape):
+        init = keras.initializers.Constant(self.init_value)
+        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],), initializer=init)
+
+    def call(self, x):
+        return x * ops.cast(self.gamma, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "init_value": self.init_value}
+
+
+def _scaled(scale: LayerScale | None, x):
+    """``scale(x)``, or ``x`` for a block without layer scale."""
+    return x if scale is None else scale(x)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(layers.Layer):
     """One pre-LN encoder block (Eq. 2-3): ``z' = z + MSA(LN(z))``, ``z'' = z' + MLP(LN(z'))``.
 
@@ -317,7 +342,9 @@ class TransformerBlock(layers.Layer):
     activations are not kept for the backward pass but recomputed there (``keras.remat``: TensorFlow's
     ``recompute_grad``, ``jax.checkpoint``, torch's ``checkpoint``), trading one more forward pass of the
     block for memory. Every dropout mask is drawn before the rematerialised function, so the recomputation
-    drops what the forward pass dropped and the results equal the plain path's.
+    drops what the forward pass dropped and the results equal the plain path's. ``layer_scale_init`` (default
+    ``None``: off) scales the attention and MLP outputs by :class:`LayerScale` sub-layers ``ls1`` and ``ls2``
+    before their residual additions, as timm's ``Block(init_values=...)``.
     """
 
     def __init__(
@@ -329,12 +356,12 @@ class TransformerBlock(layers.Layer):
         drop_path: float = 0.0,
         gelu: str = "tanh",
         remat: bool = False,
+        layer_scale_init: float | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(remat, bool):
-            raise ValueError(f"`remat` must be True or False, got {remat!r}.")
-        self.remat = remat
+        self.remat = check_bool(remat, "remat")
+        self.layer_scale_init = optional(check_positive_number)(layer_scale_init, "layer_scale_init")
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
         self.dropout_rate = check_fraction(dropout, "dropout")
@@ -350,10 +377,16 @@ class TransformerBlock(layers.Layer):
         self.mlp = MlpBlock(mlp_dim, dropout, gelu, name="MlpBlock_3", dtype=policy)
         self.dropout = layers.Dropout(self.dropout_rate, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
+        self.ls1, self.ls2 = (
+            [LayerScale(self.layer_scale_init, name=name, dtype=policy) for name in ("ls1", "ls2")]
+            if self.layer_scale_init is not None
+            else [None, None]
+        )
 
     def build(self, input_shape):
-        for sublayer in (self.norm1, self.attn, self.norm2, self.mlp):
-            sublayer.build(input_shape)
+        for sublayer in (self.norm1, self.attn, self.norm2, self.mlp, self.ls1, self.ls2):
+            if sublayer is not None:
+                sublayer.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None):
         if not (self.remat and training) or return_attention_scores:
@@ -377,9 +410,9 @@ class TransformerBlock(layers.Layer):
         )
         if return_attention_scores:
             y, probs = y
-        y = _dropped(self.dropout, y, training, keep.get("attention_out"))
+        y = _scaled(self.ls1, _dropped(self.dropout, y, training, keep.get("attention_out")))
         x = x + _dropped(self.drop_path, y, training, keep.get("attention_path"))
-        y = self.mlp(self.norm2(x), training=training, dropout_keep=keep.get("mlp"))
+        y = _scaled(self.ls2, self.mlp(self.norm2(x), training=training, dropout_keep=keep.get("mlp")))
         x = x + _dropped(self.drop_path, y, training, keep.get("mlp_path"))
         return (x, probs) if return_attention_scores else x
 
@@ -408,4 +441,5 @@ class TransformerBlock(layers.Layer):
             "drop_path": self.drop_path_rate,
             "gelu": self.gelu,
             "remat": self.remat,
+            "layer_scale_init": self.layer_scale_init,
         }

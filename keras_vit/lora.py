@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
+from keras_vit.cloning import clone_with_weights
 from keras_vit.layers import TransformerBlock
-from keras_vit.models import clone_with_weights
 
 __all__ = ["LORA_TARGETS", "enable_lora", "lora_layers", "lora_parameter_count", "merge_lora"]
 

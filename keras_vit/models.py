@@ -1,258 +1,151 @@
-"""The graph of a Vision Transformer, built from an :class:`~keras_vit.variants.Architecture`.
+"""The graph of a Vision Transformer, built from a :class:`~keras_vit.config.ViTConfig`.
 
     z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos     embed: [ResNet], PatchEmbed, ClassToken, E_pos
     z_l = TransformerBlock(z_{l-1}),  l = 1 ... L      encode
     y = LN(z_L^0)                                      encode: encoder_norm
     logits = head(y)                                   head: [pre_logits], head
 
-Pure graph building: no files, no network, no checkpoints (those are :mod:`keras_vit.checkpoints`;
-the user-facing ``ViT`` that reads variant names and weights is :mod:`keras_vit.applications`).
+:class:`VisionTransformer` is the functional ``keras.Model`` of a config: its ``get_config()`` holds the config
+record, and a ``.keras`` file builds the model from it again. Pure graph building: no files, no network, no
+checkpoints (those are :mod:`keras_vit.checkpoints`; the user-facing ``ViT`` that reads variant names and weights
+is :mod:`keras_vit.applications`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 import keras
 from keras import layers
 
-from keras_vit.checks import check_fraction, check_positive_int
-from keras_vit.layers import ClassToken, PatchEmbed, TokenPooling, TransformerBlock, _pair, layer_norm
-from keras_vit.position import (
-    check_position_embedding,
-    dynamic_position_embedding_layer,
-    position_embedding_layer,
-    transformer_block,
-)
+from keras_vit.config import ViTConfig, options_of_layer
+from keras_vit.layers import ClassToken, PatchEmbed, TokenPooling, TransformerBlock, layer_norm
+from keras_vit.position import dynamic_position_embedding_layer, position_embedding_layer, transformer_block
+from keras_vit.precision import global_policy
+from keras_vit.preprocessing import ImagePreprocessor
 from keras_vit.resnet import ResNetStem
-from keras_vit.variants import Architecture
 
 __all__ = [
-    "CLASSIFIERS",
-    "DEFAULT_IMAGE_SIZE",
-    "DEFAULT_NUM_CLASSES",
-    "POOLINGS",
+    "VisionTransformer",
     "attention_model",
     "build_vit",
-    "check_numbers",
-    "check_options",
-    "clone_with_weights",
     "embed",
     "encode",
     "head",
+    "model_options",
     "uses_fc_norm",
 ]
 
-CLASSIFIERS = ("token", "gap")
-POOLINGS = (None, "token", "avg")
-DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = 224, 1000
 
+@keras.saving.register_keras_serializable(package="keras_vit")
+class VisionTransformer(keras.Model):
+    """The functional ``keras.Model`` of a :class:`~keras_vit.config.ViTConfig` (or of its ``to_dict()``).
 
-def check_options(classifier: str, pooling: str | None, position_embedding: str) -> None:
-    """A ``ValueError`` naming the choices for an unknown classifier, pooling or position embedding."""
-    for value, allowed, name in ((classifier, CLASSIFIERS, "classifier"), (pooling, POOLINGS, "pooling")):
-        if value not in allowed:
-            raise ValueError(f"Unknown {name} {value!r}; expected one of {allowed}.")
-    check_position_embedding(position_embedding)
-    if pooling == "token" and classifier != "token":
-        raise ValueError("pooling='token' needs classifier='token' (a 'gap' model has no class token).")
-
-
-def check_numbers(
-    *,
-    image_size: int | tuple[int, int],
-    channels: int = 3,
-    num_classes: int | None = None,
-    representation_size: int | None = None,
-    dropout: float = 0.0,
-    attention_dropout: float = 0.0,
-    drop_path: float = 0.0,
-) -> tuple[int, int]:
-    """A ``ValueError`` naming the argument and its value for a size that is not a positive int (a bool
-    included) or a rate outside [0, 1); returns ``image_size`` as ``(height, width)``."""
-    size = _pair(image_size, "image_size")
-    check_positive_int(channels, "channels")
-    for value, name in ((num_classes, "num_classes"), (representation_size, "representation_size")):
-        if value is not None:
-            check_positive_int(value, name)
-    for value, name in ((dropout, "dropout"), (attention_dropout, "attention_dropout"), (drop_path, "drop_path")):
-        check_fraction(value, name)
-    return size
-
-
-def build_vit(
-    architecture: Architecture,
-    *,
-    image_size: int | tuple[int, int] = DEFAULT_IMAGE_SIZE,
-    num_classes: int = DEFAULT_NUM_CLASSES,
-    include_top: bool = True,
-    classifier: str = "token",
-    representation_size: int | None = None,
-    pooling: str | None = None,
-    classifier_activation: str | None = None,
-    dropout: float = 0.0,
-    attention_dropout: float = 0.0,
-    drop_path: float = 0.0,
-    gelu: str = "tanh",
-    position_embedding: str = "learned_1d",
-    channels: int = 3,
-    resnet_options: Mapping[str, Any] | None = None,
-    fc_norm: bool = False,
-    dynamic_image_size: bool = False,
-    input_tensor=None,
-    remat: bool = False,
-    name: str | None = None,
-) -> keras.Model:
-    """The functional ``keras.Model`` of ``architecture`` (randomly initialised).
-
-    ``resnet_options`` are :class:`~keras_vit.resnet.ResNetStem` arguments other than the stages
-    (``width``, epsilons) for a hybrid. ``fc_norm`` moves the final LayerNorm after the pooling (timm's
-    ``fc_norm``, MAE-style GAP models). ``dynamic_image_size`` takes ``(None, None, channels)`` inputs of
-    any multiple of the stride and interpolates the position embeddings (learned for ``image_size``) in the
-    graph (:class:`~keras_vit.position.DynamicPositionEmbs`). ``remat`` rematerialises every encoder block
-    while training (:class:`~keras_vit.layers.TransformerBlock`). ``name`` defaults to
-    ``architecture.model_name``. Every other argument is documented at :func:`keras_vit.ViT`.
+    ``model.config`` is the record and ``get_config()["config"]`` its dict: a ``.keras`` file builds the model
+    from it again, under the dtype policy it was saved with. A clone (``keras.models.clone_model``) or a model
+    made around its layers (``keras.Model(inputs, outputs)``) is a plain functional model.
     """
-    check_options(classifier, pooling, position_embedding)
-    height, width = check_numbers(
-        image_size=image_size,
-        channels=channels,
-        num_classes=num_classes if include_top else None,
-        representation_size=representation_size,
-        dropout=dropout,
-        attention_dropout=attention_dropout,
-        drop_path=drop_path,
-    )
-    stride = architecture.stride
-    if height % stride or width % stride:
-        what = (
-            "the patch size"
-            if architecture.resnet_stages is None
-            else (f"the ResNet stride {stride // architecture.patch_size} x patch size {architecture.patch_size} =")
-        )
-        raise ValueError(
-            f"image_size {height}x{width} is not divisible by {what} {stride}; "
-            f"use a multiple of {stride}, e.g. {max(1, height // stride) * stride}."
-        )
-    shape = (None, None, channels) if dynamic_image_size else (height, width, channels)
-    if input_tensor is None:
-        inputs = keras.Input(shape, name="images")
-    elif tuple(input_tensor.shape[1:]) != shape:
-        expected = ", ".join(map(str, shape))
-        raise ValueError(f"input_tensor has shape {tuple(input_tensor.shape)}, expected (batch, {expected}).")
-    else:
-        inputs = input_tensor
-    x = embed(inputs, architecture, resnet_options)
-    x = encode(
-        x,
-        (height // stride, width // stride),
-        architecture,
-        class_token=classifier == "token",
-        dropout=dropout,
-        attention_dropout=attention_dropout,
-        drop_path=drop_path,
-        gelu=gelu,
-        position_embedding=position_embedding,
-        final_norm=not fc_norm,
-        images=inputs if dynamic_image_size else None,
-        stride=stride,
-        remat=remat,
-    )
-    outputs = head(
-        x,
-        include_top=include_top,
-        classifier=classifier,
-        pooling=pooling,
-        num_classes=num_classes,
-        representation_size=representation_size,
-        classifier_activation=classifier_activation,
-        fc_norm=fc_norm,
-    )
-    return keras.Model(inputs, outputs, name=name or architecture.model_name)
+
+    def __init__(self, config: ViTConfig | Mapping[str, Any], **kwargs):
+        config = config if isinstance(config, ViTConfig) else ViTConfig.from_dict(config)
+        policy = kwargs.pop("dtype", None)
+        policy = None if policy is None else keras.dtype_policies.get(policy)
+        with contextlib.nullcontext() if policy is None else global_policy(policy):
+            inputs, outputs = _graph(config)
+        kwargs["name"] = kwargs.get("name") or config.architecture.model_name
+        super().__init__(inputs, outputs, dtype=policy, **kwargs)
+        self.config = config
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "config": self.config.to_dict(),
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects=None) -> VisionTransformer:
+        return cls(**config)
 
 
-def embed(images, architecture: Architecture, resnet_options: Mapping[str, Any] | None = None):
+def build_vit(config: ViTConfig, *, name: str | None = None) -> VisionTransformer:
+    """The model of ``config``, randomly initialised, named ``name`` (default: ``config.architecture.model_name``:
+    ``vit_b16``, ``vit_r50_b16``)."""
+    return VisionTransformer(config, name=name)
+
+
+def _graph(config: ViTConfig) -> tuple:
+    """``(inputs, outputs)`` of the model of ``config``."""
+    height, width = config.image_size
+    any_size = config.dynamic_image_size or config.include_preprocessing
+    inputs = keras.Input((None, None, config.channels) if any_size else (height, width, config.channels), name="images")
+    images = (
+        ImagePreprocessor(config.image_size, name="preprocessing")(inputs) if config.include_preprocessing else inputs
+    )
+    x = encode(embed(images, config), config, images=inputs if config.dynamic_image_size else None)
+    return inputs, head(x, config)
+
+
+def embed(images, config: ViTConfig):
     """Images ``(B, H, W, C)`` -> patch tokens ``x_p E`` ``(B, N, D)``; a hybrid embeds its ResNet's feature map."""
-    x = images
+    architecture, x = config.architecture, images
     if architecture.resnet_stages is not None:
-        x = ResNetStem(architecture.resnet_stages, name="resnet", **(resnet_options or {}))(x)
+        x = ResNetStem(architecture.resnet_stages, name="resnet", **config.layer_options("resnet"))(x)
     return PatchEmbed(architecture.patch_size, architecture.hidden_size, name="embedding")(x)
 
 
-def encode(
-    x,
-    grid,
-    architecture: Architecture,
-    *,
-    class_token: bool,
-    dropout: float,
-    attention_dropout: float,
-    drop_path: float,
-    gelu: str,
-    position_embedding: str = "learned_1d",
-    final_norm: bool = True,
-    images=None,
-    stride: int | None = None,
-    remat: bool = False,
-):
-    """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, L blocks, final LN
-    (unless ``final_norm=False``). With ``images`` (and their ``stride``) the position embeddings are
-    interpolated in the graph to the images' patch grid. ``remat`` rematerialises each block while training."""
-    if class_token:
+def encode(x, config: ViTConfig, images=None):
+    """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, L blocks, final LN (unless
+    ``fc_norm`` moves it after the pooling). With ``images`` the position embeddings are interpolated in the
+    graph to the images' patch grid."""
+    architecture, prefix = config.architecture, int(config.classifier == "token")
+    if prefix:
         x = ClassToken(name="class_token")(x)
     if images is None:
-        position = position_embedding_layer(position_embedding, grid, num_prefix_tokens=int(class_token))
+        position = position_embedding_layer(config.position_embedding, config.grid_size, num_prefix_tokens=prefix)
         x = x if position is None else position(x)
     else:
-        position = dynamic_position_embedding_layer(position_embedding, grid, int(class_token), stride)
+        position = dynamic_position_embedding_layer(
+            config.position_embedding, config.grid_size, prefix, architecture.stride
+        )
         x = x if position is None else position(x, images)
-    x = layers.Dropout(dropout, name="posembed_dropout")(x)
+    x = layers.Dropout(config.dropout, name="posembed_dropout")(x)
     depth = architecture.depth
     for i in range(depth):
         x = transformer_block(
-            position_embedding,
-            grid,
-            int(class_token),
+            config.position_embedding,
+            config.grid_size,
+            prefix,
             architecture.num_heads,
             architecture.mlp_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            drop_path=drop_path * i / max(1, depth - 1),  # stochastic depth rises linearly with depth
-            gelu=gelu,
-            remat=remat,
+            drop_path=config.drop_path * i / max(1, depth - 1),  # stochastic depth rises linearly with depth
             name=f"encoderblock_{i}",
+            **config.layer_options("block"),
         )(x)
-    return layer_norm("encoder_norm")(x) if final_norm else x
+    return x if config.fc_norm else layer_norm("encoder_norm")(x)
 
 
-def head(
-    x,
-    *,
-    include_top: bool,
-    classifier: str,
-    pooling: str | None,
-    num_classes: int,
-    representation_size: int | None,
-    classifier_activation: str | None,
-    fc_norm: bool = False,
-):
+def head(x, config: ViTConfig):
     """Encoded tokens -> logits (``include_top``) or features (``pooling``); ``fc_norm`` applies the final
     LayerNorm to the pooled features (the tokens stay unnormalised)."""
-    if not include_top and pooling is None:
+    if not config.include_top and config.pooling is None:
         return x
-    x = _pool(x, pooling if not include_top else ("token" if classifier == "token" else "avg"), classifier)
-    if fc_norm:
+    pooling = config.pooling if not config.include_top else ("token" if config.classifier == "token" else "avg")
+    x = TokenPooling(pooling, num_prefix_tokens=int(config.classifier == "token"), name=f"{pooling}_pool")(x)
+    if config.fc_norm:
         x = layer_norm("encoder_norm")(x)
-    if not include_top:
+    if not config.include_top:
         return x
-    if representation_size is not None:
-        x = layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
+    if config.representation_size is not None:
+        x = layers.Dense(config.representation_size, activation="tanh", name="pre_logits")(x)
     variable_dtype = keras.mixed_precision.dtype_policy().variable_dtype
     return layers.Dense(
-        num_classes,
+        config.num_classes,
         kernel_initializer="zeros",
-        activation=classifier_activation,
+        activation=config.classifier_activation,
         name="head",
         dtype=variable_dtype,
     )(x)
@@ -264,9 +157,18 @@ def uses_fc_norm(model: keras.Model) -> bool:
     return bool(norms) and len(norms[0].input.shape) == 2
 
 
-def _pool(x, pooling: str, classifier: str):
-    prefix = int(classifier == "token")
-    return TokenPooling(pooling, num_prefix_tokens=prefix, name=f"{pooling}_pool")(x)
+def model_options(model: keras.Model) -> dict[str, Any]:
+    """The config fields ``model`` was built with: its whole config (a :class:`VisionTransformer`), else what its
+    layers show (``fc_norm``; its blocks' and ResNet's arguments), for a model made around keras-vit layers."""
+    if isinstance(model, VisionTransformer):
+        return model.config.to_dict()
+    options: dict[str, Any] = {"fc_norm": uses_fc_norm(model)}
+    found = list(model._flatten_layers(include_self=False))
+    for cls, layer in ((TransformerBlock, "block"), (ResNetStem, "resnet")):
+        first = next((candidate for candidate in found if isinstance(candidate, cls)), None)
+        if first is not None:
+            options.update(options_of_layer(layer, first.get_config()))
+    return options
 
 
 class _AttentionProbs(layers.Layer):
@@ -290,20 +192,3 @@ def attention_model(model: keras.Model) -> keras.Model:
         raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")
     outputs = [_AttentionProbs(block)(block.input) for block in blocks]
     return keras.Model(model.input, outputs, name=f"{model.name}_attention")
-
-
-def clone_with_weights(model: keras.Model, clone_function=None) -> keras.Model:
-    """``keras.models.clone_model(model, clone_function=...)`` with every layer's weights copied from ``model``
-    (``save_own_variables`` / ``load_own_variables``, layer by layer): a LoRA-adapted ``Dense`` passes on its merged
-    kernel, as ``model.save`` writes it, so the clone computes what ``model`` does without adapters."""
-    clone = keras.models.clone_model(model, clone_function=clone_function)
-    old_layers = list(model._flatten_layers(include_self=False))
-    new_layers = list(clone._flatten_layers(include_self=False))
-    if len(old_layers) != len(new_layers):
-        raise ValueError(f"Cannot copy {model.name!r}: its clone has another layer structure.")
-    for old, new in zip(old_layers, new_layers):
-        store: dict = {}
-        old.save_own_variables(store)
-        # numpy copies: on JAX the clone must not share arrays that Keras may free when it syncs the other model
-        new.load_own_variables({key: keras.ops.convert_to_numpy(value) for key, value in store.items()})
-    return clone

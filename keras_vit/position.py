@@ -35,6 +35,7 @@ import numpy as np
 import scipy.ndimage
 from keras import layers, ops
 
+from keras_vit.config import POSITION_EMBEDDINGS, RESIZE_METHODS
 from keras_vit.layers import PatchEmbed, TransformerBlock, _pair
 
 __all__ = [
@@ -61,7 +62,6 @@ __all__ = [
     "transformer_block",
 ]
 
-POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
 # Names of the position parameters of every kind (conventionally spared weight decay).
 POSITION_VARIABLES = (
     "pos_embedding",
@@ -71,7 +71,7 @@ POSITION_VARIABLES = (
     "relative_table",
     "prefix_bias",
 )
-METHODS = ("zoom_linear", "bilinear", "bicubic")
+METHODS = RESIZE_METHODS
 
 
 # --- resizing grids of embeddings ------------------------------------------------------------------

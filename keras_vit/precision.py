@@ -243,7 +243,7 @@ def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] =
     keras_vit model is built) stay float32. LoRA adapters are merged into their kernels, as ``model.save`` does."""
     import keras
 
-    from keras_vit.models import clone_with_weights
+    from keras_vit.cloning import clone_with_weights
 
     policy = keras.dtype_policies.get(policy).name  # an unknown name: Keras' ValueError naming the valid ones
 

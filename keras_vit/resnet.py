@@ -21,6 +21,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from keras_vit.config import GROUP_NORM_EPSILON, ROOT_WIDTH, STD_CONV_EPSILON, WEIGHT_STANDARDIZATIONS
 from keras_vit.layers import _pair, add_conv_kernel, conv_nhwc
 from keras_vit.variants import resnet_stride
 
@@ -34,11 +35,8 @@ __all__ = [
     "standardize_kernel",
 ]
 
-STD_CONV_EPSILON = 1e-5  # the Flax code's weight-standardisation epsilon; timm's hybrids use 1e-8
-GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's; timm's GroupNormAct uses 1e-5
 GROUP_NORM_GROUPS = 32
-ROOT_WIDTH = 64  # channels of the root convolution (width factor 1)
-STANDARDIZATIONS = ("flax", "timm")
+STANDARDIZATIONS = WEIGHT_STANDARDIZATIONS
 # ResNet settings that reproduce timm's hybrids (StdConv2dSame(eps=1e-8), GroupNormAct(eps=1e-5)).
 TIMM_RESNET = dict(std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm")
 

@@ -6,7 +6,8 @@ stride of ResNet and embedding together). :func:`parse_variant` also takes the s
 ``"ViT-B/16"``, ``"ViT_B16"``, ``"vit-b16"``, ``"R50+ViT-B/16"``, ``"ViT_R50_B16"``.
 
 This module is plain Python (no Keras): the zoo, the checkpoint readers, the model builder and the
-commands all decode names here, so a name means the same everywhere.
+commands all decode names here, so a name means the same everywhere. Each :class:`Architecture` field
+carries its help text, for the commands' flags (:mod:`keras_vit.config`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import dataclasses
 import numbers
 import re
 from collections.abc import Sequence
+
+from keras_vit.fields import option
 
 __all__ = [
     "HYBRID_RESNETS",
@@ -56,6 +59,16 @@ _NAME = re.compile(
 )
 
 
+def _field(help: str, default=dataclasses.MISSING, **settings):
+    """An :class:`Architecture` field with its command-line help; ``None`` (unset) means the variant's."""
+    return option(help, default, unset="the variant's", group="architecture", **settings)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """``"3,4,9"`` -> ``(3, 4, 9)``."""
+    return tuple(int(part) for part in text.split(","))
+
+
 def resnet_depth(stages: tuple[int, ...]) -> int:
     """Layers of a BiT ResNet with ``stages`` bottleneck units per stage: 3 convolutions per unit, plus
     the root convolution and the (absent) classifier, as ResNet names count them (R50: (3, 4, 6, 3))."""
@@ -76,12 +89,14 @@ class Architecture:
     cells for a hybrid (1 for the published ones). ``resnet_stages`` is ``None`` for a plain ViT.
     """
 
-    patch_size: int
-    hidden_size: int
-    depth: int
-    num_heads: int
-    mlp_dim: int
-    resnet_stages: tuple[int, ...] | None = None
+    patch_size: int = _field("patch size in pixels (feature-map cells for a hybrid)")
+    hidden_size: int = _field("width of the tokens")
+    depth: int = _field("encoder blocks")
+    num_heads: int = _field("attention heads")
+    mlp_dim: int = _field("MLP width")
+    resnet_stages: tuple[int, ...] | None = _field(
+        "a hybrid's ResNet: units per stage, comma-separated", None, parse=_ints, metavar="UNITS"
+    )
 
     def __post_init__(self):
         for field in ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim"):

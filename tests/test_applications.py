@@ -1,6 +1,8 @@
 """keras.applications habits of ``ViT`` and the named constructors: ``input_shape``, ``classes``, a positional
 ``include_top``, ``input_tensor`` and ``include_preprocessing``. Tiny models (one block, small images)."""
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -8,9 +10,37 @@ from keras.ops import convert_to_numpy as to_numpy  # any backend's tensor (torc
 from npz_layout import vit_checkpoint, write_checkpoint
 from sklearn.datasets import load_sample_image
 
+import keras_vit
 from keras_vit import ImagePreprocessor, ViT, ViT_R26_S32, ViT_Ti16
 
 TINY = dict(depth=1)
+
+
+@pytest.mark.parametrize("name", sorted(keras_vit.applications.NAMED_CONSTRUCTORS))
+def test_each_named_constructor_takes_every_argument_of_vit(name):
+    """Written out (``def ViT_B16``), with ViT's arguments, kinds, defaults and annotations: the image size
+    first, the rest by keyword, then ``**options`` (the config's fields)."""
+    constructor = getattr(keras_vit, name)
+    assert constructor is keras_vit.applications.NAMED_CONSTRUCTORS[name]
+    assert inspect.getsource(constructor).startswith(f"def {name}(")
+    ours = dict(inspect.signature(constructor).parameters)
+    theirs = {k: v for k, v in inspect.signature(ViT).parameters.items() if k != "variant"}
+    assert list(ours) == ["image_size", *(k for k in theirs if k != "image_size")]
+    for argument, parameter in theirs.items():
+        same = ours[argument]
+        assert (same.default, same.annotation) == (parameter.default, parameter.annotation), argument
+        if argument != "image_size":
+            assert same.kind == parameter.kind, argument
+    assert ours["image_size"].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert {
+        "include_top",
+        "weights",
+        "input_tensor",
+        "input_shape",
+        "pooling",
+        "classes",
+        "classifier_activation",
+    } <= set(ours)
 
 
 def _same_weights(model: keras.Model, other: keras.Model) -> None:

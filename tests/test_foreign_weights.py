@@ -111,6 +111,7 @@ TIMM_CASES = {
         ".pth",
     ),
     "hybrid": ("vit_small_r26_s32_224", dict(depth=1, img_size=64, num_classes=5), 64, ".safetensors"),
+    "layer_scale": ("vit_tiny_patch16_224", dict(depth=2, img_size=32, num_classes=5, init_values=1e-5), 32, ".pth"),
 }
 
 
@@ -162,7 +163,8 @@ def test_timm_state_dict_gives_timms_logits(timm_files, case):
 
 @pytest.mark.reference
 @pytest.mark.requires("timm", "torch")
-def test_keras_vit_to_timm_round_trip(tmp_path):
+@pytest.mark.parametrize("options", [dict(), dict(layer_scale_init=0.1)])
+def test_keras_vit_to_timm_round_trip(tmp_path, options):
     model = keras_vit.ViT(
         None,
         patch_size=8,
@@ -173,6 +175,7 @@ def test_keras_vit_to_timm_round_trip(tmp_path):
         image_size=32,
         num_classes=5,
         gelu="exact",
+        **options,
     )
     rng = np.random.default_rng(0)
     for variable in model.weights:
@@ -239,7 +242,7 @@ def randomised(model):
     return model
 
 
-@pytest.mark.parametrize("options", [dict(), dict(classifier="gap", fc_norm=True)])
+@pytest.mark.parametrize("options", [dict(), dict(classifier="gap", fc_norm=True), dict(layer_scale_init=0.1)])
 def test_timm_safetensors_without_torch_round_trip(tmp_path, options):
     model = randomised(small_model(gelu="exact", **options))
     state = keras_vit.save_timm_safetensors(model, tmp_path / "m.safetensors")
@@ -249,6 +252,17 @@ def test_timm_safetensors_without_torch_round_trip(tmp_path, options):
     loaded = small_model(**options)  # another GELU: loads, with a warning that says so
     with pytest.warns(UserWarning, match="gelu='exact'"):
         keras_vit.load_weights(loaded, tmp_path / "m.safetensors")
+
+
+def test_layer_scale_loads_from_timm_keys_and_must_be_on_to_load(tmp_path):
+    model = randomised(small_model(gelu="exact", layer_scale_init=0.1))
+    state = keras_vit.save_timm_safetensors(model, tmp_path / "m.safetensors")
+    assert state["blocks.0.ls1.gamma"].shape == state["blocks.0.ls2.gamma"].shape == (32,)
+    again = keras_vit.model_from_checkpoint(tmp_path / "m.safetensors", num_heads=2)
+    assert again.config.layer_scale_init is not None
+    np.testing.assert_array_equal(again.get_layer("encoderblock_0").ls1.gamma.numpy(), state["blocks.0.ls1.gamma"])
+    with pytest.raises(ValueError, match="layer_scale_init=1e-05, the model layer_scale_init=None"):
+        keras_vit.load_weights(small_model(gelu="exact"), tmp_path / "m.safetensors")
 
 
 def test_fc_norm_mismatch_is_an_error(tmp_path):
@@ -274,7 +288,6 @@ def test_timm_keys_mismatch_lists_names(tmp_path):
         ("reg_token", "register tokens"),
         ("dist_token", "distillation token"),
         ("norm_pre.weight", "norm_pre"),
-        ("blocks.0.ls1.gamma", "layer scale"),
         ("blocks.0.attn.q_norm.weight", "qk-norm"),
     ],
 )

@@ -128,7 +128,7 @@ def test_the_real_graph_maps_the_installed_names():
     graph = import_graph()
     assert "keras_vit.zoo.download" in graph["keras_vit.zoo"]
     assert {"keras_vit.training.finetune", "keras_vit.checkpoints.load"} <= set(graph)
-    assert "keras_vit.variants" in graph["keras_vit.models"]
+    assert "keras_vit.config" in graph["keras_vit.models"] and "keras_vit.variants" in graph["keras_vit.config"]
 
 
 def test_find_cycle_reports_the_cycle():

@@ -111,7 +111,8 @@ def test_head_and_class_token_are_zero_initialised_and_output_is_zero():
 
 
 def _block_reference(x, block, approximate):
-    """One encoder block in numpy, straight from Eq. 2-3 of the paper."""
+    """One encoder block in numpy, straight from Eq. 2-3 of the paper (with layer scale: each branch times its
+    ``gamma`` before the residual addition)."""
 
     def ln(v, layer):
         mu, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
@@ -135,13 +136,14 @@ def _block_reference(x, block, approximate):
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     context = (probs @ split(v)).transpose(0, 2, 1, 3).reshape(b, n, d)
-    x = x + dense(context, block.attn.out)
-    return x + dense(gelu(dense(ln(x, block.norm2), block.mlp.fc1)), block.mlp.fc2)
+    gammas = [1.0 if scale is None else scale.gamma.numpy() for scale in (block.ls1, block.ls2)]
+    x = x + gammas[0] * dense(context, block.attn.out)
+    return x + gammas[1] * dense(gelu(dense(ln(x, block.norm2), block.mlp.fc1)), block.mlp.fc2)
 
 
-@pytest.mark.parametrize("gelu", ["tanh", "exact"])
-def test_transformer_block_matches_the_equations(gelu):
-    block = keras_vit.TransformerBlock(num_heads=4, mlp_dim=64, gelu=gelu)
+@pytest.mark.parametrize("gelu, layer_scale_init", [("tanh", None), ("exact", None), ("tanh", 0.1)])
+def test_transformer_block_matches_the_equations(gelu, layer_scale_init):
+    block = keras_vit.TransformerBlock(num_heads=4, mlp_dim=64, gelu=gelu, layer_scale_init=layer_scale_init)
     x = np.random.default_rng(1).normal(size=(2, 7, 32)).astype("float32")
     block.build(x.shape)
     for w in block.weights:  # non-trivial LayerNorm parameters and biases
@@ -151,6 +153,20 @@ def test_transformer_block_matches_the_equations(gelu):
     y, probs = block(x, return_attention_scores=True)
     np.testing.assert_allclose(to_numpy(y), expected, atol=2e-5)
     np.testing.assert_allclose(to_numpy(probs).sum(-1), 1.0, atol=1e-5)
+
+
+def test_layer_scale_is_off_by_default_and_at_one_changes_nothing():
+    """Off (the default): no LayerScale layers, the same weights as before; on at 1.0: the same numbers, bit for bit."""
+    plain = keras_vit.ViT(None, **TINY)
+    assert not [v for v in plain.weights if "/ls" in v.path]
+    scaled = keras_vit.ViT(None, **TINY, layer_scale_init=1.0)
+    assert len(scaled.weights) == len(plain.weights) + 2 * TINY["depth"]
+    assert scaled.get_layer("encoderblock_0").ls1.gamma.shape == (32,)
+    by_path = {v.path: v for v in scaled.weights}
+    for variable in plain.weights:
+        variable.assign(np.random.default_rng(len(variable.path)).normal(0, 0.1, variable.shape))
+        by_path[variable.path].assign(variable.numpy())
+    np.testing.assert_array_equal(to_numpy(scaled(images())), to_numpy(plain(images())))
 
 
 def test_patch_embed_is_a_linear_projection_of_each_patch():
@@ -195,13 +211,22 @@ NON_DEFAULT_ARGUMENTS = {
         drop_path=0.3,
         gelu="exact",
         remat=True,
+        layer_scale_init=0.1,
     ),
     "TokenPooling": dict(mode="avg", num_prefix_tokens=2),
     "MultiHeadSelfAttention": dict(num_heads=3, attention_dropout=0.2),
     "MlpBlock": dict(mlp_dim=16, dropout=0.1, gelu="exact"),
     "DropPath": dict(rate=0.3, seed=7),
+    "LayerScale": dict(init_value=0.1),
     "TransformerBlock": dict(
-        num_heads=2, mlp_dim=16, dropout=0.1, attention_dropout=0.2, drop_path=0.3, gelu="exact", remat=True
+        num_heads=2,
+        mlp_dim=16,
+        dropout=0.1,
+        attention_dropout=0.2,
+        drop_path=0.3,
+        gelu="exact",
+        remat=True,
+        layer_scale_init=0.1,
     ),
     "StdConv2D": dict(filters=8, kernel_size=(3, 5), strides=(2, 1), epsilon=1e-8, standardization="timm"),
     "BottleneckUnit": dict(
@@ -209,6 +234,12 @@ NON_DEFAULT_ARGUMENTS = {
     ),
     "ResNetStem": dict(
         num_layers=(1, 2), width=96, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
+    ),
+    # the model: its one argument is the config record (tests/test_config.py sets every field of it)
+    "VisionTransformer": dict(
+        config=keras_vit.ViTConfig.from_variant(
+            None, image_size=16, patch_size=8, hidden_size=8, depth=1, num_heads=2, mlp_dim=8, gelu="exact"
+        ).to_dict()
     ),
 }
 

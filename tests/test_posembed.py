@@ -74,7 +74,7 @@ def test_resize_position_embeddings_returns_a_model_at_the_new_size_with_the_sam
         else:
             np.testing.assert_array_equal(new.numpy(), old.numpy())
     # Same config apart from the image size.
-    configs = [{layer["name"]: layer["config"] for layer in m.get_config()["layers"]} for m in (model, resized)]
+    configs = [{layer.name: layer.get_config() for layer in m.layers} for m in (model, resized)]
     changed = {name for name in configs[0] if configs[0][name] != configs[1][name]}
     assert changed == {"images", "posembed_input"}
     images = np.random.default_rng(0).uniform(-1, 1, (2, 48, 24, 3)).astype("float32")

@@ -36,6 +36,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from keras_vit.config import ViTConfig, field_names, model_flags
 from keras_vit.precision import MIXED_PRECISION
 from keras_vit.training import fields
 from keras_vit.training.fields import flag_name, option, option_fields
@@ -48,6 +49,7 @@ __all__ = [
     "ARCHITECTURE_FIELDS",
     "FINETUNE_ADJUSTMENTS",
     "FLAT_NAMES",
+    "MODEL_OPTIONS",
     "PRESET",
     "PRESETS",
     "RANGES",
@@ -70,7 +72,7 @@ __all__ = [
 ]
 
 PRESET = "the preset's"  # what None means for the fields a preset sets
-ARCHITECTURE_FIELDS = ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim")
+ARCHITECTURE_FIELDS = field_names("architecture")
 
 
 def parse_model_name(name: str) -> str:
@@ -79,9 +81,20 @@ def parse_model_name(name: str) -> str:
     return name
 
 
+# Every option of keras_vit.config.ViTConfig that makes the model (its architecture included), with the config's
+# help and choices; None: the variant's or ViT's default (dropout and drop_path: the preset's).
+MODEL_OPTIONS = field_names("architecture", "structure", "numerics", "training")
+ModelOptions = model_flags(
+    "ModelOptions",
+    MODEL_OPTIONS,
+    "The options of keras_vit.config.ViTConfig.",
+    unset={"dropout": PRESET, "drop_path": PRESET},
+)
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The model: a variant with optional architecture overrides, its weights and regularisation."""
+class ModelConfig(ModelOptions):
+    """The model: a variant with any option of keras_vit.config.ViTConfig replaced, its weights and LoRA."""
 
     name: str | None = option(
         "variant of keras_vit.variants: B/16, ViT_B16, Ti/16, R50+B/16, ViT_R26_S32, ...",
@@ -89,26 +102,12 @@ class ModelConfig:
         flag="model",
         parse=parse_model_name,
     )
-    patch_size: int | None = option(
-        "override the variant's patch size (feature-map cells for a hybrid)", unset="the variant's"
-    )
-    hidden_size: int | None = option("override the variant's width", unset="the variant's")
-    depth: int | None = option("override the variant's number of blocks", unset="the variant's")
-    num_heads: int | None = option("override the variant's attention heads", unset="the variant's")
-    mlp_dim: int | None = option("override the variant's MLP width", unset="the variant's")
     image_size: int | None = option("input resolution (position embeddings are resized to it)", unset=PRESET)
     weights: str | None = option("a zoo catalogue name or a checkpoint path", unset="random initialisation")
-    dropout: float | None = option("dropout rate", unset=PRESET)
-    drop_path: float | None = option("stochastic depth rate", unset=PRESET)
     lora_rank: int | None = option(
         "fine-tune LoRA adapters of this rank on every block's qkv, out and MLP kernels, all else frozen but the "
         "head (keras_vit.enable_lora)",
         unset="off: every weight trains",
-    )
-    remat: bool = option(
-        "recompute each encoder block in the backward pass (keras_vit.ViT(remat=True)): about 3x (B/16, batch 32) "
-        "less training memory for about 1.3x the step time; the same results",
-        False,
     )
 
 
@@ -322,9 +321,13 @@ class TrainConfig:
         """``{section: {field: value}}`` of the fields that are not ``None``."""
         return {s: {k: v for k, v in dataclasses.asdict(getattr(self, s)).items() if v is not None} for s in SECTIONS}
 
-    def architecture(self) -> dict[str, int]:
+    def architecture(self) -> dict[str, Any]:
         """The architecture overrides that are set."""
-        return {k: getattr(self.model, k) for k in ARCHITECTURE_FIELDS if getattr(self.model, k) is not None}
+        return {k: v for k, v in self.model_options().items() if k in ARCHITECTURE_FIELDS}
+
+    def model_options(self) -> dict[str, Any]:
+        """The options of the model (:data:`MODEL_OPTIONS`) that are set: what replaces the variant's config."""
+        return {k: getattr(self.model, k) for k in MODEL_OPTIONS if getattr(self.model, k) is not None}
 
 
 def choose_preset(config: TrainConfig) -> str:
@@ -478,7 +481,9 @@ def _check(config: TrainConfig, replicas: int) -> None:
             if choices and value is not None and value not in choices:
                 expected = ", ".join(map(str, choices))
                 raise ValueError(f"Unknown {flag_name(field)} {value!r}; expected one of {expected}.")
-    parse_variant(config.model.name).replace(**config.architecture())
+    # the model's options, checked by its config; its image size is checked when the model is built
+    stride = parse_variant(config.model.name).replace(**config.architecture()).stride
+    ViTConfig.from_variant(config.model.name, image_size=stride, **config.model_options())
 
 
 def json_ready(config: TrainConfig) -> dict[str, Any]:
@@ -492,9 +497,15 @@ def from_json(values: Mapping[str, Any]) -> TrainConfig:
 
 
 def run_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
-    """Fields (other than :data:`RUN_ONLY_FIELDS`) whose value differs from a saved run's."""
+    """Fields (other than :data:`RUN_ONLY_FIELDS`) whose value differs from a saved run's. A model option that is
+    unset (or that an older run.json lacks) is its default (``remat: false`` = unset)."""
     current = json_ready(config)
-    return sorted(k for k in current if k not in RUN_ONLY_FIELDS and saved.get(k) != current[k])
+    defaults = {f.name: f.default for f in dataclasses.fields(ViTConfig) if f.name in MODEL_OPTIONS}
+
+    def value(values: Mapping[str, Any], name: str) -> Any:
+        return defaults.get(name) if values.get(name) is None else values[name]
+
+    return sorted(k for k in current if k not in RUN_ONLY_FIELDS and value(saved, k) != value(current, k))
 
 
 def add_arguments(parser: argparse.ArgumentParser, base: TrainConfig | None = None) -> None:

@@ -21,8 +21,8 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
+from keras_vit.config import CLASSIFIERS
 from keras_vit.files import atomic_open, temporary_target
-from keras_vit.models import CLASSIFIERS
 from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
 

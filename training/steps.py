@@ -123,10 +123,11 @@ def prepare(config: TrainConfig, strategy: Strategy | None = None) -> Setup:
 
 
 def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model:
-    """The ViT of a resolved config (any variant of the table, hybrids included), with LoRA adapters when
-    ``lora_rank`` is set (:func:`keras_vit.enable_lora`: only the adapters and the head train); ``options`` go to
-    :func:`keras_vit.ViT` (``classifier``, ``position_embedding``, ...). Build it in the strategy's scope: a
-    resumed run builds the same model, adapters included, so that its checkpoint fits."""
+    """The ViT of a resolved config (any variant of the table, hybrids included): its variant with the model
+    options that are set (:meth:`TrainConfig.model_options`, then ``options``: ``classifier``,
+    ``position_embedding``, ...), with LoRA adapters when ``lora_rank`` is set (:func:`keras_vit.enable_lora`: only
+    the adapters and the head train). Build it in the strategy's scope: a resumed run builds the same model,
+    adapters included, so that its checkpoint fits."""
     model = config.model
     variant = parse_variant(model.name).variant  # canonical: "ViT_R50_B16" -> "R50+B/16"
     vit = keras_vit.ViT(
@@ -134,11 +135,7 @@ def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model
         image_size=model.image_size,
         num_classes=num_classes,
         weights=model.weights,
-        dropout=model.dropout,
-        drop_path=model.drop_path,
-        remat=model.remat,
-        **config.architecture(),
-        **options,
+        **{**config.model_options(), **options},
     )
     if model.lora_rank:
         keras_vit.enable_lora(vit, model.lora_rank)

@@ -19,8 +19,19 @@ import sys
 from pathlib import Path
 
 from keras_vit import zoo
+from keras_vit.config import RESIZE_METHODS, field_names, model_flags
+from keras_vit.fields import add_arguments, given
 from keras_vit.zoo.download import redact
 from keras_vit.zoo.progress import ProgressBar
+
+# convert's model flags: what a checkpoint's model may be built with (fields of keras_vit.config.ViTConfig).
+_CONVERT_FLAGS = ("image_size", "num_classes", *field_names("numerics"))
+CONVERT_FLAGS = model_flags(
+    "ConvertFlags",
+    _CONVERT_FLAGS,
+    "The model the checkpoint is built into (keras_vit.config.ViTConfig)",
+    unset=dict.fromkeys(_CONVERT_FLAGS, "the checkpoint's"),
+)
 
 
 def _list(args) -> None:
@@ -151,10 +162,9 @@ def _convert(args) -> None:
     output_format = _output_format(out, args.format)
     if args.quantize and output_format != "litert":
         raise ValueError(f"--quantize applies to --format litert (.tflite), not {output_format}.")
-    kwargs = dict(include_top=not args.no_top)
-    for option in ("gelu", "image_size", "num_classes", "num_heads"):
-        if getattr(args, option):
-            kwargs[option] = getattr(args, option)
+    kwargs = dict(include_top=not args.no_top, **given(args, CONVERT_FLAGS))
+    if args.num_heads:
+        kwargs["num_heads"] = args.num_heads
     if args.source.endswith(".keras") and Path(args.source).is_file():
         model = keras.saving.load_model(args.source)  # e.g. a model fine-tuned here, back to timm
     else:
@@ -198,12 +208,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     convert.add_argument("--format", choices=list(FORMATS), help="default: from the output's suffix")
     convert.add_argument("--quantize", choices=("dynamic_int8",), help="int8 weights (--format litert only)")
-    convert.add_argument("--image-size", type=int, help="resolution (default: the checkpoint's)")
-    convert.add_argument("--num-classes", type=int, help="classes (default: the checkpoint's head)")
     convert.add_argument("--no-top", action="store_true", help="drop the classifier (features only)")
-    convert.add_argument("--gelu", choices=("tanh", "exact"), help="default: the source's (tanh for .npz)")
     convert.add_argument("--num-heads", type=int, help="attention heads of a timm state dict (default: from width)")
-    convert.add_argument("--resize-method", choices=("zoom_linear", "bilinear", "bicubic"), default="zoom_linear")
+    convert.add_argument(
+        "--resize-method",
+        choices=RESIZE_METHODS,
+        default=RESIZE_METHODS[0],
+        help="how position embeddings go to another image size (default: %(default)s)",
+    )
+    add_arguments(convert.add_argument_group("model", CONVERT_FLAGS.__doc__), CONVERT_FLAGS())
     convert.set_defaults(run=_convert)
     args = parser.parse_args(argv)
     try:

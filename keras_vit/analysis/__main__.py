@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from keras_vit.config import field_names, model_flags
+from keras_vit.fields import add_arguments, given
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
 __all__ = [
@@ -38,7 +40,13 @@ __all__ = [
 ]
 
 ANALYSES = ("attention", "distance", "position", "filters", "fewshot")
-OVERRIDES = ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim")
+# The model's flags: the image size, the architecture and what makes the model (fields of keras_vit.config.ViTConfig).
+MODEL_FLAGS = model_flags(
+    "ModelFlags",
+    ("image_size", *field_names("architecture", "structure", "numerics")),
+    "The model: its variant's fields replaced (keras_vit.config.ViTConfig)",
+    unset={"image_size": "the checkpoint's, else 224"},
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,19 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("variant", help="ViT variant, e.g. 'B/16' or 'ViT_B16', or a hybrid: 'R50+B/16', 'ViT_R26_S32'")
     parser.add_argument("--weights", default=None, help="checkpoint path or catalogue name (default: random init)")
-    parser.add_argument("--image-size", type=int, default=None, help="default: the checkpoint's, else 224")
-    parser.add_argument("--classifier", choices=("token", "gap"), default="token")
-    parser.add_argument("--gelu", choices=("tanh", "exact"), default="tanh")
     add_mixed_precision_flag(parser)
-    parser.add_argument(
-        "--position-embedding",
-        default="learned_1d",
-        help="learned_1d (published), learned_2d, sincos_2d, relative or none",
-    )
-    for field in OVERRIDES:
-        parser.add_argument(
-            f"--{field.replace('_', '-')}", type=int, default=None, help=f"override the variant's {field}"
-        )
+    add_arguments(parser.add_argument_group("model", MODEL_FLAGS.__doc__), MODEL_FLAGS())
     parser.add_argument(
         "--analyses",
         nargs="+",
@@ -102,18 +99,8 @@ def build_model(args: argparse.Namespace):
     of ``args.mixed_precision`` (:func:`keras_vit.precision.policy_of_choice`)."""
     import keras_vit
 
-    kwargs = {f: getattr(args, f) for f in OVERRIDES if getattr(args, f) is not None}
     with global_policy(policy_of_choice(args.mixed_precision)):
-        return keras_vit.ViT(
-            args.variant,
-            image_size=args.image_size,
-            include_top=False,
-            weights=args.weights,
-            classifier=args.classifier,
-            gelu=args.gelu,
-            position_embedding=args.position_embedding,
-            **kwargs,
-        )
+        return keras_vit.ViT(args.variant, include_top=False, weights=args.weights, **given(args, MODEL_FLAGS))
 
 
 def applicable_analyses(model) -> list[str]:

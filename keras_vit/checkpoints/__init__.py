@@ -1,7 +1,8 @@
 """Checkpoints: the published Google ``.npz`` files, in four steps, one module each:
 
 - :mod:`~keras_vit.checkpoints.read`: a file, folder or zoo catalogue name -> its arrays (:class:`CheckpointArrays`).
-- :mod:`~keras_vit.checkpoints.inspect`: arrays -> the architecture and classifier they imply (:class:`CheckpointInfo`).
+- :mod:`~keras_vit.checkpoints.inspect`: arrays -> the architecture and classifier they imply (:class:`CheckpointInfo`),
+  and the whole model config (:func:`checkpoint_config`, a :class:`~keras_vit.config.ViTConfig`).
 - :mod:`~keras_vit.checkpoints.keymap`: a model -> where each checkpoint key goes (:func:`npz_key_map`).
 - :mod:`~keras_vit.checkpoints.load`: arrays into a model (:func:`load_weights`), or the model they
   describe (:func:`model_from_checkpoint`).
@@ -15,7 +16,7 @@ The model graph (:mod:`keras_vit.models`) knows nothing of checkpoints; this pac
 """
 
 from keras_vit.checkpoints.formats import FORMATS, detect_format
-from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info
+from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_config, checkpoint_info
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.checkpoints.load import LoadResult, checkpoint_defaults, load_weights, model_from_checkpoint
 from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, read_npz, resolve_weights
@@ -26,6 +27,7 @@ __all__ = [
     "CheckpointArrays",
     "CheckpointInfo",
     "LoadResult",
+    "checkpoint_config",
     "checkpoint_defaults",
     "checkpoint_info",
     "detect_format",

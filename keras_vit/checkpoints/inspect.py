@@ -1,5 +1,6 @@
 """What a checkpoint holds, read from its array shapes alone: the :class:`~keras_vit.variants.Architecture`,
-the classifier, the patch grid it was trained on, its classes and ``pre_logits`` width."""
+the classifier, the patch grid it was trained on, its classes and ``pre_logits`` width (:func:`checkpoint_info`);
+with the options its format records, the whole :class:`~keras_vit.config.ViTConfig` (:func:`checkpoint_config`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from keras_vit.config import ViTConfig
 from keras_vit.position import square_grid
 from keras_vit.variants import Architecture
 
-__all__ = ["CheckpointInfo", "checkpoint_info"]
+__all__ = ["CheckpointInfo", "checkpoint_config", "checkpoint_info"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,3 +90,18 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
         num_classes=None if head is None else int(head.shape[0]),
         representation_size=None if pre_logits is None else int(pre_logits.shape[0]),
     )
+
+
+def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
+    """The config of the model a checkpoint holds: :func:`checkpoint_info`'s architecture, classifier, image size
+    and head (classes and ``pre_logits``), a hybrid's ResNet width (its root convolution's channels), and the
+    options its format records (``CheckpointArrays.model_options``: timm's ``gelu="exact"``, ``fc_norm``, ...)."""
+    info = checkpoint_info(arrays)
+    fields = dict(getattr(arrays, "model_options", {}), classifier=info.classifier)
+    if info.image_size is not None:
+        fields["image_size"] = info.image_size
+    if info.num_classes is not None:
+        fields.update(num_classes=info.num_classes, representation_size=info.representation_size)
+    if "conv_root/kernel" in arrays:
+        fields["resnet_width"] = int(arrays["conv_root/kernel"].shape[-1])
+    return ViTConfig(info.architecture, **fields)

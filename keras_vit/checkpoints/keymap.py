@@ -65,6 +65,9 @@ def _block_map(prefix: str, block: TransformerBlock) -> KeyMap:
     entries.update(_norm(f"{prefix}/LayerNorm_2", block.norm2))
     entries.update(_dense(f"{prefix}/MlpBlock_3/Dense_0", block.mlp.fc1))
     entries.update(_dense(f"{prefix}/MlpBlock_3/Dense_1", block.mlp.fc2))
+    for name, scale in (("ls1", block.ls1), ("ls2", block.ls2)):  # layer scale, where the block has it
+        if scale is not None:
+            entries[f"{prefix}/{name}/gamma"] = (scale.gamma, identity)
     return entries
 
 

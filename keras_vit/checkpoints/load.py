@@ -19,12 +19,12 @@ from collections.abc import Mapping
 import keras
 import numpy as np
 
-from keras_vit.checkpoints.inspect import checkpoint_info
+from keras_vit.checkpoints.inspect import checkpoint_config, checkpoint_info
 from keras_vit.checkpoints.keymap import KeyMap, npz_key_map
 from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, with_num_heads
+from keras_vit.config import field_names, resnet_fields
 from keras_vit.layers import TransformerBlock
-from keras_vit.models import DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES, build_vit, uses_fc_norm
-from keras_vit.resnet import ResNetStem
+from keras_vit.models import build_vit, model_options
 
 __all__ = ["LoadResult", "checkpoint_defaults", "load_weights", "model_from_checkpoint"]
 
@@ -71,30 +71,27 @@ def _layers_of(model: keras.Model, cls) -> list:
 
 
 def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
-    """A ``ValueError`` where the model's structure differs from the source's (``fc_norm``); a warning where
-    only its numerics do (GELU, a hybrid's ResNet epsilons)."""
-    options = arrays.model_options
+    """A ``ValueError`` where the model's structure differs from the source's (an option of the config's
+    ``"structure"`` group, such as ``fc_norm``, on in one and off in the other); one warning naming the numerics
+    that differ (GELU, a hybrid's ResNet epsilons)."""
+    built = model_options(model)
+    differ = {name: value for name, value in arrays.model_options.items() if name in built and built[name] != value}
+    if not differ:
+        return
     fix = "build the model with {} (keras_vit.model_from_checkpoint does)"
-    if "fc_norm" in options and options["fc_norm"] != uses_fc_norm(model):
-        raise ValueError(
-            f"Cannot load {arrays.source} into model {model.name!r}: the checkpoint's final LayerNorm is "
-            f"{'after' if options['fc_norm'] else 'before'} the pooling; "
-            + fix.format(f"fc_norm={options['fc_norm']}.")
-        )
-    blocks = _layers_of(model, TransformerBlock)
-    if "gelu" in options and blocks and blocks[0].gelu != options["gelu"]:
+    for name in set(differ) & set(field_names("structure")):
+        if (differ[name] in (None, False)) != (built[name] in (None, False)):  # on or off, not a starting value
+            raise ValueError(
+                f"Cannot load {arrays.source} into model {model.name!r}: the checkpoint has {name}={differ[name]!r}, "
+                f"the model {name}={built[name]!r}; " + fix.format(f"{name}={differ[name]!r}.")
+            )
+    numerics = {name: value for name, value in differ.items() if name not in field_names("structure")}
+    if numerics:
+        theirs = ", ".join(f"{name}={value!r}" for name, value in numerics.items())
+        ours = ", ".join(f"{name}={built[name]!r}" for name in numerics)
         warnings.warn(
-            f"{arrays.source} ({arrays.format}) was trained with gelu={options['gelu']!r}, model {model.name!r} uses "
-            f"{blocks[0].gelu!r}: outputs differ slightly; " + fix.format(f"gelu={options['gelu']!r}") + ".",
-            stacklevel=3,
-        )
-    stems = _layers_of(model, ResNetStem)
-    resnet = options.get("resnet_options", {})
-    if stems and any(getattr(stems[0], name) != value for name, value in resnet.items()):
-        warnings.warn(
-            f"{arrays.source} ({arrays.format}) uses the ResNet numerics {resnet}; model {model.name!r}'s differ: "
-            + fix.format("resnet=dict(num_layers=..., **keras_vit.resnet.TIMM_RESNET)")
-            + ".",
+            f"{arrays.source} ({arrays.format}) was trained with {theirs}; model {model.name!r} uses {ours}: outputs "
+            f"differ slightly; " + fix.format(theirs) + ".",
             stacklevel=3,
         )
 
@@ -217,16 +214,16 @@ def checkpoint_defaults(
 
 
 def model_from_checkpoint(
-    weights: str | os.PathLike | Mapping[str, np.ndarray], *, resize_method: str = "zoom_linear", **kwargs
+    weights: str | os.PathLike | Mapping[str, np.ndarray], *, resize_method: str = "zoom_linear", **overrides
 ) -> keras.Model:
-    """Build the model a checkpoint's shapes describe and load it; ``kwargs`` go to
-    :func:`keras_vit.models.build_vit` (``gelu``, ``include_top``, ``resnet_options``, ...), except
-    ``num_heads``, for a timm state dict (which does not record it; default: guessed from the width).
+    """Build the model a checkpoint describes (:func:`~keras_vit.checkpoints.inspect.checkpoint_config`) with
+    ``overrides`` (fields of :class:`~keras_vit.config.ViTConfig`: ``gelu``, ``include_top``, ``image_size``, ...;
+    ``resnet_options``, :class:`~keras_vit.resnet.ResNetStem` arguments, as well) and load it. ``num_heads``
+    regroups a timm state dict's attention arrays (timm does not record it; default: guessed from the width).
 
-    The architecture (patch size, widths, depth, a hybrid's ResNet stages and width) and the classifier come from
-    the checkpoint; image size, classes and ``pre_logits`` too unless given (see :func:`checkpoint_defaults`);
-    a foreign checkpoint's numerics (``gelu="exact"``, ``fc_norm``, timm's ResNet epsilons) too unless given.
-    The model is named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
+    Image size, classes and ``pre_logits`` are the checkpoint's unless given (see :func:`checkpoint_defaults`);
+    so are a foreign checkpoint's numerics (``gelu="exact"``, ``fc_norm``, timm's ResNet epsilons). The model is
+    named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
     """
     arrays = read_checkpoint(weights)
     if arrays.format == "keras_weights":
@@ -234,25 +231,18 @@ def model_from_checkpoint(
             f"{arrays.source} is a Keras .weights.h5: it holds no architecture. Build the model it was saved from "
             "and load it there (keras_vit.ViT(..., weights=path) or model.load_weights(path))."
         )
-    num_heads = kwargs.pop("num_heads", None)
+    num_heads = overrides.pop("num_heads", None)
     if num_heads is not None:
         arrays = with_num_heads(arrays, num_heads)
-    info = checkpoint_info(arrays)
-    for option, value in arrays.model_options.items():
-        kwargs.setdefault(option, value)
-    root = arrays.get("conv_root/kernel")
-    if root is not None:  # a hybrid: its ResNet's width is the root convolution's output channels
-        kwargs["resnet_options"] = {"width": int(root.shape[-1]), **(kwargs.get("resnet_options") or {})}
-    kwargs.setdefault("classifier", info.classifier)
+    overrides.update(resnet_fields(overrides.pop("resnet_options", None) or {}))
     image_size, num_classes, representation_size = checkpoint_defaults(
-        arrays, kwargs.pop("image_size", None), kwargs.pop("num_classes", None), kwargs.pop("representation_size", None)
+        arrays,
+        overrides.pop("image_size", None),
+        overrides.pop("num_classes", None),
+        overrides.pop("representation_size", None),
     )
-    model = build_vit(
-        info.architecture,
-        image_size=DEFAULT_IMAGE_SIZE if image_size is None else image_size,
-        num_classes=DEFAULT_NUM_CLASSES if num_classes is None else num_classes,
-        representation_size=representation_size,
-        **kwargs,
-    )
+    given = dict(image_size=image_size, num_classes=num_classes)
+    overrides.update({name: value for name, value in given.items() if value is not None})
+    model = build_vit(checkpoint_config(arrays).replace(representation_size=representation_size, **overrides))
     load_weights(model, arrays, resize_method=resize_method)
     return model

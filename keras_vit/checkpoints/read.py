@@ -49,10 +49,11 @@ class CheckpointArrays(dict):
     """A checkpoint's arrays by key (the ``.npz`` layout), remembering where they came from (for messages).
 
     ``format`` is one of :data:`~keras_vit.checkpoints.formats.FORMATS`; ``model_options`` are the
-    :func:`~keras_vit.models.build_vit` options that reproduce the source model (``gelu``, ``fc_norm``,
-    ``resnet_options``); ``heads_known`` is False where the file does not record the head count (timm)
-    and the attention arrays are regrouped for the model's (:func:`with_num_heads`). A ``keras_weights``
-    file has no arrays here: ``keras_weights`` is its path, for ``keras.Model.load_weights``.
+    :class:`~keras_vit.config.ViTConfig` fields that reproduce the source model where its shapes do not show them
+    (``gelu``, ``fc_norm``, a hybrid's ResNet numerics); ``heads_known`` is False where
+    the file does not record the head count (timm) and the attention arrays are regrouped for the model's
+    (:func:`with_num_heads`). A ``keras_weights`` file has no arrays here: ``keras_weights`` is its path, for
+    ``keras.Model.load_weights``.
     """
 
     def __init__(

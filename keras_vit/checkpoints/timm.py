@@ -6,7 +6,8 @@ loader of :mod:`keras_vit.checkpoints.load` does the rest: torch ``Linear`` ``(o
 ``value`` ``(D, heads, head_dim)``, LayerNorm ``weight`` -> ``scale``; a hybrid's ResNet
 (``patch_embed.backbone.stem...``, ``...stages.{s}.blocks.{u}...``) -> ``conv_root``, ``block{s+1}/unit{u+1}``.
 A GAP model's ``fc_norm`` (LayerNorm after the pooling) becomes ``encoder_norm`` of a model built with
-``fc_norm=True``.
+``fc_norm=True``; layer scale (``blocks.{i}.ls1.gamma``, ``ls2.gamma``) becomes ``encoderblock_{i}/ls1/gamma``,
+``ls2/gamma`` of a model built with ``layer_scale_init``.
 
 Writing (:func:`to_timm_state_dict`, :func:`save_timm_safetensors`) inverts it for a keras-vit model,
 so a model fine-tuned here loads with ``timm.create_model(**timm_model_kwargs(model))`` and
@@ -56,7 +57,6 @@ TIMM_UNSUPPORTED = {
     r"^reg_token$": "register tokens (reg_token)",
     r"^dist_token$|^head_dist\.": "DeiT's distillation token (dist_token, head_dist)",
     r"^norm_pre\.": "a norm before the encoder (norm_pre, CLIP-style)",
-    r"\.ls[12]\.": "layer scale (ls1 / ls2)",
     r"\.attn\.[qk]_norm\.": "qk-norm (attn.q_norm / attn.k_norm)",
     r"\.attn\.norm\.|\.mlp\.norm\.": "extra norms inside attention or MLP (scale_attn_norm / scale_mlp_norm)",
     r"^attn_pool\.": "an attention-pooling head (attn_pool, MAP)",
@@ -70,6 +70,8 @@ _BLOCK = "Transformer/encoderblock_{}"
 _ATTENTION = _BLOCK + "/MultiHeadDotProductAttention_1"
 _ATTENTION_ARRAY = re.compile(r"Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/(\w+)/(kernel|bias)")
 _BACKBONE = "patch_embed.backbone."
+_LAYER_SCALES = ("ls1", "ls2")
+_LAYER_SCALE_INIT = 1e-5  # what a file with layer scale reads as: any value turns it on, the file's gammas replace it
 # timm's hybrid constructors by (ResNet units per stage, total stride); their widths are overridable.
 _TIMM_HYBRIDS = {
     ((2, 2, 2, 2), 32): "vit_small_r26_s32_224",
@@ -200,8 +202,9 @@ def _check_position_layout(state: Mapping[str, np.ndarray], source: str) -> None
 def timm_to_npz(
     state: Mapping[str, np.ndarray], *, num_heads: int | None = None, source: str = "the state dict"
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """A timm ViT state dict in the ``.npz`` layout, and the :func:`keras_vit.models.build_vit` options that
-    reproduce timm's model (``gelu="exact"``; ``fc_norm``; timm's ResNet numerics for a hybrid).
+    """A timm ViT state dict in the ``.npz`` layout, and the :class:`~keras_vit.config.ViTConfig` fields that
+    reproduce timm's model (``gelu="exact"``; ``fc_norm``; ``layer_scale_init``; timm's ResNet numerics for a
+    hybrid).
 
     Keys this does not recognise pass through unchanged, so the loader lists them as unexpected; known
     unsupported variants (:data:`TIMM_UNSUPPORTED`) raise a ``ValueError`` naming them.
@@ -237,7 +240,9 @@ def timm_to_npz(
             value = take(key)
             arrays[npz_key] = conv_kernel(value) if npz_key.endswith("/kernel") else value
     if "conv_root/kernel" in arrays:
-        options["resnet_options"] = dict(TIMM_RESNET)
+        options.update(TIMM_RESNET)
+    if any(key.endswith("/ls1/gamma") for key in arrays):
+        options["layer_scale_init"] = _LAYER_SCALE_INIT
     arrays.update(rest)  # unrecognised: reported as unexpected by the loader
     return arrays, options
 
@@ -255,7 +260,12 @@ def _block_from_timm(rest: dict, prefix: str, index: int, heads: int) -> dict[st
         return {}  # the loader reports the block's keys as missing
     kernels = np.split(qkv_kernel, 3, axis=1)
     biases = [None] * 3 if qkv_bias is None else np.split(qkv_bias, 3)
-    return block_arrays(
+    scales = {
+        f"{_BLOCK.format(index)}/{name}/gamma": rest.pop(f"{prefix}{name}.gamma")
+        for name in _LAYER_SCALES
+        if f"{prefix}{name}.gamma" in rest
+    }
+    return scales | block_arrays(
         index,
         num_heads=heads,
         norm1=norm("norm1"),
@@ -322,6 +332,9 @@ def npz_to_timm(arrays: Mapping[str, np.ndarray], *, fc_norm: bool = False) -> d
         for timm_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
             state[f"{prefix}mlp.{timm_name}.weight"] = linear_kernel(arrays[f"{block}/MlpBlock_3/{name}/kernel"])
             state[f"{prefix}mlp.{timm_name}.bias"] = arrays[f"{block}/MlpBlock_3/{name}/bias"]
+        for name in _LAYER_SCALES:
+            if f"{block}/{name}/gamma" in arrays:
+                state[f"{prefix}{name}.gamma"] = arrays[f"{block}/{name}/gamma"]
     norm = "fc_norm" if fc_norm else "norm"
     state[f"{norm}.weight"] = arrays["Transformer/encoder_norm/scale"]
     state[f"{norm}.bias"] = arrays["Transformer/encoder_norm/bias"]
@@ -365,6 +378,8 @@ def timm_model_kwargs(model: keras.Model) -> dict:
         global_pool="token" if "cls" in arrays else "avg",
         fc_norm=uses_fc_norm(model),
     )
+    if blocks[0].layer_scale_init is not None:
+        kwargs["init_values"] = blocks[0].layer_scale_init
     if stems:
         name = _TIMM_HYBRIDS.get((stems[0].num_layers, stems[0].stride * int(patch)))
         if name is None:

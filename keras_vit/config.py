@@ -1,0 +1,367 @@
+"""The model config: :class:`ViTConfig`, one frozen record of everything a ViT is built from.
+
+    config = ViTConfig.from_variant("B/16", image_size=384, gelu="exact")   # parse, replace
+    model = keras_vit.models.build_vit(config)                              # build
+    model.get_config()["config"] == config.to_dict()                       # and back
+
+It is what :func:`keras_vit.models.build_vit` takes, what a model's ``get_config()`` stores, what
+:func:`keras_vit.checkpoints.checkpoint_config` reads from a file, training's model section and the source of
+every model flag of the commands (:func:`model_flags`). Each field is declared once, with its default, its
+check, its help text and choices, its ``group`` (which commands offer it as a flag) and the ``layer`` argument
+it becomes (``"block"``: every :class:`~keras_vit.layers.TransformerBlock`; ``"resnet"``: the hybrids'
+:class:`~keras_vit.resnet.ResNetStem`). The :class:`~keras_vit.variants.Architecture` is one field; its own
+fields (``patch_size``, ``depth``, ...) read and replace like the others.
+
+Groups: ``"architecture"``; ``"input"`` and ``"output"`` (the shape of what goes in and comes out);
+``"structure"`` (what a checkpoint file fixes: its keys or shapes show it); ``"numerics"`` (what a file may not
+record: GELU, a ResNet's epsilons); ``"training"`` (regularisation, rematerialisation). Plain Python (no Keras).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from keras_vit.checks import (
+    check_bool,
+    check_choice,
+    check_fraction,
+    check_pair,
+    check_positive_int,
+    check_positive_number,
+    optional,
+)
+from keras_vit.fields import option, option_fields
+from keras_vit.variants import Architecture, parse_variant
+
+__all__ = [
+    "CLASSIFIERS",
+    "GELUS",
+    "GROUPS",
+    "POOLINGS",
+    "POSITION_EMBEDDINGS",
+    "RESIZE_METHODS",
+    "WEIGHT_STANDARDIZATIONS",
+    "ViTConfig",
+    "field_names",
+    "layer_field_names",
+    "model_flags",
+    "options_of_layer",
+    "parse_size",
+    "resnet_fields",
+]
+
+CLASSIFIERS = ("token", "gap")
+POOLINGS = (None, "token", "avg")
+GELUS = ("tanh", "exact")
+POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
+WEIGHT_STANDARDIZATIONS = ("flax", "timm")
+RESIZE_METHODS = ("zoom_linear", "bilinear", "bicubic")  # position embeddings to another grid (keras_vit.position)
+GROUPS = ("architecture", "input", "output", "structure", "numerics", "training")
+
+DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = 224, 1000
+ROOT_WIDTH = 64  # channels of a hybrid ResNet's root convolution (width factor 1)
+STD_CONV_EPSILON = 1e-5  # the Flax code's weight-standardisation epsilon; timm's hybrids use 1e-8
+GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's; timm's GroupNormAct uses 1e-5
+
+
+def parse_size(text: str) -> int | tuple[int, int]:
+    """A size as typed: ``"384"`` -> ``384``, ``"384,512"`` -> ``(384, 512)`` (height, width)."""
+    parts = [int(part) for part in text.split(",")]
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def _field(
+    help: str,
+    default: Any,
+    group: str,
+    *,
+    check=None,
+    layer: str | None = None,
+    argument: str | None = None,
+    **settings,
+):
+    """A :class:`ViTConfig` field: ``check(value, name)`` validates (and normalises) it; ``layer`` names the layer
+    that takes it as ``argument`` (default: the field's name)."""
+    return option(help, default, group=group, check=check, layer=layer, argument=argument, **settings)
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    """Everything a ViT is built from: its :class:`~keras_vit.variants.Architecture` and every option.
+
+    Validated when made: a ``ValueError`` names the field and its value. Serialises to a flat JSON-ready dict
+    (:meth:`to_dict`, :meth:`from_dict`); :meth:`replace` takes the architecture's fields too.
+    """
+
+    architecture: Architecture
+    image_size: tuple[int, int] = _field(
+        "input height and width: an int or height,width, a multiple of the stride",
+        (DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE),
+        "input",
+        check=check_pair,
+        parse=parse_size,
+        metavar="SIZE",
+    )
+    channels: int = _field("input channels (pretrained weights need 3)", 3, "input", check=check_positive_int)
+    dynamic_image_size: bool = _field(
+        "take images of any multiple of the stride: input (None, None, channels), the position embeddings "
+        "(learned for image_size) interpolated in the graph",
+        False,
+        "input",
+        check=check_bool,
+    )
+    include_preprocessing: bool = _field(
+        "an ImagePreprocessor in front (resize to image_size, scale to [-1, 1]): images in [0, 255] of any size in",
+        False,
+        "input",
+        check=check_bool,
+    )
+    include_top: bool = _field(
+        "end in the classification head; else the features (see pooling)", True, "output", check=check_bool
+    )
+    num_classes: int = _field("classes of the head", DEFAULT_NUM_CLASSES, "output", check=check_positive_int)
+    pooling: str | None = _field(
+        "features without the head: none (all tokens), token (the class token) or avg (the patch tokens' mean)",
+        None,
+        "output",
+        choices=POOLINGS,
+    )
+    classifier_activation: str | None = _field("activation of the head", None, "output", unset="none: logits")
+    classifier: str = _field(
+        "token: the class token (the paper's); gap: the mean of the patch tokens, no class token",
+        "token",
+        "structure",
+        choices=CLASSIFIERS,
+    )
+    representation_size: int | None = _field(
+        "width of the tanh pre_logits layer before the head (the ImageNet-21k checkpoints')",
+        None,
+        "structure",
+        check=optional(check_positive_int),
+        unset="none",
+    )
+    position_embedding: str = _field(
+        "learned_1d (the published models), learned_2d, sincos_2d, relative or none (keras_vit.position)",
+        "learned_1d",
+        "structure",
+        choices=POSITION_EMBEDDINGS,
+    )
+    fc_norm: bool = _field(
+        "the final LayerNorm after the pooling (timm's fc_norm, of its GAP models)",
+        False,
+        "structure",
+        check=check_bool,
+    )
+    layer_scale_init: float | None = _field(
+        "layer scale (timm's ls1/ls2, CaiT, DeiT III): every block scales its attention and MLP outputs by learned "
+        "per-channel factors starting at this value",
+        None,
+        "structure",
+        check=optional(check_positive_number),
+        layer="block",
+        unset="off",
+    )
+    resnet_width: int = _field(
+        "a hybrid's ResNet: channels of its root convolution, a multiple of 32",
+        ROOT_WIDTH,
+        "structure",
+        check=check_positive_int,
+        layer="resnet",
+        argument="width",
+    )
+    gelu: str = _field(
+        "tanh: the approximation the published Flax models use; exact: timm's, keras-hub's, vit-keras'",
+        "tanh",
+        "numerics",
+        choices=GELUS,
+        layer="block",
+    )
+    std_conv_epsilon: float = _field(
+        "a hybrid's ResNet: epsilon of the weight standardisation (timm: 1e-8)",
+        STD_CONV_EPSILON,
+        "numerics",
+        check=check_positive_number,
+        layer="resnet",
+    )
+    group_norm_epsilon: float = _field(
+        "a hybrid's ResNet: epsilon of its GroupNorms (timm: 1e-5)",
+        GROUP_NORM_EPSILON,
+        "numerics",
+        check=check_positive_number,
+        layer="resnet",
+    )
+    weight_standardization: str = _field(
+        "a hybrid's ResNet: the standardisation formula, flax (w - mean) / (std + eps) or timm's "
+        "(w - mean) / sqrt(var + eps)",
+        "flax",
+        "numerics",
+        choices=WEIGHT_STANDARDIZATIONS,
+        layer="resnet",
+    )
+    dropout: float = _field("dropout rate", 0.0, "training", check=check_fraction, layer="block")
+    attention_dropout: float = _field(
+        "dropout rate of the attention probabilities", 0.0, "training", check=check_fraction, layer="block"
+    )
+    drop_path: float = _field(
+        "stochastic depth rate of the last block (rising linearly from 0 at the first)",
+        0.0,
+        "training",
+        check=check_fraction,
+    )
+    remat: bool = _field(
+        "recompute each encoder block in the backward pass: about 3x (B/16, batch 32) less training memory for "
+        "about 1.3x the step time; the same results",
+        False,
+        "training",
+        check=check_bool,
+        layer="block",
+    )
+
+    def __post_init__(self):
+        if not isinstance(self.architecture, Architecture):
+            raise TypeError(f"architecture must be an Architecture, got {self.architecture!r}.")
+        for field in option_fields(ViTConfig):
+            value, meta = getattr(self, field.name), field.metadata
+            if meta["choices"]:
+                check_choice(value, meta["choices"], field.name)
+            if meta["check"]:
+                object.__setattr__(self, field.name, meta["check"](value, field.name))
+        self._check_together()
+
+    def _check_together(self) -> None:
+        """The checks of several fields at once."""
+        if self.pooling == "token" and self.classifier != "token":
+            raise ValueError("pooling='token' needs classifier='token' (a 'gap' model has no class token).")
+        if self.include_preprocessing and self.dynamic_image_size:
+            raise ValueError("include_preprocessing resizes every image to image_size: leave dynamic_image_size off.")
+        arch, (height, width) = self.architecture, self.image_size
+        if height % arch.stride or width % arch.stride:
+            what = (
+                "the patch size"
+                if arch.resnet_stages is None
+                else f"the ResNet stride {arch.stride // arch.patch_size} x patch size {arch.patch_size} ="
+            )
+            raise ValueError(
+                f"image_size {height}x{width} is not divisible by {what} {arch.stride}; "
+                f"use a multiple of {arch.stride}, e.g. {max(1, height // arch.stride) * arch.stride}."
+            )
+        if arch.resnet_stages is None:
+            changed = [f.name for f in _layer_fields("resnet") if getattr(self, f.name) != f.default]
+            if changed:
+                raise ValueError(f"{changed} set a hybrid's ResNet, but this ViT has none (resnet_stages is None).")
+
+    @classmethod
+    def from_variant(cls, variant: str | None, **fields: Any) -> ViTConfig:
+        """The config of ``variant`` (a name of :mod:`keras_vit.variants`) with ``fields`` replaced; ``None``
+        takes the whole architecture from ``fields``. Unknown names are a ``TypeError``."""
+        architecture, own = _split(fields)
+        if variant is not None:
+            return cls(parse_variant(variant).replace(**architecture), **own)
+        required = [f.name for f in dataclasses.fields(Architecture) if f.default is dataclasses.MISSING]
+        missing = [name for name in required if name not in architecture]
+        if missing:
+            raise ValueError(f"variant=None needs {missing} as keyword arguments.")
+        return cls(Architecture(**architecture), **own)
+
+    def replace(self, **fields: Any) -> ViTConfig:
+        """A copy with ``fields`` changed, the architecture's (``depth=2``) included."""
+        architecture, own = _split(fields)
+        return dataclasses.replace(self, architecture=self.architecture.replace(**architecture), **own)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, the architecture's first, as JSON values (tuples become lists)."""
+        values = {**dataclasses.asdict(self.architecture), **{f.name: getattr(self, f.name) for f in _own_fields()}}
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ViTConfig:
+        """The config :meth:`to_dict` wrote (fields it lacks take their defaults)."""
+        architecture, own = _split(values)
+        return cls(Architecture(**architecture), **own)
+
+    def layer_options(self, layer: str) -> dict[str, Any]:
+        """The arguments of ``layer`` (``"block"``, ``"resnet"``) that come from the config, by argument name."""
+        return {_argument(f): getattr(self, f.name) for f in _layer_fields(layer)}
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid of ``image_size``: ``(height, width)`` divided by the stride."""
+        return (self.image_size[0] // self.architecture.stride, self.image_size[1] // self.architecture.stride)
+
+
+def _own_fields() -> list[dataclasses.Field]:
+    return list(option_fields(ViTConfig))
+
+
+def _layer_fields(layer: str) -> list[dataclasses.Field]:
+    return [f for f in _own_fields() if f.metadata["layer"] == layer]
+
+
+def _argument(field: dataclasses.Field) -> str:
+    """The name of the layer argument a field becomes."""
+    return field.metadata["argument"] or field.name
+
+
+def _fields() -> dict[str, dataclasses.Field]:
+    """Every field by name: the architecture's, then the config's own."""
+    return {f.name: f for f in (*dataclasses.fields(Architecture), *_own_fields())}
+
+
+def _split(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``values`` as (the architecture's fields, the config's own); unknown names are a ``TypeError``."""
+    architecture = {f.name for f in dataclasses.fields(Architecture)}
+    unknown = sorted(set(values) - set(_fields()))
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {unknown}; the config's fields are {list(_fields())}.")
+    return (
+        {k: v for k, v in values.items() if k in architecture},
+        {k: v for k, v in values.items() if k not in architecture},
+    )
+
+
+def field_names(*groups: str) -> tuple[str, ...]:
+    """The names of the fields in ``groups`` (:data:`GROUPS`), in declaration order, the architecture's first."""
+    unknown = set(groups) - set(GROUPS)
+    if unknown:
+        raise ValueError(f"Unknown groups {sorted(unknown)}; expected some of {GROUPS}.")
+    return tuple(name for name, f in _fields().items() if f.metadata["group"] in groups)
+
+
+def layer_field_names(layer: str) -> tuple[str, ...]:
+    """The names of the fields that become arguments of ``layer`` (``"block"``, ``"resnet"``)."""
+    return tuple(f.name for f in _layer_fields(layer))
+
+
+def resnet_fields(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`~keras_vit.resnet.ResNetStem` arguments (``num_layers``, ``width``, epsilons) as config fields."""
+    names = {"num_layers": "resnet_stages", **{_argument(f): f.name for f in _layer_fields("resnet")}}
+    unknown = sorted(set(arguments) - set(names))
+    if unknown:
+        raise TypeError(f"Unknown ResNet arguments {unknown}; expected some of {list(names)}.")
+    return {names[argument]: value for argument, value in arguments.items()}
+
+
+def options_of_layer(layer: str, layer_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config fields a layer's ``get_config()`` holds (``layer``: ``"block"`` or ``"resnet"``), by field name."""
+    return {f.name: layer_config[_argument(f)] for f in _layer_fields(layer) if _argument(f) in layer_config}
+
+
+def model_flags(name: str, names: Iterable[str], doc: str, unset: Mapping[str, str] | None = None) -> type:
+    """A frozen dataclass with one field per config field of ``names``, ``None`` by default, with the field's help,
+    choices and parser: a command's model flags (:func:`keras_vit.fields.add_arguments` makes the options,
+    :func:`keras_vit.fields.given` reads the ones given). ``unset`` says what ``None`` means per field (default:
+    the field's default)."""
+    unset = dict(unset or {})
+    hints = {**typing.get_type_hints(Architecture), **typing.get_type_hints(ViTConfig)}
+    fields = _fields()
+    made = []
+    for field_name in names:
+        field, meta = fields[field_name], fields[field_name].metadata
+        shown = meta["unset"] if field.default in (None, dataclasses.MISSING) else str(field.default)
+        settings = {k: meta[k] for k in ("choices", "parse", "metavar") if meta.get(k) is not None}
+        flag = option(meta["help"], None, unset=unset.get(field_name, shown), **settings)
+        made.append((field_name, hints[field_name] | None, flag))
+    return dataclasses.make_dataclass(name, made, frozen=True, namespace={"__doc__": doc})

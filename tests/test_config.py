@@ -1,0 +1,172 @@
+"""The model config: one record from builder to file to flag. A model's ``get_config()`` is its config (through
+``.keras``, every option at a non-default value), the config checks itself, and the layers and commands take
+their options and choices from it."""
+
+import dataclasses
+import inspect
+import json
+import re
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import config as config_lib
+from keras_vit.config import ViTConfig
+from keras_vit.fields import add_arguments, given
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(patch_size=8, hidden_size=16, depth=2, num_heads=2, mlp_dim=32)
+
+# Between them, every field of the config at a value other than its default (test_every_field_is_covered).
+CONFIGS = {
+    "hybrid, every structure and numerics option": ViTConfig.from_variant(
+        None,
+        **{**TINY, "patch_size": 1},
+        resnet_stages=(1,),
+        image_size=(32, 48),
+        channels=1,
+        include_preprocessing=True,
+        num_classes=7,
+        classifier_activation="softmax",
+        classifier="gap",
+        representation_size=8,
+        position_embedding="relative",
+        fc_norm=True,
+        layer_scale_init=0.1,
+        resnet_width=32,
+        gelu="exact",
+        std_conv_epsilon=1e-8,
+        group_norm_epsilon=1e-5,
+        weight_standardization="timm",
+        dropout=0.1,
+        attention_dropout=0.2,
+        drop_path=0.3,
+        remat=True,
+    ),
+    "features of images of any size": ViTConfig.from_variant(
+        None, **TINY, image_size=32, dynamic_image_size=True, include_top=False, pooling="avg"
+    ),
+}
+
+
+def _own_fields():
+    return [f for f in dataclasses.fields(ViTConfig) if f.name != "architecture"]
+
+
+def test_every_field_is_covered():
+    for field in _own_fields():
+        assert any(getattr(c, field.name) != field.default for c in CONFIGS.values()), field.name
+    assert any(c.architecture.resnet_stages is not None for c in CONFIGS.values())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_get_config_is_the_config_record_through_a_keras_file(name, tmp_path):
+    config = CONFIGS[name]
+    model = keras_vit.models.build_vit(config)
+    assert model.config == config and model.get_config()["config"] == config.to_dict()
+    for variable in model.weights:
+        variable.assign(np.random.default_rng(len(variable.path)).normal(0, 0.1, variable.shape))
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert isinstance(loaded, keras_vit.VisionTransformer) and loaded.config == config
+    assert ViTConfig.from_dict(loaded.get_config()["config"]) == config
+    size = (40, 24) if config.dynamic_image_size or config.include_preprocessing else config.image_size
+    images = np.random.default_rng(0).uniform(-1, 1, (2, *size, config.channels)).astype("float32")
+    np.testing.assert_array_equal(loaded.predict(images, verbose=0), model.predict(images, verbose=0))
+
+
+def test_a_model_saved_under_a_policy_loads_under_it(tmp_path):
+    with keras_vit.precision.global_policy("mixed_bfloat16"):
+        model = keras_vit.ViT(None, **TINY, image_size=16)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")  # under the float32 policy
+    assert loaded.get_layer("encoderblock_0").compute_dtype == "bfloat16"
+    assert loaded.get_layer("head").compute_dtype == "float32"
+
+
+def test_the_record_is_plain_json_and_back():
+    for config in CONFIGS.values():
+        values = json.loads(json.dumps(config.to_dict()))
+        assert ViTConfig.from_dict(values) == config
+    assert ViTConfig.from_dict(dict(TINY)) == ViTConfig.from_variant(None, **TINY)  # missing fields: defaults
+
+
+def test_vit_is_parse_replace_build():
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=1, gelu="exact", layer_scale_init=1e-4)
+    assert model.config == ViTConfig.from_variant("Ti/16", image_size=32, depth=1, gelu="exact", layer_scale_init=1e-4)
+    assert model.config.replace(depth=3).architecture.depth == 3
+    assert ViTConfig.from_variant("R50+B/16").replace(std_conv_epsilon=1e-8).std_conv_epsilon == 1e-8
+
+
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        (dict(width=3), TypeError, r"unexpected keyword arguments \['width'\]"),
+        (dict(gelu="relu"), ValueError, "Unknown gelu 'relu'"),
+        (dict(position_embedding="rope"), ValueError, "Unknown position_embedding 'rope'"),
+        (dict(dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
+        (dict(layer_scale_init=0.0), ValueError, "layer_scale_init must be a positive number"),
+        (dict(remat="yes"), ValueError, "`remat` must be True or False"),
+        (dict(image_size=30), ValueError, "not divisible by the patch size 16"),
+        (dict(classifier="gap", pooling="token"), ValueError, "needs classifier='token'"),
+        (dict(include_preprocessing=True, dynamic_image_size=True), ValueError, "leave dynamic_image_size off"),
+        (dict(std_conv_epsilon=1e-8), ValueError, r"\['std_conv_epsilon'\] set a hybrid's ResNet"),
+    ],
+)
+def test_the_config_checks_itself(fields, error, message):
+    with pytest.raises(error, match=message):
+        ViTConfig.from_variant("B/16", **fields)
+
+
+def test_layer_options_are_arguments_of_their_layers():
+    config = CONFIGS["hybrid, every structure and numerics option"]
+    for layer, cls in (("block", keras_vit.TransformerBlock), ("resnet", keras_vit.ResNetStem)):
+        options = config.layer_options(layer)
+        assert options and set(options) <= set(inspect.signature(cls).parameters), layer
+        assert config_lib.options_of_layer(layer, options) == {
+            name: getattr(config, name) for name in config_lib.layer_field_names(layer)
+        }
+
+
+def test_a_plain_functional_model_shows_its_options_through_its_layers():
+    model = keras_vit.ViT(
+        None, **TINY, image_size=16, gelu="exact", layer_scale_init=0.5, classifier="gap", fc_norm=True
+    )
+    wrapped = keras.Model(model.inputs, model.outputs)
+    options = keras_vit.models.model_options(wrapped)
+    assert {k: options[k] for k in ("gelu", "layer_scale_init", "fc_norm")} == dict(
+        gelu="exact", layer_scale_init=0.5, fc_norm=True
+    )
+
+
+def test_model_flags_come_from_the_config():
+    names = config_lib.field_names("architecture", "structure", "numerics")
+    flags = config_lib.model_flags("Flags", names, "the flags", unset={"gelu": "the source's"})
+    fields = {f.name: f for f in dataclasses.fields(flags)}
+    assert list(fields) == list(names) and all(f.default is None for f in fields.values())
+    assert fields["gelu"].metadata["choices"] == config_lib.GELUS and fields["gelu"].metadata["unset"] == "the source's"
+    assert fields["fc_norm"].metadata["help"] == {f.name: f for f in _own_fields()}["fc_norm"].metadata["help"]
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, flags())
+    args = parser.parse_args(["--gelu", "exact", "--resnet-stages", "3,4,9", "--fc-norm", "--layer-scale-init", "1e-5"])
+    assert given(args, flags) == dict(gelu="exact", resnet_stages=(3, 4, 9), fc_norm=True, layer_scale_init=1e-5)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--gelu", "erf"])
+
+
+def test_choice_lists_are_written_once():
+    """Every choice list of the config is typed out in keras_vit/config.py only: not in the library, the
+    training commands or the zoo's."""
+    choices = [config_lib.GELUS, config_lib.CLASSIFIERS, config_lib.RESIZE_METHODS, config_lib.WEIGHT_STANDARDIZATIONS]
+    patterns = [re.compile(r",\s*".join(f"[\"']{re.escape(c)}[\"']" for c in choice)) for choice in choices]
+    for path in (path for folder in ("keras_vit", "training", "zoo") for path in (REPO / folder).rglob("*.py")):
+        if path == REPO / "keras_vit" / "config.py":
+            continue
+        text = path.read_text()
+        for pattern in patterns:
+            assert not pattern.search(text), f"{path.relative_to(REPO)} types out {pattern.pattern}"
