@@ -89,6 +89,7 @@ _SUBMODULES = (
     "applications",
     "checkpoints",
     "checks",
+    "cli",
     "cloning",
     "config",
     "datasets",
