@@ -176,14 +176,25 @@ def test_command_loads_a_checkpoint_and_analyses_its_weights(tmp_path):
     assert_png(out / "position_similarity.png", DEFAULT_SIZES["position_similarity.png"])
 
 
+def exit_code(argv) -> int:
+    """The command's exit status: what ``main`` returns, or the status it exits with (an error: 1)."""
+    try:
+        return main(argv)
+    except SystemExit as exit_info:
+        return exit_info.code
+
+
 def test_command_rejects_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*TINY_ARGS, "--shots", "60", "--output-dir", str(tmp_path)])
     assert exit_info.value.code == 2 and "--pool-per-class (50)" in capsys.readouterr().err
-    assert main(["Q/16", "--output-dir", str(tmp_path / "x")]) == 2
+    assert exit_code(["Q/16", "--output-dir", str(tmp_path / "x")]) == 1
     assert "Unknown ViT variant 'Q/16'" in capsys.readouterr().err
     assert main([*TINY_ARGS, "--analyses", "position", "--images", "missing.jpg", "--output-dir", str(tmp_path)]) == 0
-    assert main([*TINY_ARGS, "--analyses", "attention", "--images", "missing.jpg", "--output-dir", str(tmp_path)]) == 2
+    assert (
+        exit_code([*TINY_ARGS, "--analyses", "attention", "--images", "missing.jpg", "--output-dir", str(tmp_path)])
+        == 1
+    )
     assert "No image file 'missing.jpg'" in capsys.readouterr().err
 
 
@@ -240,7 +251,7 @@ def test_command_skips_what_does_not_apply_to_relative_position_embeddings(tmp_p
     assert main([*common, "--output-dir", str(tmp_path / "out")]) == 0
     written = sorted(os.listdir(tmp_path / "out"))
     assert written == sorted(set(DEFAULT_SIZES) - {"position_similarity.png"} | {"results.json"})
-    assert main([*common, "--analyses", "position", "--output-dir", str(tmp_path / "none")]) == 2
+    assert exit_code([*common, "--analyses", "position", "--output-dir", str(tmp_path / "none")]) == 1
     assert "--analyses position does not apply" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
 
@@ -312,7 +323,7 @@ def test_unreadable_image_files_are_a_clear_error_naming_the_file(tmp_path, caps
             data.load_image(path)
         assert repr(path) in str(error.value), kind
         out = tmp_path / "out"
-        assert main([*TINY_ARGS, "--analyses", "attention", "--images", path, "--output-dir", str(out)]) == 2, kind
+        assert exit_code([*TINY_ARGS, "--analyses", "attention", "--images", path, "--output-dir", str(out)]) == 1, kind
         err = capsys.readouterr().err
         assert "Traceback" not in err and err.count("\n") == 1 and path in err, (kind, err)
         assert not out.exists(), kind
@@ -338,7 +349,7 @@ def test_the_console_command_prints_one_line_for_an_unreadable_image(tmp_path):
         text=True,
         timeout=600,
     )
-    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"error: Cannot read image file {path!r}" in done.stderr
     assert not (tmp_path / "out").exists()
 
@@ -394,12 +405,11 @@ def test_options_that_cannot_work_together_write_nothing(tmp_path, capsys, case)
         "missing dataset": [*TINY_ARGS, "--dataset", str(tmp_path / "missing.npz")],
         "unknown variant": ["Q/16"],
     }[case]
-    try:
-        code, by_argparse = main([*argv, "--output-dir", str(out)]), False
-    except SystemExit as exit_info:  # argparse's own errors: the usage, then one error line
-        code, by_argparse = exit_info.code, True
-    assert code == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output-dir", str(out)])
     lines = capsys.readouterr().err.strip().splitlines()
+    by_argparse = lines[0].startswith("usage:")  # argparse's own errors: the usage, then one error line
+    assert exit_info.value.code == (2 if by_argparse else 1)
     assert "error:" in lines[-1] and (by_argparse or len(lines) == 1), lines
     assert not any("Traceback" in line for line in lines)
     assert sorted(os.listdir(out)) == ["mine.txt", "results.json"]  # nothing new, nothing removed
@@ -420,7 +430,7 @@ def test_the_few_shot_check_names_the_class_and_the_shots(tmp_path, capsys):
         "--output-dir",
         str(tmp_path / "out"),
     ]
-    assert main(argv) == 2
+    assert exit_code(argv) == 1
     assert "--shots 5 needs 5 training examples of every class, but class 0" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -436,10 +446,10 @@ def test_a_failure_while_drawing_leaves_the_folder_as_it_was(tmp_path, monkeypat
         raise ValueError("the disk is full")
 
     monkeypatch.setattr(plots, "plot_filter_components", broken)  # the last figure drawn
-    assert main([*argv[:-2], "--dpi", "50", "--output-dir", str(out)]) == 2
+    assert exit_code([*argv[:-2], "--dpi", "50", "--output-dir", str(out)]) == 1
     assert "the disk is full" in capsys.readouterr().err
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before  # no temporary file either
-    assert main([*argv[:-2], "--output-dir", str(tmp_path / "new")]) == 2
+    assert exit_code([*argv[:-2], "--output-dir", str(tmp_path / "new")]) == 1
     assert not (tmp_path / "new").exists()  # created by the run, removed with it
 
 

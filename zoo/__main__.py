@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from keras_vit import zoo
+from keras_vit.cli import add_debug_flag, command_errors
 from keras_vit.config import RESIZE_METHODS, field_names, model_flags
 from keras_vit.fields import add_arguments, given
 from keras_vit.zoo.download import redact
@@ -175,7 +175,7 @@ def _convert(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command line; an error is one line on stderr and exit status 1 (130 when interrupted)."""
+    """Run the command line; an error is one line on stderr and exit status 1 (:mod:`keras_vit.cli`)."""
     parser = argparse.ArgumentParser(prog="python -m keras_vit.zoo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache-dir", help="cache root (default: $KERAS_HOME or ~/.keras)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -218,17 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_arguments(convert.add_argument_group("model", CONVERT_FLAGS.__doc__), CONVERT_FLAGS())
     convert.set_defaults(run=_convert)
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
-    try:
-        status = args.run(args)
-    except (ValueError, OSError) as exc:  # DownloadError is an OSError
-        ProgressBar.end_line()
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        ProgressBar.end_line()
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+    with command_errors(args):
+        try:
+            status = args.run(args)
+        finally:
+            ProgressBar.end_line()  # an error's line starts a line of its own
     if status:
         raise SystemExit(status)
 

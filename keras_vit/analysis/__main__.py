@@ -9,7 +9,8 @@ Writes ``attention_maps.png``, ``attention_distance.png``, ``position_similarity
 
 Everything is checked and computed before anything is written (the model, the chosen analyses, the images,
 the few-shot dataset against ``--shots``); then every file is drawn under a temporary name and renamed into
-place, so a failure leaves the output folder as it was. Errors are one line on stderr and exit status 2.
+place, so a failure leaves the output folder as it was. Errors are one line on stderr and exit status 1
+(:mod:`keras_vit.cli`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from keras_vit.cli import add_debug_flag, command_errors
 from keras_vit.config import field_names, model_flags
 from keras_vit.fields import add_arguments, given
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
@@ -91,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dpi", type=int, default=100)
     parser.add_argument("--output-dir", default="vit_analysis")
+    add_debug_flag(parser)
     return parser
 
 
@@ -200,11 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_args(parser, args)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    try:
+    with command_errors(args):
         results = run(args)
-    except (ValueError, TypeError, OSError) as error:  # bad input or files (OSError: unwritable output folder)
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 2
     for name in results["figures"]:
         print(os.path.join(args.output_dir, name))
     if "few_shot" in results:
