@@ -29,6 +29,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_vit.checks import check_choice
 from keras_vit.cli import CommandError, add_debug_flag, command_errors
 from keras_vit.files import atomic_path
 from keras_vit.optional import require
@@ -100,8 +101,7 @@ def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str 
     quantisation: activations stay float, no calibration data), about 4x smaller. ``kwargs`` go to
     ``tf.lite.TFLiteConverter`` through ``model.export(format="litert")``. TensorFlow backend only.
     """
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"Unknown quantize {quantize!r}; expected one of {QUANTIZATIONS}.")
+    check_choice(quantize, QUANTIZATIONS, "quantize")
     _check_backend("litert")
     tf = require("tensorflow", "LiteRT export")
     if quantize == "dynamic_int8":

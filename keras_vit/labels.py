@@ -17,6 +17,8 @@ from importlib import resources
 import keras
 import numpy as np
 
+from keras_vit.checks import check_choice
+
 __all__ = ["LABEL_SETS", "class_names", "decode_predictions", "label_set", "wnids"]
 
 LABEL_SETS = {"imagenet1k": 1000, "imagenet21k": 21843}  # name -> number of classes
@@ -24,9 +26,7 @@ _FILES = {"imagenet1k": "imagenet1k.tsv.gz", "imagenet21k": "imagenet21k.tsv.gz"
 
 
 def _check(labels: str) -> str:
-    if labels not in LABEL_SETS:
-        raise ValueError(f"Unknown labels {labels!r}; expected one of {sorted(LABEL_SETS)}.")
-    return labels
+    return check_choice(labels, sorted(LABEL_SETS), "labels")
 
 
 @functools.cache

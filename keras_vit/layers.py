@@ -172,8 +172,7 @@ class TokenPooling(layers.Layer):
 
     def __init__(self, mode: str = "token", num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
-        if mode not in self.MODES:
-            raise ValueError(f"Unknown pooling {mode!r}; expected one of {self.MODES}.")
+        check_choice(mode, self.MODES, "pooling")
         if mode == "token" and num_prefix_tokens < 1:
             raise ValueError("Token pooling needs a class token (num_prefix_tokens >= 1).")
         self.mode = mode

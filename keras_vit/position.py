@@ -35,6 +35,7 @@ import numpy as np
 import scipy.ndimage
 from keras import layers, ops
 
+from keras_vit.checks import check_choice
 from keras_vit.config import POSITION_EMBEDDINGS, RESIZE_METHODS
 from keras_vit.layers import PatchEmbed, TransformerBlock, _pair
 
@@ -79,9 +80,7 @@ METHODS = RESIZE_METHODS
 
 def check_method(method: str) -> str:
     """``method`` if it is one of :data:`METHODS`; a ``ValueError`` naming the choices otherwise."""
-    if method not in METHODS:
-        raise ValueError(f"Unknown position-embedding resize method {method!r}; expected one of {METHODS}.")
-    return method
+    return check_choice(method, METHODS, "position-embedding resize method")
 
 
 def resize_grid(grid: np.ndarray, new_size: tuple[int, int], method: str = "zoom_linear") -> np.ndarray:
@@ -172,9 +171,7 @@ def resample_position_embeddings(
 
 def check_position_embedding(name: str) -> str:
     """``name`` if it is one of :data:`POSITION_EMBEDDINGS`; a ``ValueError`` naming the choices otherwise."""
-    if name not in POSITION_EMBEDDINGS:
-        raise ValueError(f"Unknown position_embedding {name!r}; expected one of {POSITION_EMBEDDINGS}.")
-    return name
+    return check_choice(name, POSITION_EMBEDDINGS, "position_embedding")
 
 
 def _resize_axis(table: np.ndarray, length: int, method: str) -> np.ndarray:

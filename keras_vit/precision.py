@@ -33,6 +33,8 @@ import subprocess
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from keras_vit.checks import check_choice
+
 if TYPE_CHECKING:
     import keras
 
@@ -112,9 +114,7 @@ def _normalise_device(device: str) -> str:
     """``"GPU"``, ``"/device:GPU:0"``, ``"cuda:0"`` -> ``"gpu"``."""
     name = str(device).lower().removeprefix("/device:").removeprefix("/physical_device:").split(":")[0]
     name = "gpu" if name in ("cuda", "rocm") else name
-    if name not in _DEVICES:
-        raise ValueError(f"Unknown device {device!r}: expected one of {_DEVICES}.")
-    return name
+    return check_choice(name, _DEVICES, "device")
 
 
 def detect_device() -> tuple[str, tuple[int, int] | None]:
@@ -197,8 +197,7 @@ def policy_of_choice(choice: str, device: str | None = None) -> str:
     :func:`auto_policy` for ``device`` (``None``: this machine's), ``none`` is ``float32``, ``bfloat16`` and
     ``float16`` are ``mixed_bfloat16`` / ``mixed_float16``. float16 on a CPU under JAX is a ``ValueError``: XLA
     has no float16 matmul there."""
-    if choice not in MIXED_PRECISION:
-        raise ValueError(f"Unknown mixed precision {choice!r}; expected one of {MIXED_PRECISION}.")
+    check_choice(choice, MIXED_PRECISION, "mixed precision")
     if choice == "auto":
         return auto_policy(device)
     if choice == "float16":

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from keras_vit.checks import check_choice
 from keras_vit.config import GROUP_NORM_EPSILON, ROOT_WIDTH, STD_CONV_EPSILON, WEIGHT_STANDARDIZATIONS
 from keras_vit.layers import _pair, add_conv_kernel, conv_nhwc
 from keras_vit.variants import resnet_stride
@@ -55,9 +56,7 @@ def standardize_kernel(kernel, epsilon: float, formula: str = "flax"):
 
 
 def _check_standardization(formula: str) -> str:
-    if formula not in STANDARDIZATIONS:
-        raise ValueError(f"Unknown weight standardization {formula!r}; expected one of {STANDARDIZATIONS}.")
-    return formula
+    return check_choice(formula, STANDARDIZATIONS, "weight standardization")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_vit.checks import check_choice
 from keras_vit.position import POSITION_VARIABLES
 
 __all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "ReplicaClipping", "build_optimizer", "no_decay_variables"]
@@ -76,8 +77,7 @@ def build_optimizer(
     ``adamw`` or ``sgd``; ``variables`` (the model's trainable variables) lets biases, norms, the class
     token and position embeddings be excluded from it.
     """
-    if name not in OPTIMIZERS:
-        raise ValueError(f"Unknown optimizer {name!r}; expected one of {OPTIMIZERS}.")
+    check_choice(name, OPTIMIZERS, "optimizer")
     if weight_decay and name == "adam":
         raise ValueError("optimizer='adam' has no decoupled weight decay; use 'adamw' (or weight_decay=0).")
     common = dict(

@@ -20,6 +20,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.checks import check_choice
+
 __all__ = ["DECAYS", "WarmupDecay"]
 
 DECAYS = ("cosine", "linear", "constant")
@@ -42,8 +44,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         end_lr: float = 0.0,
         accumulation_steps: int = 1,
     ):
-        if decay not in DECAYS:
-            raise ValueError(f"Unknown decay {decay!r}; expected one of {DECAYS}.")
+        check_choice(decay, DECAYS, "decay")
         if total_steps < 1 or not 0 <= warmup_steps <= total_steps:
             raise ValueError(
                 f"Need total_steps >= 1 and 0 <= warmup_steps <= total_steps, got "
