@@ -64,7 +64,6 @@ __all__ = [
     "add_arguments",
     "choose_preset",
     "from_args",
-    "from_json",
     "json_ready",
     "parse_model_name",
     "resolve",
@@ -489,11 +488,6 @@ def _check(config: TrainConfig, replicas: int) -> None:
 def json_ready(config: TrainConfig) -> dict[str, Any]:
     """The config as flat JSON values (tuples become lists): the layout of ``run.json``."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in config.flat().items()}
-
-
-def from_json(values: Mapping[str, Any]) -> TrainConfig:
-    """A config from :func:`json_ready`'s output (lists become tuples again)."""
-    return TrainConfig.from_flat({k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def run_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
