@@ -210,6 +210,19 @@ def test_list_shows_parameters_top1_and_licence(capsys):
     assert "* top-1 of timm's own evaluation" in out
 
 
+def test_names_and_list_take_shell_style_patterns(capsys):
+    every = zoo.names()
+    assert zoo.names("Ti_16*") == [n for n in every if n.startswith("Ti_16")] and len(zoo.names("Ti_16*")) == 3
+    assert zoo.names("*.orig_in21k") == [n for n in every if n.endswith(".orig_in21k")] != []
+    assert zoo.names("B_16.orig_in21k") == ["B_16.orig_in21k"] and zoo.names("nothing*") == []
+    zoo_main(["list", "Ti_16*"])
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("Ti_16")]
+    assert rows == zoo.names("Ti_16*")
+    zoo_main(["list", "*_in21k", "--family", "original", "--json"])
+    listed = [entry["name"] for entry in json.loads(capsys.readouterr().out)]
+    assert listed == [e.name for e in zoo.catalogue() if e.family == "original" and e.name.endswith("_in21k")] != []
+
+
 # --- convert: the export formats ---------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ every :func:`fetch`. ``KERAS_VIT_ZOO_URL`` replaces the base URL (a mirror of
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import json
 import os
@@ -88,8 +89,10 @@ def catalogue() -> tuple[Checkpoint, ...]:
     return _load()[1]
 
 
-def names() -> list[str]:
-    return [entry.name for entry in catalogue()]
+def names(pattern: str | None = None) -> list[str]:
+    """The catalogue's names, or those matching a shell-style ``pattern`` (``"B_16.*"``, ``"*in21k"``; ``fnmatch``,
+    case-sensitive)."""
+    return [entry.name for entry in catalogue() if pattern is None or fnmatch.fnmatchcase(entry.name, pattern)]
 
 
 def find(name: str) -> Checkpoint | None:

@@ -1,6 +1,6 @@
 """``python -m keras_vit.zoo`` (or ``keras-vit-zoo``): list, download, inspect and convert the published checkpoints.
 
-python -m keras_vit.zoo list [--family augreg] [--json]
+python -m keras_vit.zoo list ['B_16*'] [--family augreg] [--json]
 python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384 [--timeout 30] [--deadline 3600]
 python -m keras_vit.zoo verify [NAMES...]      # OK / corrupt / unrecorded per cached file; exit 1 if corrupt
 python -m keras_vit.zoo info B_16.orig_in21k | path/to/file.npz
@@ -35,7 +35,8 @@ CONVERT_FLAGS = model_flags(
 
 
 def _list(args) -> None:
-    entries = [e for e in zoo.catalogue() if args.family in (None, e.family)]
+    chosen = set(zoo.names(args.pattern))
+    entries = [e for e in zoo.catalogue() if args.family in (None, e.family) and e.name in chosen]
     if args.json:
         print(json.dumps([dict(dataclasses.asdict(e), url=redact(e.url)) for e in entries], indent=1))
         return
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", help="cache root (default: $KERAS_HOME or ~/.keras)")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="list the catalogue")
+    listing.add_argument("pattern", nargs="?", help="names matching a shell-style pattern, e.g. 'B_16*' (quoted)")
     listing.add_argument("--family", choices=("original", "augreg"))
     listing.add_argument("--json", action="store_true", help="every field, as JSON")
     listing.set_defaults(run=_list)
