@@ -28,9 +28,10 @@ from typing import Any
 
 import keras
 
+from keras_vit import zoo
 from keras_vit.checkpoints.load import checkpoint_defaults, load_weights
 from keras_vit.checkpoints.read import read_checkpoint
-from keras_vit.config import GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
+from keras_vit.config import DEFAULT_IMAGE_SIZE, GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
 from keras_vit.models import build_vit
 from keras_vit.variants import NAMED_VARIANTS, Architecture, constructor_name, parse_variant
 
@@ -61,6 +62,19 @@ def _model_name(variant: str | None, architecture: Architecture) -> str:
         return architecture.model_name
     named = parse_variant(variant).replace(patch_size=architecture.patch_size, resnet_stages=architecture.resnet_stages)
     return named.model_name
+
+
+def _alias_checkpoint(alias: str, variant: str | None, image_size) -> str:
+    """The catalogue name ``weights=alias`` (``"imagenet"``, ...) stands for with ``variant`` at ``image_size``."""
+    if variant is None:
+        raise ValueError(f"weights={alias!r} needs a variant ('B/16', ...) to choose its checkpoint.")
+    size = image_size or DEFAULT_IMAGE_SIZE
+    height, width = (size, size) if isinstance(size, int) else size
+    if height != width:
+        raise ValueError(f"weights={alias!r}: the published checkpoints are square, got image_size={size}.")
+    architecture = parse_variant(variant)
+    entries = [e for e in zoo.catalogue() if e.variant in NAMED_VARIANTS and parse_variant(e.variant) == architecture]
+    return zoo.resolve_alias(alias, entries, height)
 
 
 def _check_first_argument(function: str, name: str, value) -> None:
@@ -191,6 +205,8 @@ def ViT(
     if weights is not None:
         if channels not in (None, 3):
             raise ValueError(f"Pretrained weights need 3 input channels, got channels={channels}.")
+        if isinstance(weights, str) and weights in zoo.aliases():
+            weights = _alias_checkpoint(weights, variant, image_size)
         weights = read_checkpoint(weights)
         image_size, num_classes, fields["representation_size"] = checkpoint_defaults(
             weights, image_size, num_classes, fields.get("representation_size")

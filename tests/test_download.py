@@ -414,6 +414,31 @@ def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path
     assert len(server.requests) == requests  # served from the cache
 
 
+def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp_path, serve, monkeypatch):
+    """keras.applications' ``weights="imagenet"``: the catalogue's recommended entry for the variant and size."""
+    from keras_vit.applications import _alias_checkpoint
+
+    assert _alias_checkpoint("imagenet", "B/16", None) == "B_16.augreg_in21k_ft_in1k_224"
+    assert _alias_checkpoint("imagenet", "ViT_B16", 384) == "B_16.augreg_in21k_ft_in1k_384"
+    assert _alias_checkpoint("imagenet", "L/32", (384, 384)) == "L_32.orig_in21k_ft_in1k"  # no AugReg fine-tune
+    assert _alias_checkpoint("imagenet21k", "R50+B/16", None) == "R50_B_16.orig_in21k"
+    assert _alias_checkpoint("augreg", "ViT_R26_S32", 384) == "R26_S_32.augreg_in21k_ft_in1k_384"
+    with pytest.raises(ValueError, match=r"No 'imagenet' checkpoint of this variant at 224 px.*H_14\.orig_in21k"):
+        _alias_checkpoint("imagenet", "H/14", None)
+    with pytest.raises(ValueError, match="square"):
+        _alias_checkpoint("imagenet", "B/16", (224, 320))
+
+    entry = zoo.get("Ti_16.augreg_in21k_ft_in1k_224")  # what ViT_Ti16(weights="imagenet") loads, from a mirror
+    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(14, 14), num_classes=1000)
+    server = serve({"/" + entry.path: write_checkpoint(tmp_path / "source.npz", arrays).read_bytes()})
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    model = keras_vit.ViT_Ti16(weights="imagenet", hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
+    assert [r[0] for r in server.requests] == ["/" + entry.path]
+    assert model.input_shape == (None, 224, 224, 3) and model.output_shape == (None, 1000)
+    np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
+
+
 def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,6 +19,7 @@ import fnmatch
 import functools
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import download
@@ -34,6 +35,7 @@ __all__ = [
     "Checkpoint",
     "CorruptCheckpointError",
     "DownloadError",
+    "aliases",
     "base_url",
     "cache_path",
     "cache_root",
@@ -43,6 +45,7 @@ __all__ = [
     "find",
     "get",
     "names",
+    "resolve_alias",
 ]
 
 
@@ -72,10 +75,29 @@ class Checkpoint:
 
 
 @functools.cache
-def _load() -> tuple[str, tuple[Checkpoint, ...]]:
+def _load() -> tuple[str, tuple[Checkpoint, ...], dict[str, tuple[str, ...]]]:
     with open(CATALOGUE) as f:
         data = json.load(f)
-    return data["base_url"], tuple(Checkpoint(**row) for row in data["checkpoints"])
+    aliases = {name: tuple(tags) for name, tags in data["aliases"].items() if name != "description"}
+    return data["base_url"], tuple(Checkpoint(**row) for row in data["checkpoints"]), aliases
+
+
+def aliases() -> tuple[str, ...]:
+    """The names ``weights=`` takes besides the catalogue's (``"imagenet"``, ``"imagenet21k"``, ``"augreg"``)."""
+    return tuple(_load()[2])
+
+
+def resolve_alias(alias: str, entries: Sequence[Checkpoint], image_size: int) -> str:
+    """The catalogue name ``alias`` stands for among ``entries`` (those of one variant) at ``image_size``: the
+    entry whose tag (the name after the dot) first matches the alias's list in the catalogue; a ``ValueError``
+    naming what there is when none does."""
+    tags = _load()[2][alias]
+    for pattern in (tag.format(size=image_size) for tag in tags):
+        for entry in entries:
+            if entry.image_size == image_size and fnmatch.fnmatchcase(entry.name.partition(".")[2], pattern):
+                return entry.name
+    there = ", ".join(f"{e.name} ({e.image_size} px)" for e in entries) or "none"
+    raise ValueError(f"No {alias!r} checkpoint of this variant at {image_size} px in the catalogue; it has: {there}.")
 
 
 def base_url() -> str:
