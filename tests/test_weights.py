@@ -344,3 +344,27 @@ def test_model_from_checkpoint_names_models_from_the_table():
     assert model.name == "vit_ti16" and model.input_shape == (None, 32, 32, 3) and model.output_shape == (None, 4)
     custom = keras_vit.model_from_checkpoint(vit_checkpoint(**CKPT))  # no size of the table: width and patch
     assert custom.name == "vit_d328"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_weights_are_refused_naming_the_file_and_arrays(tmp_path, bad):
+    """NaN or inf in a file would make every output NaN: refused before anything is assigned, in every format."""
+    from npz_layout import vit_checkpoint, write_checkpoint
+
+    arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
+    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][3, 7] = bad
+    path = write_checkpoint(tmp_path / "bad.npz", arrays)
+    with pytest.raises(ValueError, match=r"bad\.npz holds NaN or infinite values in 1 arrays: .*encoderblock_1/Mlp"):
+        keras_vit.model_from_checkpoint(path)
+    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][3, 7] = 0.0
+    good = keras_vit.model_from_checkpoint(arrays)
+    before = [np.array(v) for v in good.get_weights()]
+    keras_vit.save_timm_safetensors(good, tmp_path / "timm.safetensors")
+    from safetensors.numpy import load_file, save_file
+
+    state = load_file(tmp_path / "timm.safetensors")
+    state["blocks.0.attn.qkv.weight"][0, 0] = bad
+    save_file(state, tmp_path / "timm.safetensors")
+    with pytest.raises(ValueError, match=r"timm\.safetensors holds NaN or infinite values"):
+        keras_vit.load_weights(good, tmp_path / "timm.safetensors")
+    assert all(np.array_equal(a, b) for a, b in zip(before, good.get_weights()))  # nothing was assigned

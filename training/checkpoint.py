@@ -66,7 +66,17 @@ def read_checkpoint(path: str) -> tuple[int, dict, dict[str, list[np.ndarray]]]:
         if manifest.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT!r} file")
         arrays = {part: [data[f"{part}/{i}"] for i in range(len(manifest[part]))] for part in ("model", "optimizer")}
-        return int(data["step"]), manifest, arrays
+        step = int(data["step"])
+    non_finite = [
+        f"{part} {entry[0]}"
+        for part, values in arrays.items()
+        for entry, value in zip(manifest[part], values)
+        if value.dtype.kind == "f" and not np.isfinite(value).all()
+    ]
+    if non_finite:
+        more = " ..." if len(non_finite) > 3 else ""
+        raise ValueError(f"NaN or infinite values in {', '.join(non_finite[:3])}{more}")
+    return step, manifest, arrays
 
 
 class Checkpointer:
@@ -96,6 +106,9 @@ class Checkpointer:
                 saved_step, manifest, arrays = read_checkpoint(path)
             except _READ_ERRORS as error:
                 failures.append(f"{os.path.basename(path)}: {_first_line(error)}")
+                continue
+            if saved_step != step:
+                failures.append(f"{os.path.basename(path)}: holds step {saved_step}, not {step}")
                 continue
             parts = _parts(model)
             for part, variables in parts.items():

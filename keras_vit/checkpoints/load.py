@@ -60,6 +60,12 @@ def _skipped_head(key_map: KeyMap, arrays: Mapping) -> tuple[set[str], str | Non
     return set(), None
 
 
+def _finite(array) -> bool:
+    """Whether a float array holds only finite values (other dtypes: yes)."""
+    array = np.asarray(array)
+    return array.dtype.kind != "f" or bool(np.isfinite(array).all())
+
+
 def _listing(title: str, items: list[str]) -> str:
     shown = items[:_MAX_LISTED]
     more = f"\n    ... and {len(items) - len(shown)} more" if len(items) > len(shown) else ""
@@ -140,6 +146,10 @@ def load_weights(
     missing = [key for key in key_map if key not in arrays]
     unexpected = [key for key in arrays if key not in key_map and key not in skipped]
     values, mismatched = _transformed(key_map, arrays)
+    non_finite = [key for key in key_map if key in arrays and not _finite(arrays[key])]
+    if non_finite:  # every output would be NaN, or training would report a diverged loss
+        shown = ", ".join(non_finite[:_MAX_LISTED]) + (" and more" if len(non_finite) > _MAX_LISTED else "")
+        raise ValueError(f"{arrays.source} holds NaN or infinite values in {len(non_finite)} arrays: {shown}.")
     if missing or unexpected or mismatched:
         sections = [
             _listing(title, items)
