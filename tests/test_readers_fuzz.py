@@ -1,0 +1,129 @@
+"""Every checkpoint reader on random and mutated files: only the project's error types come out, quickly.
+
+Files of each accepted format are written once in their real layout (a Google ``.npz``, a timm ``.safetensors``,
+a Keras ``.weights.h5``, a Hugging Face folder, a training checkpoint); hypothesis then flips, cuts, overwrites and
+inserts bytes, and each reader must either read the file or raise a ``ValueError`` or ``OSError`` (what the
+commands report in one line) within a time bound, never another exception, a hang or a crash.
+"""
+
+import contextlib
+import os
+import resource
+import shutil
+import time
+from pathlib import Path
+
+import keras
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from npz_layout import vit_checkpoint, write_checkpoint
+
+import keras_vit
+from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit.training.checkpoint import Checkpointer
+from keras_vit.training.errors import TrainingError
+
+pytestmark = pytest.mark.backends("tensorflow")  # the readers are numpy and file code: backend-independent
+
+EXPECTED = (ValueError, OSError, TrainingError)  # the errors a command reports in one line
+SECONDS = 10.0  # per read: a malformed header must not make a reader loop for long...
+MEMORY_KB = 1 << 20  # ...nor allocate much: the process's peak may grow by 1 GiB at most over the whole file
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory):
+    """One small, valid file of each format, by name."""
+    folder = tmp_path_factory.mktemp("originals")
+    arrays = vit_checkpoint(patch=8, width=16, depth=1, heads=2, mlp=32, grid=(2, 2), num_classes=3)
+    model = keras_vit.model_from_checkpoint(write_checkpoint(folder / "google.npz", arrays), gelu="exact")
+    keras_vit.save_timm_safetensors(model, folder / "timm.safetensors")
+    model.save_weights(folder / "keras.weights.h5")
+    files = {path.name: path for path in folder.iterdir()}
+    for path in files.values():
+        read_checkpoint(path)  # the originals read: what the mutations start from is valid
+    return files
+
+
+mutations = st.lists(
+    st.tuples(st.sampled_from(["flip", "cut", "overwrite", "insert"]), st.floats(0, 1), st.binary(max_size=16)),
+    min_size=1,
+    max_size=4,
+)
+
+
+def mutate(data: bytes, edits) -> bytes:
+    for kind, where, payload in edits:
+        at = int(where * len(data))
+        if kind == "flip" and data:
+            at = min(at, len(data) - 1)
+            data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+        elif kind == "cut":
+            data = data[:at]
+        elif kind == "overwrite":
+            data = data[:at] + payload + data[at + len(payload) :]
+        else:
+            data = data[:at] + payload + data[at:]
+    return data
+
+
+PEAK_KB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # at import, before any fuzzed read
+
+
+def read_within_bound(reader, path: Path) -> None:
+    start = time.monotonic()
+    with contextlib.suppress(*EXPECTED):
+        reader(path)
+    assert time.monotonic() - start < SECONDS, f"reading a mutated {path.name} took too long"
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < PEAK_KB + MEMORY_KB, f"{path.name}: memory"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["google.npz", "timm.safetensors", "keras.weights.h5"]), edits=mutations)
+def test_mutated_checkpoints_give_only_the_projects_errors(originals, tmp_path, name, edits):
+    path = tmp_path / name
+    path.write_bytes(mutate(originals[name].read_bytes(), edits))
+    read_within_bound(read_checkpoint, path)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=256), suffix=st.sampled_from([".npz", ".safetensors", ".pth", ".weights.h5", ".bin"]))
+def test_random_bytes_under_any_checkpoint_name_give_only_the_projects_errors(tmp_path, data, suffix):
+    path = tmp_path / f"random{suffix}"
+    path.write_bytes(data)
+    read_within_bound(read_checkpoint, path)
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A compiled model and one real training checkpoint of it (``checkpoints/ckpt-4.npz``)."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    folder = tmp_path_factory.mktemp("run") / "checkpoints"
+    Checkpointer(str(folder)).save(model, 4)
+    return model, folder / "ckpt-4.npz"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=mutations)
+def test_mutated_training_checkpoints_restore_or_give_a_training_error(saved_run, tmp_path, edits):
+    """What a resumed run meets: a checkpoint that does not read is passed over; with none left, a TrainingError."""
+    model, original = saved_run
+    folder = tmp_path / "checkpoints"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    (folder / original.name).write_bytes(mutate(original.read_bytes(), edits))
+    read_within_bound(lambda path: Checkpointer(str(path)).restore(model), folder)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=st.binary(max_size=200), edits=mutations)
+def test_mutated_hugging_face_folders_give_only_the_projects_errors(originals, tmp_path, config, edits):
+    folder = tmp_path / "hf"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    (folder / "config.json").write_bytes(config)
+    (folder / "model.safetensors").write_bytes(mutate(originals["timm.safetensors"].read_bytes(), edits))
+    read_within_bound(read_checkpoint, folder)
+    assert os.path.isdir(folder)
