@@ -368,3 +368,29 @@ def test_non_finite_weights_are_refused_naming_the_file_and_arrays(tmp_path, bad
     with pytest.raises(ValueError, match=r"timm\.safetensors holds NaN or infinite values"):
         keras_vit.load_weights(good, tmp_path / "timm.safetensors")
     assert all(np.array_equal(a, b) for a, b in zip(before, good.get_weights()))  # nothing was assigned
+
+
+def test_a_zip_bomb_npz_is_refused_before_anything_is_unpacked(tmp_path):
+    """A small .npz whose member unpacks to 96 MiB of zeros (and one that declares 2 GiB): named and refused from
+    the sizes the archive declares, by the loader and the zoo's check, without the memory it would take."""
+    import resource
+    import zipfile
+
+    from keras_vit.zoo.validate import check_npz
+
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(1, "float32"))
+    header["shape"] = (24 << 20,)  # 96 MiB of float32
+    bomb = tmp_path / "bomb.npz"
+    with (
+        zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as archive,
+        archive.open("embedding/kernel.npy", "w", force_zip64=True) as member,
+    ):
+        np.lib.format.write_array_header_1_0(member, header)
+        for _ in range(6):
+            member.write(bytes(16 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for load in (keras_vit.model_from_checkpoint, check_npz):
+        with pytest.raises(ValueError if load is keras_vit.model_from_checkpoint else OSError, match="would unpack to"):
+            load(bomb)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 << 10  # KiB: nothing was unpacked

@@ -20,9 +20,13 @@ from .errors import CorruptCheckpointError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["REQUIRED_KEYS", "check_npz"]
+__all__ = ["MAX_MEMBER_BYTES", "REQUIRED_KEYS", "check_members", "check_npz"]
 
 REQUIRED_KEYS = ("embedding/kernel", "Transformer/posembed_input/pos_embedding")
+# What a member may unpack to. The largest published tensor, H/14's ImageNet-21k head (1280 x 21843 float32), is
+# 112 MB; float weights compress by a few percent, so a large member that shrank 20-fold is zeros: a zip bomb.
+MAX_MEMBER_BYTES = 1 << 30
+_BOMB_RATIO, _BOMB_FROM = 20, 64 << 20
 _END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes and a comment
 _BROKEN = (
     zipfile.BadZipFile,
@@ -74,6 +78,18 @@ def _read_header(member: BinaryIO, name: str) -> tuple[tuple[int, ...], np.dtype
     return shape, dtype
 
 
+def check_members(archive: zipfile.ZipFile) -> None:
+    """Refuse, before unpacking anything, a member that would unpack to more than any checkpoint array
+    (:data:`MAX_MEMBER_BYTES`) or that is mostly zeros of a compression no weights reach (a zip bomb)."""
+    for info in archive.infolist():
+        unpacked, packed = info.file_size, max(info.compress_size, 1)
+        if unpacked > MAX_MEMBER_BYTES or (unpacked > _BOMB_FROM and unpacked > _BOMB_RATIO * packed):
+            raise CorruptCheckpointError(
+                f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no checkpoint array is that "
+                f"large or compresses that well (limit {MAX_MEMBER_BYTES:,} bytes; a zip bomb?)"
+            )
+
+
 def _check_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
     with archive.open(info) as member:
         shape, dtype = _read_header(member, info.filename)
@@ -89,6 +105,7 @@ def _check(f: BinaryIO, required: tuple[str, ...]) -> None:
     _check_ends_with_archive(f, size)
     f.seek(0)
     with zipfile.ZipFile(f) as archive:
+        check_members(archive)
         bad = archive.testzip()
         if bad is not None:
             raise CorruptCheckpointError(f"{bad}: CRC-32 or header mismatch")

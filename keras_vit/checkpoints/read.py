@@ -31,6 +31,7 @@ from keras_vit.checkpoints.formats import (
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
 from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
+from keras_vit.zoo.validate import check_members
 
 __all__ = [
     "CheckpointArrays",
@@ -80,6 +81,9 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
     try:
+        if zipfile.is_zipfile(path):  # what a member declares, before numpy unpacks it
+            with zipfile.ZipFile(path) as archive:
+                check_members(archive)
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise ValueError("it holds one array, not named arrays")
