@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from keras_vit import datasets
 from keras_vit.training.errors import CorruptDataError, warn
+from keras_vit.training.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "FOLDER_EVAL_NAMES",
@@ -51,7 +52,7 @@ class Split:
     ``items`` holds the images themselves (``(N, H, W, 3)`` uint8) or their file paths (``(N,)`` str)
     and gives random access; otherwise ``stream`` is a finite ``tf.data.Dataset`` in a fixed order,
     of encoded images (JPEG/PNG bytes, decoded after shuffling, to keep shuffle buffers small) when
-    ``encoded``.
+    ``encoded``, and ``parts(index, count)`` reads part ``index`` of ``count`` of it alone (TFDS' even splits).
     """
 
     num_examples: int | None
@@ -59,6 +60,7 @@ class Split:
     labels: np.ndarray | None = None
     stream: tf.data.Dataset | None = None
     encoded: bool = False
+    parts: Callable[[int, int], tf.data.Dataset] | None = None
 
     @property
     def indexable(self) -> bool:
@@ -73,11 +75,22 @@ class Split:
             return lambda i: (decode_image(tf.io.read_file(items[i])), labels[i])
         return lambda i: (items[i], labels[i])
 
-    def examples(self) -> tf.data.Dataset:
-        """All examples once, in a fixed order, decoded."""
+    def part(self, index: int, count: int) -> tf.data.Dataset:
+        """The stream's part ``index`` of ``count`` (:func:`~keras_vit.training.sharding.part_range`), once, in a
+        fixed order, as stored (streams only)."""
+        if count == 1:
+            return self.stream
+        if self.parts is None:
+            raise ValueError("This stream cannot be read in parts; train on one worker with --input-shards 1.")
+        return self.parts(index, count)
+
+    def examples(self, index: int = 0, count: int = 1) -> tf.data.Dataset:
+        """All examples (of part ``index`` of ``count``) once, in a fixed order, decoded."""
         if self.indexable:
-            return tf.data.Dataset.range(self.num_examples).map(self.loader(), num_parallel_calls=tf.data.AUTOTUNE)
-        return self.stream.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE) if self.encoded else self.stream
+            start, stop = part_range(self.num_examples, index, count)
+            return tf.data.Dataset.range(start, stop).map(self.loader(), num_parallel_calls=tf.data.AUTOTUNE)
+        stream = self.part(index, count)
+        return stream.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE) if self.encoded else stream
 
     @staticmethod
     def decode(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -140,25 +153,52 @@ def image_problem(path: str) -> str | None:
     return None
 
 
-def check_images(paths: Sequence[str], skip: bool = False) -> np.ndarray:
+def check_images(
+    paths: Sequence[str],
+    skip: bool = False,
+    shard: Shard = WHOLE,
+    gather: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
     """Decode every file (in threads); the mask of those that decode. Bad files raise :class:`CorruptDataError`
-    naming them, or with ``skip`` are left out with a warning naming them."""
+    naming them, or with ``skip`` are left out with a warning naming them.
+
+    Several workers: this one decodes only its part ``shard`` of the files (:func:`~keras_vit.training.sharding.
+    part_range`), and ``gather`` (``gather_over_workers``) collects what every worker found, so that all agree.
+    """
+    start, stop = part_range(len(paths), shard.index, shard.count)
     with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
-        problems = list(pool.map(image_problem, paths))
-    bad = [f"{path} ({problem})" for path, problem in zip(paths, problems) if problem]
-    if bad:
+        problems = dict(zip(range(start, stop), pool.map(image_problem, paths[start:stop])))
+    found = [i for i, problem in problems.items() if problem]
+    everywhere = found if gather is None else _gather_indices(found, gather)
+    good = np.ones(len(paths), bool)
+    good[everywhere] = False
+    if everywhere:
+        bad = [f"{paths[i]} ({problems[i]})" for i in found]
         named = "; ".join(bad[:NAMED]) + (f"; and {len(bad) - NAMED} more" if len(bad) > NAMED else "")
+        if len(everywhere) > len(found):
+            named += f"{'; ' if found else ''}{len(everywhere) - len(found)} found by the other workers"
         if not skip:
             raise CorruptDataError(
-                f"{len(bad)} of {len(paths)} image files do not decode: {named}. Fix or remove "
+                f"{len(everywhere)} of {len(paths)} image files do not decode: {named}. Fix or remove "
                 "them, or leave them out with --skip-corrupt."
             )
-        warn(f"skipping {len(bad)} of {len(paths)} image files that do not decode (--skip-corrupt): {named}")
-    return np.array([problem is None for problem in problems], bool)
+        warn(f"skipping {len(everywhere)} of {len(paths)} image files that do not decode (--skip-corrupt): {named}")
+    return good
 
 
-def _list_classes(root: str, skip_corrupt: bool = False) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The class folders of ``root`` (hidden ones are not classes), their image files and labels."""
+def _gather_indices(indices: list[int], gather: Callable[[np.ndarray], np.ndarray]) -> list[int]:
+    """Every worker's ``indices``, sorted: their counts first, then the lists padded to the longest."""
+    width = int(gather(np.array([len(indices)])).max())
+    if not width:
+        return []
+    padded = np.full(width, -1, np.int64)
+    padded[: len(indices)] = indices
+    return sorted({int(i) for i in gather(padded).ravel() if i >= 0})
+
+
+def _list_classes(root: str, skip_corrupt: bool = False, **checking) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The class folders of ``root`` (hidden ones are not classes), their image files and labels; ``checking``:
+    :func:`check_images`' ``shard`` and ``gather``."""
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
     paths, labels = [], []
     for label, name in enumerate(classes):
@@ -167,7 +207,7 @@ def _list_classes(root: str, skip_corrupt: bool = False) -> tuple[list[str], np.
         paths += [os.path.join(folder, f) for f in files]
         labels += [label] * len(files)
     paths, labels = np.array(paths, dtype=str), np.array(labels, np.int64)
-    good = check_images(paths.tolist(), skip_corrupt)
+    good = check_images(paths.tolist(), skip_corrupt, **checking)
     paths, labels = paths[good], labels[good]
     empty = [os.path.join(root, c) for c, n in zip(classes, np.bincount(labels, minlength=len(classes))) if not n]
     if empty:
@@ -178,26 +218,27 @@ def _list_classes(root: str, skip_corrupt: bool = False) -> tuple[list[str], np.
     return classes, paths, labels
 
 
-def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0, skip_corrupt: bool = False) -> Source:
+def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0, skip_corrupt: bool = False, **checking) -> Source:
     """Images in ``root/<class>/*.jpg|png|...``, one sub-folder per class (sorted names -> labels).
 
     If ``root`` has ``train/`` and one of ``val/``, ``validation/``, ``test/``, those are the splits;
     otherwise ``eval_fraction`` of each class is held out (seeded). Every file is decoded first
-    (:func:`check_images`): one that does not decode is an error naming it, or with ``skip_corrupt``
-    left out. A class folder without images is an error naming it.
+    (:func:`check_images`; ``checking``: its ``shard`` and ``gather``, for a worker of several): one that does
+    not decode is an error naming it, or with ``skip_corrupt`` left out. A class folder without images is an
+    error naming it.
     """
     if not os.path.isdir(root):
         raise ValueError(f"Image folder {root!r} does not exist.")
     eval_dir = next((os.path.join(root, n) for n in FOLDER_EVAL_NAMES if os.path.isdir(os.path.join(root, n))), None)
     if os.path.isdir(os.path.join(root, "train")) and eval_dir is not None:
-        classes, paths, labels = _list_classes(os.path.join(root, "train"), skip_corrupt)
-        eval_classes, eval_paths, eval_labels = _list_classes(eval_dir, skip_corrupt)
+        classes, paths, labels = _list_classes(os.path.join(root, "train"), skip_corrupt, **checking)
+        eval_classes, eval_paths, eval_labels = _list_classes(eval_dir, skip_corrupt, **checking)
         if eval_classes != classes:
             raise ValueError(f"{eval_dir} has classes {eval_classes}, but {root}/train has {classes}.")
         train_split = Split(len(paths), paths, labels)
         eval_split, eval_name = Split(len(eval_paths), eval_paths, eval_labels), os.path.basename(eval_dir)
     else:
-        classes, paths, labels = _list_classes(root, skip_corrupt)
+        classes, paths, labels = _list_classes(root, skip_corrupt, **checking)
         train, held = datasets.stratified_split(labels, eval_fraction, seed)
         train_split = Split(len(train), paths[train], labels[train])
         eval_split, eval_name = Split(len(held), paths[held], labels[held]), f"held-out {eval_fraction:.0%}"
@@ -256,7 +297,7 @@ def load_tfds(
         builder.download_and_prepare(download_config=config)
     eval_split = eval_split or TFDS_EVAL_SPLITS.get(name.split(":")[0].split("/")[0], "test")
 
-    def split(split_name: str, shuffle: bool) -> Split:
+    def read(split_name, shuffle: bool) -> tf.data.Dataset:  # a split's name, or one of its even splits
         stream = builder.as_dataset(
             split=split_name,
             as_supervised=True,
@@ -264,12 +305,18 @@ def load_tfds(
             read_config=tfds.ReadConfig(shuffle_seed=seed),
             decoders={"image": tfds.decode.SkipDecoding()},
         )
-        stream = stream.map(lambda image, label: (image, tf.cast(label, tf.int64)))
+        return stream.map(lambda image, label: (image, tf.cast(label, tf.int64)))
+
+    def split(split_name: str, shuffle: bool) -> Split:
         try:
             count = builder.info.splits[split_name].num_examples
         except (KeyError, ValueError):
             count = None
-        return Split(count or None, stream=stream, encoded=True)
+
+        def parts(index: int, total: int) -> tf.data.Dataset:  # opens only the files of its part
+            return read(tfds.even_splits(split_name, total)[index], shuffle)
+
+        return Split(count or None, stream=read(split_name, shuffle), encoded=True, parts=parts)
 
     return Source(
         name,
@@ -292,13 +339,15 @@ def load_source(
     download: bool = True,
     seed: int = 0,
     skip_corrupt: bool = False,
+    shard: Shard = WHOLE,
+    gather: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Source:
-    """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder (``skip_corrupt``: see
-    :func:`load_folder`); else a TFDS name."""
+    """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder (``skip_corrupt``,
+    ``shard``, ``gather``: see :func:`load_folder`); else a TFDS name."""
     if dataset in (None, "digits"):
         return load_digits(eval_fraction or 0.2, seed)
     if os.path.isdir(dataset):
-        return load_folder(dataset, eval_fraction or 0.1, seed, skip_corrupt)
+        return load_folder(dataset, eval_fraction or 0.1, seed, skip_corrupt, shard=shard, gather=gather)
     if dataset.startswith((".", "~", os.sep)):
         raise ValueError(f"Image folder {dataset!r} does not exist.")
     return load_tfds(
