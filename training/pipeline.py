@@ -186,8 +186,7 @@ def _stream_positions(
 ) -> tf.data.Dataset:
     """``(position in the stream, image, label)`` of the worker's slice of every batch from ``start_step`` on,
     forever: ``batch_size / units`` examples of each of its parts in turn (see the module docstring)."""
-    mine = range(shard.index * units // shard.count, (shard.index + 1) * units // shard.count)
-    streams = [_unit_stream(split, u, units, batch_size, start_step, seed, shuffle_buffer) for u in mine]
+    streams = [_unit_stream(split, u, units, batch_size, start_step, seed, shuffle_buffer) for u in shard.parts(units)]
     stream = streams[0]
     if len(streams) > 1:
         turns = np.repeat(np.arange(len(streams), dtype=np.int64), batch_size // units)

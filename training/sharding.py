@@ -43,6 +43,18 @@ class Shard:
             raise ValueError(f"The batch of {batch_size} does not split over {self.count} input workers.")
         return batch_size // self.count
 
+    def parts(self, parts: int) -> range:
+        """The parts of ``parts`` this worker reads (a multiple of ``count`` splits evenly; the rest as close)."""
+        return range(self.index * parts // self.count, (self.index + 1) * parts // self.count)
+
+    def span(self, size: int, parts: int) -> tuple[int, int]:
+        """``[start, stop)`` of the items that :meth:`parts` of ``parts`` :func:`part_range` parts of ``size``
+        items cover."""
+        mine = self.parts(parts)
+        if not mine:
+            return 0, 0
+        return part_range(size, mine.start, parts)[0], part_range(size, mine.stop - 1, parts)[1]
+
 
 WHOLE = Shard()  # one worker reads all the input
 

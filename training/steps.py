@@ -110,7 +110,12 @@ def load_data(config: TrainConfig, strategy: Strategy | None = None) -> Source:
     data = config.data
     sharded = {}
     if strategy is not None:
-        sharded = dict(shard=input_shard(strategy), gather=functools.partial(gather_over_workers, strategy))
+        shard = input_shard(strategy)
+        sharded = dict(
+            shard=shard,
+            input_shards=data.input_shards or shard.count,
+            gather=functools.partial(gather_over_workers, strategy),
+        )
     return load_source(
         data.dataset,
         data_dir=data.data_dir,
