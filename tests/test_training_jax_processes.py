@@ -69,6 +69,24 @@ def test_jax_processes_on_localhost_equal_one_process(tmp_path, count):
     assert {"run.json", "tensorboard", "train_log.jsonl", "model.keras"} <= set(os.listdir(many))
 
 
+@pytest.mark.slow
+def test_model_parallel_within_each_of_two_processes_equals_one_process_on_four_devices(tmp_path):
+    """2 processes of 2 CPU devices, --model-devices 2 (each process holds one (batch, model) row of the mesh): the
+    weights of one process on 4 devices; a model axis across the processes is refused, naming the fix."""
+    flags = [*FLAGS, "--steps=3", "--eval-every=3", "--strategy=model_parallel", "--model-devices=2"]
+    one, many = str(tmp_path / "one"), str(tmp_path / "many")
+    single([*flags, "--cpu-devices=4", "--input-shards=2"], one, ENV)
+    status, output = launch(workers(2, [*flags, "--cpu-devices=2"], many), ENV)
+    assert status == 0, output[-5000:]
+    metrics = json.loads((tmp_path / "many" / "metrics.json").read_text())
+    assert (metrics["strategy"], metrics["replicas"]) == ("ModelParallel", 2)
+    difference = weights_difference(one, many)
+    print(f"model parallel in 2 processes: weights {difference:.1e} apart")
+    assert difference < 1e-5
+    status, output = launch(workers(2, flags, str(tmp_path / "across")), ENV)  # one device each: the axis spans both
+    assert status == 1 and "--model-devices 2 would span JAX processes (1 devices per process)" in output
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> str:
     """A 2-process run of KILL_FLAGS, start to end."""

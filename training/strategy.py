@@ -189,8 +189,9 @@ def keras_distribution(name: str = "auto", model_devices: int | None = None) -> 
     local = len(devices) // processes
     if processes > 1 and local % model:
         raise ValueError(
-            f"--model-devices {model} would span JAX processes ({local} devices each): keep the model axis within "
-            f"a process (a divisor of {local}); the batch axis spans the processes."
+            f"--model-devices {model} would span JAX processes ({local} devices per process): keep the model axis "
+            f"within a process (a divisor of {local}), so that each holds whole weights to save; the batch axis spans "
+            "the processes."
         )
     mesh = keras.distribution.DeviceMesh((len(devices) // model, model), ("batch", "model"), devices)
     return KerasDistribution(
