@@ -12,7 +12,7 @@ The Keras backend the workers run (``KERAS_BACKEND``, else ``keras.json``'s) dec
 
 On one machine (``--workers N``) it picks N free ports on 127.0.0.1 and starts N workers, each, unless
 ``--gpus-per-worker`` says otherwise, without a GPU (``CUDA_VISIBLE_DEVICES=""``: one CPU device each). With
-``--hosts h0:p0,h1:p1,... --index i`` it starts only task ``i`` of that cluster, on this machine: run it once per
+``--hosts h0:p0,h1:p1,... --index i`` it starts only task ``i`` of that cluster, on the host it runs on: run it once per
 host.
 
 Each worker's output is printed with a ``[worker i]`` prefix. The launcher waits for all of them; as
