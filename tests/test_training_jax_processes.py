@@ -35,7 +35,7 @@ from keras_vit.training.launch import free_ports
 # The parent only starts and reads the runs (the TensorFlow test pass); the processes are JAX.
 pytestmark = [pytest.mark.backends("tensorflow"), pytest.mark.requires("jax")]
 ENV = cluster_env("jax")
-FLAGS = [*TINY_FLAGS, "--mixed-precision=none"]
+FLAGS = TINY_FLAGS
 KILL_FLAGS = [*FLAGS, "--steps=60", "--eval-every=10", "--checkpoint-every=10"]  # evaluations on checkpoint steps
 
 
