@@ -30,6 +30,15 @@ def test_forward_flops_is_the_standard_formula():
     assert round(expected / 1e9, 1) == 35.1  # B/16 at 224 px, as docs/performance.md counts it
 
 
+def test_input_io_counts_the_parameters_of_b16():
+    path = os.path.join(REPO, "benchmarks", "input_io.py")
+    spec = importlib.util.spec_from_file_location("benchmarks_input_io", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.b16_parameters(224) == 86_567_656  # timm's vit_base_patch16_224
+    assert module.b16_parameters(384) == 86_859_496  # and vit_base_patch16_384
+
+
 @pytest.mark.slow  # about 3 minutes on 2 cores: torch.compile on CPU dominates
 @pytest.mark.requires("jax", "torch", "timm")
 def test_the_device_script_runs_on_cpu_without_tensorflow(tmp_path):

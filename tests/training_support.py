@@ -1,13 +1,17 @@
-"""Shared pieces of the training tests: a tiny model config, running Python in a subprocess on a chosen backend."""
+"""Shared pieces of the training tests: a tiny model config, running Python in a subprocess on a chosen backend, and
+running ``keras_vit.training.launch`` (multi-worker and multi-process runs on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import keras
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,3 +77,103 @@ def checkpoint_steps(output_dir: str) -> list[int]:
     from keras_vit.training.checkpoint import checkpoint_steps as steps
 
     return steps(os.path.join(output_dir, "checkpoints"))
+
+
+# A tiny run of a launched cluster: global batch 24, SGD with a global-norm clip that is active on every step, in
+# float32 (auto is bfloat16 on CPUs with AMX or AVX512_BF16 under TensorFlow, where one process and several differ by
+# the rounding of partial sums, 1e-5 here, rather than 1e-9).
+TINY_FLAGS = [
+    *TINY_MODEL_FLAGS,
+    "--mixed-precision=none",
+    "--batch-size=24",
+    "--warmup=2",
+    "--verbose=0",
+    "--crop-area=0.6,1.0",
+    "--optimizer=sgd",
+    "--lr=0.1",
+    "--clip-norm=0.05",
+    "--weight-decay=0",
+    "--log-every=1",
+]
+
+
+def cluster_env(backend: str) -> dict[str, str]:
+    """The environment of a launcher on ``backend`` whose workers have one CPU device each."""
+    return {**backend_env(backend), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def children(pid: int) -> list[int]:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{pid}/children") as file:
+        return [int(p) for p in file.read().split()]
+    return []
+
+
+def process_state(pid: int) -> str:
+    """``/proc``'s state letter of ``pid`` (``"Z"``: a zombie), or ``"gone"``."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as file:
+        return file.read().rsplit(")", 1)[1].split()[0]
+    return "gone"
+
+
+def worker_pid(launcher: int, index: int) -> int | None:
+    """The pid of the launcher's worker ``index`` (from its TF_CONFIG, or its KERAS_DISTRIBUTION_PROCESS_ID)."""
+    for pid in children(launcher):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as file:
+            env = dict(v.split(b"=", 1) for v in file.read().split(b"\0") if b"=" in v)
+            if b"TF_CONFIG" in env and json.loads(env[b"TF_CONFIG"])["task"]["index"] == index:
+                return pid
+            if env.get(b"KERAS_DISTRIBUTION_PROCESS_ID") == str(index).encode():
+                return pid
+    return None
+
+
+@contextlib.contextmanager
+def launched(args: list[str], env: dict[str, str]):
+    """The launcher running ``args``; it and its workers are killed on the way out, whatever happened."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keras_vit.training.launch", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    workers: set[int] = set()
+    try:
+        yield process, workers
+    finally:
+        workers.update(children(process.pid))
+        for pid in [process.pid, *workers]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        process.communicate(timeout=30)
+
+
+def launch(args: list[str], env: dict[str, str], timeout: float = 240) -> tuple[int, str]:
+    """Run the launcher to the end (bounded); return its status and output."""
+    with launched(args, env) as (process, _):
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output
+
+
+def single(flags: list[str], output_dir: str, env: dict[str, str], timeout: float = 240) -> None:
+    """``python -m keras_vit.training.finetune`` on one device, to the end."""
+    command = [sys.executable, "-m", "keras_vit.training.finetune", *flags, "--strategy=default"]
+    done = subprocess.run(
+        [*command, "--output-dir", output_dir], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def weights_difference(a: str, b: str) -> float:
+    """The largest difference between the weights of two runs' ``model.keras``."""
+    import keras_vit  # noqa: F401  (registers the layers of model.keras)
+
+    left, right = (keras.saving.load_model(os.path.join(d, "model.keras")).get_weights() for d in (a, b))
+    return max(float(np.abs(x - y).max()) for x, y in zip(left, right))
+
+
+def logged_losses(output_dir: str) -> np.ndarray:
+    """The per-step losses of a run's ``train_log.jsonl``."""
+    return np.array([entry["loss"] for entry in read_log(output_dir)])

@@ -132,6 +132,12 @@ class DataConfig:
     cutmix: float | None = option("CutMix factor (0: off)", unset=PRESET)
     eval_crop: float | None = option("central crop fraction for evaluation (1: plain resize)", unset=PRESET)
     shuffle_buffer: int = option("shuffle buffer of streamed (TFDS) data", 10_000)
+    input_shards: int | None = option(
+        "parts the training split is read in, each shuffled on its own: every batch takes batch/N examples of each, "
+        "and each of several workers reads only its own parts (N: a multiple of the workers that divides the "
+        "batch). The same N gives the same batches on any number of workers",
+        unset="one per input worker (1 on one process)",
+    )
     skip_corrupt: bool | None = option(
         "leave out image-folder files that do not decode, naming them", unset="no: stop before training, naming them"
     )
@@ -425,6 +431,7 @@ RANGES: dict[str, Range] = {
             "num_heads",
             "mlp_dim",
             "shuffle_buffer",
+            "input_shards",
             "checkpoint_every",
             "keep_checkpoints",
             "log_every",

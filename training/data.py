@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from keras_vit import datasets
 from keras_vit.training.errors import CorruptDataError, warn
+from keras_vit.training.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "FOLDER_EVAL_NAMES",
@@ -51,7 +52,7 @@ class Split:
     ``items`` holds the images themselves (``(N, H, W, 3)`` uint8) or their file paths (``(N,)`` str)
     and gives random access; otherwise ``stream`` is a finite ``tf.data.Dataset`` in a fixed order,
     of encoded images (JPEG/PNG bytes, decoded after shuffling, to keep shuffle buffers small) when
-    ``encoded``.
+    ``encoded``, and ``parts(index, count)`` reads part ``index`` of ``count`` of it alone (TFDS' even splits).
     """
 
     num_examples: int | None
@@ -59,6 +60,7 @@ class Split:
     labels: np.ndarray | None = None
     stream: tf.data.Dataset | None = None
     encoded: bool = False
+    parts: Callable[[int, int], tf.data.Dataset] | None = None
 
     @property
     def indexable(self) -> bool:
@@ -73,11 +75,22 @@ class Split:
             return lambda i: (decode_image(tf.io.read_file(items[i])), labels[i])
         return lambda i: (items[i], labels[i])
 
-    def examples(self) -> tf.data.Dataset:
-        """All examples once, in a fixed order, decoded."""
+    def part(self, index: int, count: int) -> tf.data.Dataset:
+        """The stream's part ``index`` of ``count`` (:func:`~keras_vit.training.sharding.part_range`), once, in a
+        fixed order, as stored (streams only)."""
+        if count == 1:
+            return self.stream
+        if self.parts is None:
+            raise ValueError("This stream cannot be read in parts; train on one worker with --input-shards 1.")
+        return self.parts(index, count)
+
+    def examples(self, index: int = 0, count: int = 1) -> tf.data.Dataset:
+        """All examples (of part ``index`` of ``count``) once, in a fixed order, decoded."""
         if self.indexable:
-            return tf.data.Dataset.range(self.num_examples).map(self.loader(), num_parallel_calls=tf.data.AUTOTUNE)
-        return self.stream.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE) if self.encoded else self.stream
+            start, stop = part_range(self.num_examples, index, count)
+            return tf.data.Dataset.range(start, stop).map(self.loader(), num_parallel_calls=tf.data.AUTOTUNE)
+        stream = self.part(index, count)
+        return stream.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE) if self.encoded else stream
 
     @staticmethod
     def decode(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -140,24 +153,81 @@ def image_problem(path: str) -> str | None:
     return None
 
 
-def check_images(paths: Sequence[str], skip: bool = False) -> np.ndarray:
-    """Decode every file (in threads); the mask of those that decode. Bad files raise :class:`CorruptDataError`
-    naming them, or with ``skip`` are left out with a warning naming them."""
+def check_images(
+    splits: Sequence[tuple[Sequence[str], int]],
+    skip: bool = False,
+    shard: Shard = WHOLE,
+    gather: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """Decode the image files of each split ``(paths, parts)`` (in threads); per split, the mask of those that
+    decode. Bad files raise :class:`CorruptDataError` naming them, or with ``skip`` are left out with a warning
+    naming them.
+
+    Several workers: this one decodes only the files it will read, its span (:meth:`Shard.span`) of each split cut
+    in ``parts`` parts, and ``gather`` (``sharding.gather_over_workers``) collects what every worker found, so
+    that all agree. Leaving files out moves the spans' ends: each worker then checks the files that came into its
+    span, until none is bad.
+    """
+    listing = [path for paths, _ in splits for path in paths]
+    problems: dict[int, str | None] = {}  # listing index -> why it does not decode (None: it does)
+    bad: set[int] = set()
     with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
-        problems = list(pool.map(image_problem, paths))
-    bad = [f"{path} ({problem})" for path, problem in zip(paths, problems) if problem]
+        while True:
+            todo = [i for i in _spans(splits, bad, shard) if i not in problems]
+            problems.update(zip(todo, pool.map(image_problem, [listing[i] for i in todo])))
+            found = [i for i in todo if problems[i]]
+            new = set(found if gather is None else _gather_indices(found, gather))
+            bad |= new
+            if not new or not skip:
+                break
     if bad:
-        named = "; ".join(bad[:NAMED]) + (f"; and {len(bad) - NAMED} more" if len(bad) > NAMED else "")
+        named = [f"{listing[i]} ({problems[i]})" for i in sorted(bad) if problems.get(i)]
+        text = "; ".join(named[:NAMED]) + (f"; and {len(named) - NAMED} more" if len(named) > NAMED else "")
+        if len(bad) > len(named):
+            text += f"{'; ' if named else ''}{len(bad) - len(named)} found by the other workers"
         if not skip:
             raise CorruptDataError(
-                f"{len(bad)} of {len(paths)} image files do not decode: {named}. Fix or remove "
+                f"{len(bad)} of {len(listing)} image files do not decode: {text}. Fix or remove "
                 "them, or leave them out with --skip-corrupt."
             )
-        warn(f"skipping {len(bad)} of {len(paths)} image files that do not decode (--skip-corrupt): {named}")
-    return np.array([problem is None for problem in problems], bool)
+        warn(f"skipping {len(bad)} of {len(listing)} image files that do not decode (--skip-corrupt): {text}")
+    good = np.array([i not in bad for i in range(len(listing))], bool)
+    ends = np.cumsum([len(paths) for paths, _ in splits])
+    return np.split(good, ends[:-1])
 
 
-def _list_classes(root: str, skip_corrupt: bool = False) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _spans(splits: Sequence[tuple[Sequence[str], int]], bad: set[int], shard: Shard) -> list[int]:
+    """The listing indices (splits one after the other) of the files this worker reads once ``bad`` are left out."""
+    mine, offset = [], 0
+    for paths, parts in splits:
+        kept = [offset + i for i in range(len(paths)) if offset + i not in bad]
+        start, stop = shard.span(len(kept), parts)
+        mine += kept[start:stop]
+        offset += len(paths)
+    return mine
+
+
+def _gather_indices(indices: list[int], gather: Callable[[np.ndarray], np.ndarray]) -> list[int]:
+    """Every worker's ``indices``, sorted: their counts first, then the lists padded to the longest."""
+    width = int(gather(np.array([len(indices)])).max())
+    if not width:
+        return []
+    padded = np.full(width, -1, np.int64)
+    padded[: len(indices)] = indices
+    return sorted({int(i) for i in gather(padded).ravel() if i >= 0})
+
+
+def _require_images(root: str, classes: Sequence[str], labels: np.ndarray) -> None:
+    """A ``ValueError`` naming the class folders of ``root`` that ``labels`` has no image of."""
+    empty = [os.path.join(root, c) for c, n in zip(classes, np.bincount(labels, minlength=len(classes))) if not n]
+    if empty:
+        raise ValueError(
+            f"Class folders without images ({', '.join(IMAGE_EXTENSIONS)} that decode): "
+            f"{', '.join(empty)}; add images or remove the folders."
+        )
+
+
+def _list_classes(root: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The class folders of ``root`` (hidden ones are not classes), their image files and labels."""
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
     paths, labels = [], []
@@ -166,48 +236,61 @@ def _list_classes(root: str, skip_corrupt: bool = False) -> tuple[list[str], np.
         files = [f for f in sorted(os.listdir(folder)) if f.lower().endswith(IMAGE_EXTENSIONS)]
         paths += [os.path.join(folder, f) for f in files]
         labels += [label] * len(files)
-    paths, labels = np.array(paths, dtype=str), np.array(labels, np.int64)
-    good = check_images(paths.tolist(), skip_corrupt)
-    paths, labels = paths[good], labels[good]
-    empty = [os.path.join(root, c) for c, n in zip(classes, np.bincount(labels, minlength=len(classes))) if not n]
-    if empty:
-        raise ValueError(
-            f"Class folders without images ({', '.join(IMAGE_EXTENSIONS)} that decode): "
-            f"{', '.join(empty)}; add images or remove the folders."
-        )
-    return classes, paths, labels
+    labels = np.array(labels, np.int64)
+    _require_images(root, classes, labels)
+    return classes, np.array(paths, dtype=str), labels
 
 
-def load_folder(root: str, eval_fraction: float = 0.1, seed: int = 0, skip_corrupt: bool = False) -> Source:
+def load_folder(
+    root: str,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    skip_corrupt: bool = False,
+    shard: Shard = WHOLE,
+    input_shards: int | None = None,
+    gather: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> Source:
     """Images in ``root/<class>/*.jpg|png|...``, one sub-folder per class (sorted names -> labels).
 
     If ``root`` has ``train/`` and one of ``val/``, ``validation/``, ``test/``, those are the splits;
     otherwise ``eval_fraction`` of each class is held out (seeded). Every file is decoded first
     (:func:`check_images`): one that does not decode is an error naming it, or with ``skip_corrupt``
-    left out. A class folder without images is an error naming it.
+    left out. A class folder without images is an error naming it. A worker of several (``shard``) decodes only
+    the files it will read: its parts of the ``input_shards`` (default: one per worker) of the training split, its
+    part of the held-out split; ``gather`` makes the workers agree on the bad files.
     """
     if not os.path.isdir(root):
         raise ValueError(f"Image folder {root!r} does not exist.")
     eval_dir = next((os.path.join(root, n) for n in FOLDER_EVAL_NAMES if os.path.isdir(os.path.join(root, n))), None)
     if os.path.isdir(os.path.join(root, "train")) and eval_dir is not None:
-        classes, paths, labels = _list_classes(os.path.join(root, "train"), skip_corrupt)
-        eval_classes, eval_paths, eval_labels = _list_classes(eval_dir, skip_corrupt)
+        train_dir = os.path.join(root, "train")
+        (classes, paths, labels), (eval_classes, eval_paths, eval_labels) = map(_list_classes, (train_dir, eval_dir))
         if eval_classes != classes:
             raise ValueError(f"{eval_dir} has classes {eval_classes}, but {root}/train has {classes}.")
-        train_split = Split(len(paths), paths, labels)
-        eval_split, eval_name = Split(len(eval_paths), eval_paths, eval_labels), os.path.basename(eval_dir)
+        folders, eval_name = (train_dir, eval_dir), os.path.basename(eval_dir)
     else:
-        classes, paths, labels = _list_classes(root, skip_corrupt)
-        train, held = datasets.stratified_split(labels, eval_fraction, seed)
-        train_split = Split(len(train), paths[train], labels[train])
-        eval_split, eval_name = Split(len(held), paths[held], labels[held]), f"held-out {eval_fraction:.0%}"
-    if len(classes) < 2 or train_split.num_examples == 0 or eval_split.num_examples == 0:
+        classes, listed, listed_labels = _list_classes(root)
+        train, held = datasets.stratified_split(listed_labels, eval_fraction, seed)
+        paths, labels, eval_paths, eval_labels = listed[train], listed_labels[train], listed[held], listed_labels[held]
+        folders, eval_name = (root,), f"held-out {eval_fraction:.0%}"
+    parts = (input_shards or shard.count, shard.count)
+    good, eval_good = check_images(list(zip((paths, eval_paths), parts)), skip_corrupt, shard, gather)
+    paths, labels, eval_paths, eval_labels = paths[good], labels[good], eval_paths[eval_good], eval_labels[eval_good]
+    kept = (labels, eval_labels) if len(folders) == 2 else (np.concatenate([labels, eval_labels]),)
+    for folder, folder_labels in zip(folders, kept):  # a class left without images that decode
+        _require_images(folder, classes, folder_labels)
+    if len(classes) < 2 or len(paths) == 0 or len(eval_paths) == 0:
         raise ValueError(
             f"Image folder {root!r} needs at least two class sub-folders with images ({IMAGE_EXTENSIONS}) "
-            f"and images to hold out; found classes {classes} with {len(paths)} images."
+            f"and images to hold out; found classes {classes} with {len(paths) + len(eval_paths)} images."
         )
     return Source(
-        os.path.basename(os.path.normpath(root)), len(classes), train_split, eval_split, eval_name, tuple(classes)
+        os.path.basename(os.path.normpath(root)),
+        len(classes),
+        Split(len(paths), paths, labels),
+        Split(len(eval_paths), eval_paths, eval_labels),
+        eval_name,
+        tuple(classes),
     )
 
 
@@ -256,7 +339,7 @@ def load_tfds(
         builder.download_and_prepare(download_config=config)
     eval_split = eval_split or TFDS_EVAL_SPLITS.get(name.split(":")[0].split("/")[0], "test")
 
-    def split(split_name: str, shuffle: bool) -> Split:
+    def read(split_name, shuffle: bool) -> tf.data.Dataset:  # a split's name, or one of its even splits
         stream = builder.as_dataset(
             split=split_name,
             as_supervised=True,
@@ -264,12 +347,18 @@ def load_tfds(
             read_config=tfds.ReadConfig(shuffle_seed=seed),
             decoders={"image": tfds.decode.SkipDecoding()},
         )
-        stream = stream.map(lambda image, label: (image, tf.cast(label, tf.int64)))
+        return stream.map(lambda image, label: (image, tf.cast(label, tf.int64)))
+
+    def split(split_name: str, shuffle: bool) -> Split:
         try:
             count = builder.info.splits[split_name].num_examples
         except (KeyError, ValueError):
             count = None
-        return Split(count or None, stream=stream, encoded=True)
+
+        def parts(index: int, total: int) -> tf.data.Dataset:  # opens only the files of its part
+            return read(tfds.even_splits(split_name, total)[index], shuffle)
+
+        return Split(count or None, stream=read(split_name, shuffle), encoded=True, parts=parts)
 
     return Source(
         name,
@@ -292,13 +381,16 @@ def load_source(
     download: bool = True,
     seed: int = 0,
     skip_corrupt: bool = False,
+    shard: Shard = WHOLE,
+    input_shards: int | None = None,
+    gather: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Source:
-    """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder (``skip_corrupt``: see
-    :func:`load_folder`); else a TFDS name."""
+    """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder (``skip_corrupt``,
+    ``shard``, ``input_shards``, ``gather``: see :func:`load_folder`); else a TFDS name."""
     if dataset in (None, "digits"):
         return load_digits(eval_fraction or 0.2, seed)
     if os.path.isdir(dataset):
-        return load_folder(dataset, eval_fraction or 0.1, seed, skip_corrupt)
+        return load_folder(dataset, eval_fraction or 0.1, seed, skip_corrupt, shard, input_shards, gather)
     if dataset.startswith((".", "~", os.sep)):
         raise ValueError(f"Image folder {dataset!r} does not exist.")
     return load_tfds(

@@ -1,10 +1,19 @@
 """Start a multi-worker run: ``python -m keras_vit.training.launch --workers 2 -- <finetune options>``.
 
-On one machine (``--workers N``) it picks N free ports on 127.0.0.1, starts N worker processes of
-``python -m keras_vit.training.finetune <options> --strategy multi_worker``, each with its own
-``TF_CONFIG`` (worker 0 is the chief) and, unless ``--gpus-per-worker`` says otherwise, no GPU
-(``CUDA_VISIBLE_DEVICES=""``: one CPU device each). With ``--hosts h0:p0,h1:p1,... --index i`` it starts
-only task ``i`` of that cluster, on this machine: run it once per host.
+The Keras backend the workers run (``KERAS_BACKEND``, else ``keras.json``'s) decides what a worker is:
+
+* TensorFlow: a ``MultiWorkerMirroredStrategy`` task, ``python -m keras_vit.training.finetune <options>
+  --strategy multi_worker`` with its own ``TF_CONFIG`` (worker 0 is the chief).
+* JAX: a JAX process, ``python -m keras_vit.training.finetune <options> --strategy data_parallel`` (or the
+  ``--strategy model_parallel`` the options give) with ``KERAS_DISTRIBUTION_JOB_ADDRESSES`` (every worker's
+  address; the first, process 0's, is the coordinator), ``KERAS_DISTRIBUTION_NUM_PROCESSES`` and
+  ``KERAS_DISTRIBUTION_PROCESS_ID``, from which it calls ``jax.distributed.initialize`` (see
+  :mod:`keras_vit.training.strategy`); process 0 is the chief.
+
+On one machine (``--workers N``) it picks N free ports on 127.0.0.1 and starts N workers, each, unless
+``--gpus-per-worker`` says otherwise, without a GPU (``CUDA_VISIBLE_DEVICES=""``: one CPU device each). With
+``--hosts h0:p0,h1:p1,... --index i`` it starts only task ``i`` of that cluster, on the host it runs on: run it once per
+host.
 
 Each worker's output is printed with a ``[worker i]`` prefix. The launcher waits for all of them; as
 soon as one fails, it stops the others (SIGTERM, then SIGKILL) and exits with the failed worker's
@@ -25,11 +34,30 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["Worker", "free_ports", "main", "parser", "run", "tf_config", "worker_env"]
+__all__ = [
+    "JOB_ADDRESSES",
+    "NUM_PROCESSES",
+    "PROCESS_ID",
+    "Worker",
+    "free_ports",
+    "keras_backend",
+    "main",
+    "parser",
+    "run",
+    "tf_config",
+    "worker_env",
+]
 
 GRACE_SECONDS = 10.0
+BACKENDS = ("tensorflow", "jax")
+# keras.distribution.initialize's variables: what a JAX worker reads (keras_vit.training.strategy.jax_processes).
+JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID = (
+    "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+    "KERAS_DISTRIBUTION_NUM_PROCESSES",
+    "KERAS_DISTRIBUTION_PROCESS_ID",
+)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -51,16 +79,34 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
     return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
 
 
+def keras_backend(env: Mapping[str, str] | None = None) -> str:
+    """The Keras backend a worker will run: ``KERAS_BACKEND``, else the one of ``keras.json`` (in ``KERAS_HOME`` or
+    ``~/.keras``), else TensorFlow."""
+    env = os.environ if env is None else env
+    if env.get("KERAS_BACKEND"):
+        return env["KERAS_BACKEND"]
+    home = env.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    with contextlib.suppress(OSError, ValueError, AttributeError), open(os.path.join(home, "keras.json")) as file:
+        return json.load(file).get("backend") or "tensorflow"
+    return "tensorflow"
+
+
 def worker_env(
-    addresses: Sequence[str], index: int, *, connect_timeout: float, collective_timeout: float | None, gpus: str | None
+    addresses: Sequence[str],
+    index: int,
+    *,
+    connect_timeout: float,
+    collective_timeout: float | None,
+    gpus: str | None,
+    backend: str = "tensorflow",
 ) -> dict[str, str]:
-    """The environment of a worker process: ``TF_CONFIG``, the timeouts, and its GPUs (``None``: inherited)."""
-    env = {
-        **os.environ,
-        "TF_CONFIG": tf_config(addresses, index),
-        "KERAS_VIT_CONNECT_TIMEOUT": str(connect_timeout),
-        "PYTHONUNBUFFERED": "1",
-    }
+    """The environment of a worker process: ``TF_CONFIG`` (TensorFlow) or ``KERAS_DISTRIBUTION_*`` (JAX), the
+    timeouts, and its GPUs (``None``: inherited)."""
+    env = {**os.environ, "KERAS_VIT_CONNECT_TIMEOUT": str(connect_timeout), "PYTHONUNBUFFERED": "1"}
+    if backend == "jax":
+        env.update({JOB_ADDRESSES: ",".join(addresses), NUM_PROCESSES: str(len(addresses)), PROCESS_ID: str(index)})
+    else:
+        env["TF_CONFIG"] = tf_config(addresses, index)
     if collective_timeout:
         env["KERAS_VIT_COLLECTIVE_TIMEOUT"] = str(collective_timeout)
     if gpus is not None:
@@ -126,9 +172,11 @@ def run(
     collective_timeout: float | None = None,
     gpus_per_worker: int | None = 0,
     timeout: float | None = None,
+    backend: str = "tensorflow",
 ) -> int:
-    """Run ``command`` as the tasks ``indices`` of the cluster ``addresses``; return the exit status (0: all
-    succeeded; a failed worker's status; 124 past ``timeout`` seconds). Workers are always stopped on return."""
+    """Run ``command`` as the tasks ``indices`` of the cluster ``addresses`` on ``backend``; return the exit status
+    (0: all succeeded; a failed worker's status; 124 past ``timeout`` seconds). Workers are always stopped on
+    return."""
     lock, workers = threading.Lock(), []
     started = time.monotonic()
     try:
@@ -139,7 +187,12 @@ def run(
                 else ",".join(str(slot * gpus_per_worker + g) for g in range(gpus_per_worker))
             )
             env = worker_env(
-                addresses, index, connect_timeout=connect_timeout, collective_timeout=collective_timeout, gpus=gpus
+                addresses,
+                index,
+                connect_timeout=connect_timeout,
+                collective_timeout=collective_timeout,
+                gpus=gpus,
+                backend=backend,
             )
             workers.append(_start(index, list(command), env, lock))
         while True:
@@ -165,13 +218,16 @@ def parser() -> argparse.ArgumentParser:
     """The command line (the training options come after ``--``)."""
     p = argparse.ArgumentParser(
         prog="python -m keras_vit.training.launch",
-        description="Run a training command as a MultiWorkerMirroredStrategy cluster: N local workers on "
-        "127.0.0.1, or this host's task of --hosts. Options after -- go to the training command.",
+        description="Run a training command on several workers: a MultiWorkerMirroredStrategy cluster on "
+        "TensorFlow, JAX processes (jax.distributed) under KERAS_BACKEND=jax. N local workers on 127.0.0.1, or this "
+        "host's task of --hosts. Options after -- go to the training command.",
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--workers", type=int, help="start this many workers on 127.0.0.1 (free ports)")
     where.add_argument(
-        "--hosts", help="host:port of every task, comma-separated (task 0 is the chief); starts only task --index here"
+        "--hosts",
+        help="host:port of every task, comma-separated (task 0 is the chief, and JAX's coordinator); starts only "
+        "task --index here",
     )
     p.add_argument("--index", type=int, help="this host's task in --hosts")
     p.add_argument("--module", default="keras_vit.training.finetune", help="the training command's module")
@@ -185,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
         "--collective-timeout",
         type=float,
         default=None,
-        help="CommunicationOptions(timeout_seconds) of each collective (debugging; default off)",
+        help="TensorFlow: CommunicationOptions(timeout_seconds) of each collective (debugging; default off)",
     )
     p.add_argument(
         "--gpus-per-worker",
@@ -202,7 +258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the workers, return the exit status."""
     args = parser().parse_args(argv)
     options = args.options[1:] if args.options[:1] == ["--"] else args.options
-    if any(o == "--strategy" or o.startswith("--strategy=") for o in options):
+    backend = keras_backend()
+    if backend not in BACKENDS:
+        parser().error(f"the workers' Keras backend is {backend}; the launcher runs TensorFlow or JAX workers")
+    given = any(o == "--strategy" or o.startswith("--strategy=") for o in options)
+    if given and backend == "tensorflow":
         parser().error("the launcher sets --strategy multi_worker; do not pass --strategy")
     if args.workers is not None:
         if args.workers < 1 or args.index is not None:
@@ -215,8 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser().error(f"--hosts needs --index in 0..{len(addresses) - 1}")
         indices = [args.index]
         gpus = None if args.gpus_per_worker is None else args.gpus_per_worker
-    command = [sys.executable, "-m", args.module, *options, "--strategy", "multi_worker"]
-    print(f"launch: {len(addresses)} workers {','.join(addresses)}; starting {indices} here", flush=True)
+    strategy = [] if given else ["--strategy", "multi_worker" if backend == "tensorflow" else "data_parallel"]
+    command = [sys.executable, "-m", args.module, *options, *strategy]
+    print(f"launch: {len(addresses)} {backend} workers {','.join(addresses)}; starting {indices} here", flush=True)
     return run(
         command,
         addresses,
@@ -225,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         collective_timeout=args.collective_timeout,
         gpus_per_worker=gpus,
         timeout=args.timeout,
+        backend=backend,
     )
 
 

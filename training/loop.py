@@ -34,12 +34,14 @@ import threading
 from collections.abc import Callable, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_vit.files import atomic_open, atomic_path
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
 from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
 from keras_vit.training.outputs import write_json
+from keras_vit.training.sharding import gather_over_workers
 from keras_vit.training.strategy import Strategy, is_chief, training_scope
 
 __all__ = [
@@ -330,17 +332,12 @@ def _one_process(strategy: Strategy) -> bool:
 
 
 def agree_on_start(strategy: Strategy, start: int, output_dir: str) -> None:
-    """Check that every worker of a multi-worker run restored the same step (they all read the chief's
-    checkpoints, so ``output_dir`` must be on a file system every worker sees)."""
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or strategy.extended._num_workers < 2:
-        return
-    local = strategy.experimental_distribute_values_from_function(
-        lambda _: tf.constant([1.0, start, float(start) ** 2], tf.float64)
-    )
-    count, total, squares = (float(v) for v in strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None))
-    if total * total != count * squares:  # equal iff every replica holds the same step
+    """Check that every worker of a multi-worker run (TensorFlow tasks, JAX processes) restored the same step (they
+    all read the chief's checkpoints, so ``output_dir`` must be on a file system every worker sees)."""
+    starts = gather_over_workers(strategy, np.array([start]))[:, 0].tolist()
+    if len(set(starts)) > 1:
         raise TrainingError(
-            f"The workers restored different steps (this one: {start}; mean {total / count:g}). Every worker "
+            f"The workers restored different steps ({', '.join(map(str, starts))}; this one: {start}). Every worker "
             f"resumes from the chief's checkpoints in {os.path.join(output_dir, 'checkpoints')}: put --output-dir "
             "on a file system all workers share."
         )

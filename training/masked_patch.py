@@ -37,6 +37,7 @@ from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Split
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
+from keras_vit.training.sharding import WHOLE, Shard, distribute_input
 from keras_vit.training.steps import Setup
 
 __all__ = [
@@ -229,6 +230,8 @@ def masked_patch_dataset(
     training: bool = True,
     shuffle_buffer: int = 10_000,
     whole_batches: bool = False,
+    shard: Shard = WHOLE,
+    input_shards: int | None = None,
     **corruption,
 ) -> tf.data.Dataset:
     """Masked-patch batches of ``split``'s images (labels unused): ``({images, corruption, sources},
@@ -240,25 +243,36 @@ def masked_patch_dataset(
     ``corruption``: ``rate``, ``mask_fraction``, ``random_fraction`` of :func:`sample_corruption`.
     ``whole_batches``: evaluation in whole batches, the last one filled with blank images whose patches weigh 0
     (:func:`keras_vit.training.pipeline.eval_dataset`; training batches are always whole).
+    ``shard``, ``input_shards``: this worker's part of every batch (see the pipelines); its corruption is keyed by
+    the part too, so that the workers' parts are corrupted independently.
     """
     size = augment.image_size
     if size % patch_size:
         raise ValueError(f"image_size {size} is not divisible by the patch size {patch_size}.")
     num_patches = (size // patch_size) ** 2
+    whole_batches = whole_batches or shard.count > 1  # as eval_dataset's parts are
     if training:
         images = train_dataset(
-            split, 1, batch_size, augment, start_step=start_step, seed=seed, shuffle_buffer=shuffle_buffer
+            split,
+            1,
+            batch_size,
+            augment,
+            start_step=start_step,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            shard=shard,
+            input_shards=input_shards,
         )
         first = start_step
     else:
-        images = eval_dataset(split, 1, batch_size, augment, whole_batches=whole_batches)
+        images = eval_dataset(split, 1, batch_size, augment, whole_batches=whole_batches, shard=shard)
         first = 0
     if training or not whole_batches:
         images = images.map(lambda x, _: (x, tf.ones(tf.shape(x)[:1])))
     else:
         images = images.map(lambda x, _, weights: (x, weights))
-    steps = tf.data.Dataset.range(first, tf.int64.max)
-    batches = tf.data.Dataset.zip(images, steps)
+    keys = tf.data.Dataset.range(first, tf.int64.max).map(lambda step: step * shard.count + shard.index)
+    batches = tf.data.Dataset.zip(images, keys)
     return batches.map(
         lambda x_weights, step: _to_mpp_batch(
             *x_weights,
@@ -319,17 +333,32 @@ class MaskedPatches:
         )
 
         def data_fn(step: int) -> tf.data.Dataset:
-            return masked_patch_dataset(
-                source.train,
+            return distribute_input(
+                setup.strategy,
+                lambda shard: masked_patch_dataset(
+                    source.train,
+                    batch,
+                    augment,
+                    patch,
+                    start_step=step,
+                    shuffle_buffer=config.data.shuffle_buffer,
+                    shard=shard,
+                    input_shards=config.data.input_shards,
+                    **settings,
+                ),
+            )
+
+        held_out = distribute_input(
+            setup.strategy,
+            lambda shard: masked_patch_dataset(
+                source.eval,
                 batch,
                 augment,
                 patch,
-                start_step=step,
-                shuffle_buffer=config.data.shuffle_buffer,
+                training=False,
+                whole_batches=setup.whole_batches,
+                shard=shard,
                 **settings,
-            )
-
-        held_out = masked_patch_dataset(
-            source.eval, batch, augment, patch, training=False, whole_batches=setup.whole_batches, **settings
+            ),
         )
         return data_fn, held_out

@@ -10,19 +10,26 @@ Training (per example): inception crop (a random box covering ``crop_area`` of t
 ``RandAugment``; then per batch optionally Keras' ``MixUp`` / ``CutMix`` (one of the two per batch
 when both are on). Evaluation: resize, or resize to ``size / eval_crop`` and crop the centre.
 
-The training stream is a function of ``(seed, start_step)``: each example's crop and flip use
-stateless random ops keyed by its position in the stream, and splits with random access are
-shuffled per epoch by a stateless permutation, so a run restarted at step ``s`` sees exactly the
-batches an uninterrupted run sees from step ``s`` on. TFDS streams restart with a fresh shuffle.
+The training stream is a function of ``(seed, start_step, input_shards)``: each example's crop and flip use
+stateless random ops keyed by its position in the stream, and splits with random access are shuffled per
+epoch by a stateless permutation, so a run restarted at step ``s`` sees exactly the batches an uninterrupted
+run sees from step ``s`` on. TFDS streams restart with a fresh shuffle.
 
-Sharding across the workers of a multi-worker run (:func:`distribute_options`): the auto-shard policy is
-``DATA`` for every source. Every worker builds the same stream of global batches and keeps its share of
-each (TensorFlow rebatches a global batch into per-replica parts and each worker takes its own): no
-example is seen twice in a step or an epoch, and the batches are those of a single process, so a
-multi-worker run equals a one-process run and restarts exactly. ``FILE`` (each worker reads its own
-files) cannot shard these streams: the stream position is zipped from a ``range`` source, which file
-sharding cannot split, and small TFDS datasets have fewer files than workers (cifar10: one per split);
-the price of ``DATA`` is that every worker reads and augments the whole stream.
+Input shards: the training split is cut into ``input_shards`` contiguous parts (:func:`sharding.part_range`; TFDS
+through ``tfds.even_splits``), each shuffled on its own (a permutation per epoch keyed by ``(seed, epoch, part)``;
+a TFDS part through its own shuffle buffer of ``shuffle_buffer / input_shards``), and every global batch takes
+``batch / input_shards`` consecutive examples of each part, in part order. A run of N input workers
+(:mod:`keras_vit.training.sharding`; ``input_shards`` a multiple of N) gives worker ``k`` the parts
+``k * input_shards / N`` up to ``(k + 1) * input_shards / N``: it builds only its slice of every global batch and
+opens only the files (TFDS shards) of its parts. The batches, the order within them and every example's
+augmentation are the same for any number of workers that divides ``input_shards``, one process included; with one
+part the stream is a single permutation (or shuffle buffer) of the whole split. Over ``n / batch`` steps each
+part is covered once when ``input_shards`` divides the split's ``n`` examples (otherwise the parts, one example
+apart in size, drift out of step by that much). Not keyed by position, and so different for each part of a batch
+under several workers: ``RandAugment``, and the pairs of MixUp / CutMix, which are drawn within a worker's part.
+
+Evaluation under N > 1 workers: worker ``k`` scores part ``k`` of the held-out split (the same even rule), filled
+up with blanks of weight 0 to the same number of whole batches on every worker (:func:`eval_part_length`).
 """
 
 from __future__ import annotations
@@ -31,15 +38,19 @@ import dataclasses
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_vit import preprocess_input
 from keras_vit.training.data import Split
+from keras_vit.training.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "Augment",
+    "check_input_shards",
     "distribute_options",
     "eval_dataset",
+    "eval_part_length",
     "eval_transform",
     "inception_crop",
     "resize",
@@ -72,10 +83,32 @@ class Augment:
 
 
 def distribute_options() -> tf.data.Options:
-    """The options of every pipeline: ``DATA`` auto-sharding across workers (see the module docstring)."""
+    """The options of every pipeline: no auto-sharding by tf.distribute (a pipeline is already its worker's part)."""
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return options
+
+
+def check_input_shards(batch_size: int, input_shards: int, shard: Shard, num_examples: int | None = None) -> int:
+    """A ``ValueError`` unless ``input_shards`` parts divide the batch, divide over the ``shard.count`` workers and
+    each hold an example; the worker's part of the batch."""
+    local = shard.local_batch(batch_size)
+    if input_shards < 1 or batch_size % input_shards or input_shards % shard.count:
+        raise ValueError(
+            f"--input-shards {input_shards} must divide the batch of {batch_size} and be a multiple of the "
+            f"{shard.count} input workers."
+        )
+    if num_examples is not None and input_shards > num_examples:
+        raise ValueError(f"--input-shards {input_shards} is more than the {num_examples} training examples.")
+    return local
+
+
+def eval_part_length(num_examples: int, batch_size: int, workers: int) -> int:
+    """Examples and blanks each of ``workers`` evaluates: its part of the held-out split, the largest of which is
+    ``ceil(num_examples / workers)``, filled up to whole batches of ``batch_size / workers``."""
+    local = batch_size // workers
+    largest = -(-num_examples // workers)  # ceiling divisions
+    return -(-largest // local) * local
 
 
 def inception_crop(image: tf.Tensor, seed: tf.Tensor, area: tuple[float, float]) -> tf.Tensor:
@@ -121,22 +154,48 @@ def train_transform(image: tf.Tensor, seed: tf.Tensor, augment: Augment) -> tf.T
     return image
 
 
-def _stream_positions(split: Split, start: int, seed: int, shuffle_buffer: int) -> tf.data.Dataset:
-    """``(position in the stream, image, label)`` from example number ``start`` on, forever."""
-    positions = tf.data.Dataset.range(start, tf.int64.max)
+def _unit_stream(
+    split: Split, unit: int, units: int, batch_size: int, start_step: int, seed: int, shuffle_buffer: int
+) -> tf.data.Dataset:
+    """Part ``unit`` of ``units``'s examples of every batch from ``start_step`` on, forever: ``(position in the
+    stream, index)`` of a split with random access, else ``(position, image, label)`` as the stream stores them."""
+    per_batch = batch_size // units
+    first = start_step * per_batch  # this part's examples before start_step
+    positions = tf.data.Dataset.range(first, tf.int64.max).map(
+        lambda q: q // per_batch * batch_size + unit * per_batch + q % per_batch
+    )
     if split.indexable:
-        n = split.num_examples
+        low, high = part_range(split.num_examples, unit, units)
+        size = high - low
 
         def epoch_order(epoch):
-            order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=tf.stack([seed, epoch]))
-            return tf.data.Dataset.from_tensor_slices(order)
+            key = tf.stack([tf.constant(seed, tf.int64), epoch * units + unit])
+            return tf.data.Dataset.from_tensor_slices(
+                tf.random.experimental.stateless_shuffle(tf.range(low, high, dtype=tf.int64), seed=key)
+            )
 
-        order = tf.data.Dataset.range(start // n, tf.int64.max).flat_map(epoch_order).skip(start % n)
+        order = tf.data.Dataset.range(first // size, tf.int64.max).flat_map(epoch_order).skip(first % size)
+        return tf.data.Dataset.zip(positions, order)
+    shuffle_seed = (seed * 1_000_003 + start_step * units + unit) % 2**31
+    examples = split.part(unit, units).shuffle(max(1, shuffle_buffer // units), seed=shuffle_seed).repeat()
+    return tf.data.Dataset.zip(positions, examples).map(lambda p, example: (p, *example))
+
+
+def _stream_positions(
+    split: Split, shard: Shard, units: int, batch_size: int, start_step: int, seed: int, shuffle_buffer: int
+) -> tf.data.Dataset:
+    """``(position in the stream, image, label)`` of the worker's slice of every batch from ``start_step`` on,
+    forever: ``batch_size / units`` examples of each of its parts in turn (see the module docstring)."""
+    streams = [_unit_stream(split, u, units, batch_size, start_step, seed, shuffle_buffer) for u in shard.parts(units)]
+    stream = streams[0]
+    if len(streams) > 1:
+        turns = np.repeat(np.arange(len(streams), dtype=np.int64), batch_size // units)
+        stream = tf.data.Dataset.choose_from_datasets(streams, tf.data.Dataset.from_tensor_slices(turns).repeat())
+    if split.indexable:
         load = split.loader()
-        return tf.data.Dataset.zip(positions, order).map(lambda p, i: (p, *load(i)), num_parallel_calls=AUTOTUNE)
-    examples = split.stream.shuffle(shuffle_buffer, seed=(seed * 1_000_003 + start) % 2**31).repeat()
+        return stream.map(lambda p, i: (p, *load(i)), num_parallel_calls=AUTOTUNE)
     decode = split.decode if split.encoded else lambda image, label: (image, label)
-    return tf.data.Dataset.zip(positions, examples).map(lambda p, ex: (p, *decode(*ex)), num_parallel_calls=AUTOTUNE)
+    return stream.map(lambda p, image, label: (p, *decode(image, label)), num_parallel_calls=AUTOTUNE)
 
 
 def _mixer(augment: Augment, seed: int):
@@ -170,10 +229,18 @@ def train_dataset(
     start_step: int = 0,
     seed: int = 0,
     shuffle_buffer: int = 10_000,
+    shard: Shard = WHOLE,
+    input_shards: int | None = None,
 ) -> tf.data.Dataset:
-    """Endless batches ``(images (B, S, S, 3) in [-1, 1], one-hot labels (B, classes))`` from ``start_step``."""
+    """Endless batches ``(images (B, S, S, 3) in [-1, 1], one-hot labels (B, classes))`` from ``start_step``.
+
+    ``batch_size`` is the global batch; ``shard``: this worker's part of each (``B = batch_size / shard.count``),
+    of the split read in ``input_shards`` parts (default: one per worker; see the module docstring).
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    units = input_shards or shard.count
+    local = check_input_shards(batch_size, units, shard, split.num_examples)
     randaugment = None
     if augment.randaugment is not None:
         num_ops, factor = augment.randaugment
@@ -185,8 +252,8 @@ def train_dataset(
             image = randaugment(image)
         return image, tf.one_hot(label, num_classes)
 
-    ds = _stream_positions(split, start_step * batch_size, seed, shuffle_buffer)
-    ds = ds.map(per_example, num_parallel_calls=AUTOTUNE).batch(batch_size, drop_remainder=True)
+    ds = _stream_positions(split, shard, units, batch_size, start_step, seed, shuffle_buffer)
+    ds = ds.map(per_example, num_parallel_calls=AUTOTUNE).batch(local, drop_remainder=True)
     mix = _mixer(augment, seed)
     if mix is not None:
         ds = ds.map(mix, num_parallel_calls=AUTOTUNE)
@@ -195,21 +262,34 @@ def train_dataset(
 
 
 def eval_dataset(
-    split: Split, num_classes: int, batch_size: int, augment: Augment, whole_batches: bool = False
+    split: Split,
+    num_classes: int,
+    batch_size: int,
+    augment: Augment,
+    whole_batches: bool = False,
+    shard: Shard = WHOLE,
 ) -> tf.data.Dataset:
     """The held-out split once: ``(images in [-1, 1], one-hot labels)`` batches.
 
     ``whole_batches`` (a TPU's static shapes, a keras.distribution that splits each batch into equal parts):
     every batch has ``batch_size`` examples and a weight per example, ``(images, labels, weights)``; the last
     batch is filled up with blank examples of weight 0, so every held-out image is scored once and no blank is.
+    ``shard`` (several workers; whole batches always): this worker's part of the split in batches of
+    ``batch_size / shard.count``, filled up to :func:`eval_part_length`.
     """
-    ds = split.examples().map(
+    local = shard.local_batch(batch_size)
+    ds = split.examples(shard.index, shard.count).map(
         lambda image, label: (preprocess_input(eval_transform(image, augment)), tf.one_hot(label, num_classes)),
         num_parallel_calls=AUTOTUNE,
     )
+    whole_batches = whole_batches or shard.count > 1
     if whole_batches:
         ds = ds.map(lambda x, y: (x, y, tf.constant(1.0)))
-        blanks = ds.take(1).map(lambda x, y, w: (tf.zeros_like(x), tf.zeros_like(y), tf.constant(0.0)))
-        # batch_size - 1 blanks fill any last partial batch; the blanks left over form a partial batch, dropped.
-        ds = ds.concatenate(blanks.repeat(batch_size - 1))
-    return ds.batch(batch_size, drop_remainder=whole_batches).prefetch(AUTOTUNE).with_options(distribute_options())
+        blank = tf.data.Dataset.from_tensors(tuple(tf.zeros(s.shape, s.dtype) for s in ds.element_spec))
+        if split.num_examples:
+            ds = ds.concatenate(blank.repeat()).take(eval_part_length(split.num_examples, batch_size, shard.count))
+        elif shard.count == 1:  # local - 1 blanks fill any last partial batch; a partial batch left over is dropped
+            ds = ds.concatenate(blank.repeat(local - 1))
+        else:
+            raise ValueError("The held-out split does not report its size, which evaluating on several workers needs.")
+    return ds.batch(local, drop_remainder=whole_batches).prefetch(AUTOTUNE).with_options(distribute_options())

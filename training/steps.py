@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 
@@ -25,8 +26,9 @@ from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, load_source
 from keras_vit.training.errors import OutputDirError
 from keras_vit.training.optimizers import build_optimizer
-from keras_vit.training.pipeline import Augment
+from keras_vit.training.pipeline import Augment, check_input_shards, eval_part_length
 from keras_vit.training.schedules import WarmupDecay
+from keras_vit.training.sharding import Shard, gather_over_workers, input_shard
 from keras_vit.training.strategy import (
     KerasDistribution,
     Strategy,
@@ -70,12 +72,18 @@ class Setup:
         return is_chief(self.strategy)
 
     @property
+    def shard(self) -> Shard:
+        """This worker's part of the input (:mod:`keras_vit.training.sharding`)."""
+        return input_shard(self.strategy)
+
+    @property
     def whole_batches(self) -> bool:
-        """Whether every batch, held-out ones too, must be whole: on a TPU (static shapes), and under a
-        keras.distribution that splits the batch (JAX shards a batch only into equal parts). The held-out set's
-        last batch is then filled with blank examples of weight 0 (pipeline.eval_dataset)."""
+        """Whether every batch, held-out ones too, must be whole: on a TPU (static shapes), under a
+        keras.distribution that splits the batch (JAX shards a batch only into equal parts), and on several workers
+        (each evaluates its part). The held-out set is then filled up with blank examples of weight 0
+        (pipeline.eval_dataset)."""
         split = isinstance(self.strategy, KerasDistribution) and self.strategy.num_replicas_in_sync > 1
-        return self.device == "tpu" or split
+        return self.device == "tpu" or split or self.shard.count > 1
 
     def replace(self, **fields) -> Setup:
         """This setup with fields of its config changed by flat name (:meth:`TrainConfig.replace`). The config
@@ -84,9 +92,10 @@ class Setup:
         return dataclasses.replace(self, config=self.config.replace(**fields))
 
     def blanks(self, batch_size: int) -> int:
-        """How many blank examples fill the held-out set's last batch of ``batch_size`` (0 unless whole batches)."""
-        count = self.source.eval.num_examples
-        return -count % batch_size if count and self.whole_batches else 0
+        """How many blank examples fill the held-out set up to whole batches of ``batch_size``, over all workers
+        (0 unless whole batches)."""
+        count, workers = self.source.eval.num_examples, self.shard.count
+        return workers * eval_part_length(count, batch_size, workers) - count if count and self.whole_batches else 0
 
 
 def make_strategy(config: TrainConfig) -> Strategy:
@@ -96,9 +105,17 @@ def make_strategy(config: TrainConfig) -> Strategy:
     return get_strategy(config.run.strategy, config.run.tpu, config.run.model_devices)
 
 
-def load_data(config: TrainConfig) -> Source:
-    """The config's dataset."""
+def load_data(config: TrainConfig, strategy: Strategy | None = None) -> Source:
+    """The config's dataset (an image folder's files checked by each worker of ``strategy`` in part)."""
     data = config.data
+    sharded = {}
+    if strategy is not None:
+        shard = input_shard(strategy)
+        sharded = dict(
+            shard=shard,
+            input_shards=data.input_shards or shard.count,
+            gather=functools.partial(gather_over_workers, strategy),
+        )
     return load_source(
         data.dataset,
         data_dir=data.data_dir,
@@ -108,6 +125,7 @@ def load_data(config: TrainConfig) -> Source:
         eval_fraction=data.eval_fraction,
         seed=config.optim.seed,
         skip_corrupt=bool(data.skip_corrupt),
+        **sharded,
     )
 
 
@@ -115,10 +133,15 @@ def prepare(config: TrainConfig, strategy: Strategy | None = None) -> Setup:
     """Load the data and the strategy (unless given), and resolve ``config`` for them."""
     strategy = strategy or make_strategy(config)
     device = accelerator(strategy)
-    source = load_data(config)
+    source = load_data(config, strategy)
     resolved = config_lib.resolve(
         config, train_examples=source.train.num_examples, accelerator=device, replicas=strategy.num_replicas_in_sync
     )
+    shard = input_shard(strategy)
+    resolved = resolved.replace(input_shards=resolved.data.input_shards or shard.count)
+    optim = resolved.optim
+    micro_batch = optim.batch_size // optim.accumulation_steps
+    check_input_shards(micro_batch, resolved.data.input_shards, shard, source.train.num_examples)
     return Setup(resolved, source, strategy, device)
 
 

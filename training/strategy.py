@@ -11,9 +11,19 @@ attention and MLP kernels of every block (:func:`vit_layout_map`). torch: one de
 The other backends' run is a :class:`KerasDistribution`; the tf.distribute-only names are errors there, and
 the JAX-only names on TensorFlow.
 
-``multi_worker`` waits at most ``KERAS_VIT_CONNECT_TIMEOUT`` seconds (default 600) for the other tasks
-of ``TF_CONFIG``; past it a watchdog process names the peers whose address does not answer a TCP
-connection and kills it (TensorFlow itself would wait forever). ``KERAS_VIT_COLLECTIVE_TIMEOUT`` sets
+Several JAX processes (one per host, or ``keras_vit.training.launch --workers N`` on one machine): before it lists
+the devices, :func:`initialize_jax_processes` calls ``jax.distributed.initialize`` with what the environment
+says, in ``keras.distribution.initialize``'s variables: ``KERAS_DISTRIBUTION_JOB_ADDRESSES`` (``host:port`` of
+every process, or of the coordinator alone; the first is the coordinator, process 0),
+``KERAS_DISTRIBUTION_NUM_PROCESSES`` and ``KERAS_DISTRIBUTION_PROCESS_ID``; or, with ``KERAS_VIT_JAX_CLUSTER=auto``,
+with JAX's own detection of the cluster (TPU pod slices, Slurm, Open MPI). On CPUs the collectives are gloo's.
+The mesh then spans every process's devices; each process feeds its own part of the batch
+(:mod:`keras_vit.training.sharding`), so Keras' own dataset sharding is off.
+
+``multi_worker``, and a JAX process joining the others, wait at most ``KERAS_VIT_CONNECT_TIMEOUT`` seconds
+(default 600) for the other tasks; past it a watchdog process names the peers (JAX: the coordinator) whose
+address does not answer a TCP connection and kills it (TensorFlow itself would wait forever, JAX abort without
+naming it). ``KERAS_VIT_COLLECTIVE_TIMEOUT`` sets
 ``CommunicationOptions(timeout_seconds=...)`` of every collective (off by default: TensorFlow runs a
 thread per collective for it; a dead peer is found anyway by the strategy's health check).
 """
@@ -26,16 +36,20 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Union
 
 import keras
 import tensorflow as tf
+
+from keras_vit.training.launch import JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID
 
 __all__ = [
     "JAX_STRATEGIES",
     "MODEL_AXIS_KERNELS",
     "STRATEGIES",
     "TF_STRATEGIES",
+    "JaxProcesses",
     "KerasDistribution",
     "MultiWorkerMirroredStrategy",
     "Strategy",
@@ -43,7 +57,9 @@ __all__ = [
     "choose_strategy",
     "cluster_peers",
     "get_strategy",
+    "initialize_jax_processes",
     "is_chief",
+    "jax_processes",
     "keras_distribution",
     "multi_worker_strategy",
     "split_cpu",
@@ -56,6 +72,7 @@ TF_STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
 JAX_STRATEGIES = ("data_parallel", "model_parallel")
 STRATEGIES = ("auto", "default", *TF_STRATEGIES, *JAX_STRATEGIES)
 DEFAULT_CONNECT_TIMEOUT = 600.0
+JAX_CLUSTER = "KERAS_VIT_JAX_CLUSTER"  # "auto": jax.distributed.initialize() finds the cluster itself
 # Variable path (a regular expression matching the whole path) -> its layout on the ("batch", "model") mesh of
 # model_parallel: the fused qkv and the first MLP kernel split by output column, the attention output and second
 # MLP kernel by input row (Megatron-style); the rest (embeddings, norms, LoRA adapters, the head) is replicated.
@@ -152,18 +169,103 @@ def keras_distribution(name: str = "auto", model_devices: int | None = None) -> 
                 "(--strategy auto or default)."
             )
         return KerasDistribution()
+    processes = initialize_jax_processes()  # before anything lists the devices
     devices = keras.distribution.list_devices()
     if name == "auto":
         name = "data_parallel" if len(devices) > 1 else "default"
     if name == "default":
+        if processes > 1:
+            raise ValueError(
+                f"--strategy default trains on one device, but this is one of {processes} JAX processes: use auto, "
+                "data_parallel or model_parallel."
+            )
         return KerasDistribution()
+    # Each process feeds its own part of every batch (keras_vit.training.sharding): no sharding by Keras.
     if name == "data_parallel":
-        return KerasDistribution(keras.distribution.DataParallel(devices=devices))
+        return KerasDistribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
     model = model_devices or len(devices)
     if len(devices) % model:
         raise ValueError(f"--model-devices {model} does not divide the {len(devices)} devices ({', '.join(devices)}).")
+    local = len(devices) // processes
+    if processes > 1 and local % model:
+        raise ValueError(
+            f"--model-devices {model} would span JAX processes ({local} devices per process): keep the model axis "
+            f"within a process (a divisor of {local}), so that each holds whole weights to save; the batch axis spans "
+            "the processes."
+        )
     mesh = keras.distribution.DeviceMesh((len(devices) // model, model), ("batch", "model"), devices)
-    return KerasDistribution(keras.distribution.ModelParallel(layout_map=vit_layout_map(mesh), batch_dim_name="batch"))
+    return KerasDistribution(
+        keras.distribution.ModelParallel(
+            layout_map=vit_layout_map(mesh), batch_dim_name="batch", auto_shard_dataset=False
+        )
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxProcesses:
+    """The JAX processes of a run: the coordinator's ``host:port`` (process 0's), how many, which one this is."""
+
+    coordinator: str
+    count: int
+    index: int
+
+
+def jax_processes(env: dict[str, str] | None = None) -> JaxProcesses | None:
+    """The processes ``KERAS_DISTRIBUTION_*`` describe (see the module docstring); ``None`` for a single one."""
+    env = dict(os.environ) if env is None else env
+    addresses = [a.strip() for a in env.get(JOB_ADDRESSES, "").split(",") if a.strip()]
+    if not addresses:
+        return None
+    try:
+        count = int(env.get(NUM_PROCESSES) or len(addresses))
+        index = int(env[PROCESS_ID])
+    except (KeyError, ValueError) as error:
+        raise ValueError(
+            f"{JOB_ADDRESSES} is set, so {PROCESS_ID} must be the process's index (and {NUM_PROCESSES}, if set, "
+            f"their count): {error}"
+        ) from None
+    if len(addresses) not in (1, count) or not 0 <= index < count:
+        raise ValueError(
+            f"{JOB_ADDRESSES}={','.join(addresses)} ({len(addresses)} addresses), {NUM_PROCESSES}={count} and "
+            f"{PROCESS_ID}={index} disagree: give one address per process, or the coordinator's alone, and an index "
+            f"in 0..{count - 1}."
+        )
+    return JaxProcesses(addresses[0], count, index) if count > 1 else None
+
+
+def initialize_jax_processes(connect_timeout: float | None = None) -> int:
+    """Join this process to the run's other JAX processes (``jax.distributed.initialize``), once; return how many
+    there are (1: a single process, nothing to join). A process that has not joined within ``connect_timeout``
+    seconds (default ``KERAS_VIT_CONNECT_TIMEOUT`` or 600) is killed by a watchdog naming the coordinator."""
+    import jax
+
+    if jax.distributed.is_initialized():
+        return jax.process_count()
+    if os.environ.get(JAX_CLUSTER) == "auto":
+        jax.distributed.initialize()
+        return jax.process_count()
+    processes = jax_processes()
+    if processes is None:
+        return 1
+    if connect_timeout is None:
+        connect_timeout = float(os.environ.get("KERAS_VIT_CONNECT_TIMEOUT") or DEFAULT_CONNECT_TIMEOUT)
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):  # older JAX: no CPU collectives by default
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    count, coordinator = processes.count, processes.coordinator
+    peers = [] if processes.index == 0 else [("the coordinator (process 0)", coordinator)]
+    missing = (
+        f"the coordinator at {coordinator} answers, but not all {count} processes joined it (one is missing, or was "
+        f"started with other {NUM_PROCESSES} / {JOB_ADDRESSES})"
+    )
+    what = f"JAX process {processes.index} of {count} did not join the others"
+    with _watchdog(connect_timeout, peers, what, missing):
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=count,
+            process_id=processes.index,
+            initialization_timeout=int(connect_timeout) + 60,  # the watchdog's message comes first
+        )
+    return count
 
 
 def _tf_config_tasks(env: dict[str, str]) -> int:
@@ -250,11 +352,11 @@ def cluster_peers(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
     ]
 
 
-# Run in a separate process: while TensorFlow waits for the cluster it holds the GIL, so no Python thread of
+# Run in a separate process: while TensorFlow (or JAX) waits for the cluster it holds the GIL, so no Python thread of
 # the waiting process runs. Exits quietly once its stdin closes (the parent joined the cluster, or died).
 _WATCHDOG = r"""
 import json, os, select, signal, socket, sys
-parent, timeout, peers = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+parent, timeout, peers, what, otherwise = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3]), *sys.argv[4:]
 if select.select([sys.stdin], [], [], timeout)[0]:
     sys.exit(0)
 down = []
@@ -264,13 +366,25 @@ for name, address in peers:
         socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
     except OSError as error:
         down.append(f"{name} at {address} ({error.strerror or error})")
-reason = ("could not reach " + ", ".join(down)) if down else (
-    "every peer answered on TCP (" + ", ".join(f"{n} at {a}" for n, a in peers) + ") but the cluster did not "
-    "form (a peer started with another TF_CONFIG, or is stuck)")
-print(f"error: multi-worker task did not join the cluster within {timeout:g} s: {reason}", file=sys.stderr,
-      flush=True)
+reason = ("could not reach " + ", ".join(down)) if down else otherwise
+print(f"error: {what} within {timeout:g} s: {reason}", file=sys.stderr, flush=True)
 os.kill(parent, signal.SIGKILL)
 """
+
+
+@contextlib.contextmanager
+def _watchdog(timeout: float, peers: list[tuple[str, str]], what: str, otherwise: str) -> Iterator[None]:
+    """Kill this process unless the block ends within ``timeout`` seconds, printing ``error: {what} within T s:``
+    and the ``(name, "host:port")`` peers that do not answer on TCP, or ``otherwise`` when all do."""
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout), json.dumps(peers), what, otherwise],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        yield
+    finally:
+        watchdog.stdin.close()
+        watchdog.wait()
 
 
 class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
@@ -297,15 +411,14 @@ def multi_worker_strategy(
     if collective_timeout is None and env.get("KERAS_VIT_COLLECTIVE_TIMEOUT"):
         collective_timeout = float(env["KERAS_VIT_COLLECTIVE_TIMEOUT"])
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout or None)
-    watchdog = subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(connect_timeout), json.dumps(cluster_peers())],
-        stdin=subprocess.PIPE,
+    peers = cluster_peers()
+    stuck = (
+        f"every peer answered on TCP ({', '.join(f'{n} at {a}' for n, a in peers)}) but the cluster did not form "
+        "(a peer started with another TF_CONFIG, or is stuck)"
     )
-    try:  # the constructor runs an all-reduce over every task: it returns once the whole cluster is up
+    # the constructor runs an all-reduce over every task: it returns once the whole cluster is up
+    with _watchdog(connect_timeout, peers, "multi-worker task did not join the cluster", stuck):
         return MultiWorkerMirroredStrategy(communication_options=options)
-    finally:
-        watchdog.stdin.close()
-        watchdog.wait()
 
 
 def accelerator(strategy: Strategy) -> str:

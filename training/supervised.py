@@ -22,6 +22,7 @@ from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.pipeline import eval_dataset, train_dataset
 from keras_vit.training.runner import RunResult, train
+from keras_vit.training.sharding import distribute_input
 from keras_vit.training.steps import Setup
 from keras_vit.training.strategy import Strategy
 
@@ -61,17 +62,27 @@ class Classification:
         augment = steps.augment_of(config)
 
         def data_fn(step: int) -> tf.data.Dataset:
-            return train_dataset(
-                source.train,
-                source.num_classes,
-                batch,
-                augment,
-                start_step=step,
-                seed=config.optim.seed,
-                shuffle_buffer=config.data.shuffle_buffer,
+            return distribute_input(
+                setup.strategy,
+                lambda shard: train_dataset(
+                    source.train,
+                    source.num_classes,
+                    batch,
+                    augment,
+                    start_step=step,
+                    seed=config.optim.seed,
+                    shuffle_buffer=config.data.shuffle_buffer,
+                    shard=shard,
+                    input_shards=config.data.input_shards,
+                ),
             )
 
-        held_out = eval_dataset(source.eval, source.num_classes, batch, augment, whole_batches=setup.whole_batches)
+        held_out = distribute_input(
+            setup.strategy,
+            lambda shard: eval_dataset(
+                source.eval, source.num_classes, batch, augment, whole_batches=setup.whole_batches, shard=shard
+            ),
+        )
         return data_fn, held_out
 
 
