@@ -36,6 +36,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from keras_vit.checks import check_choice
 from keras_vit.config import ViTConfig, field_names, model_flags
 from keras_vit.precision import MIXED_PRECISION
 from keras_vit.training import fields
@@ -484,9 +485,8 @@ def _check(config: TrainConfig, replicas: int) -> None:
     for section, cls in SECTIONS.items():
         for field in option_fields(cls):
             value, choices = getattr(getattr(config, section), field.name), field.metadata["choices"]
-            if choices and value is not None and value not in choices:
-                expected = ", ".join(map(str, choices))
-                raise ValueError(f"Unknown {flag_name(field)} {value!r}; expected one of {expected}.")
+            if choices and value is not None:
+                check_choice(value, choices, flag_name(field))
     # the model's options, checked by its config; its image size is checked when the model is built
     stride = parse_variant(config.model.name).replace(**config.architecture()).stride
     ViTConfig.from_variant(config.model.name, image_size=stride, **config.model_options())

@@ -42,6 +42,7 @@ from typing import Union
 import keras
 import tensorflow as tf
 
+from keras_vit.checks import check_choice
 from keras_vit.training.launch import JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID
 
 __all__ = [
@@ -305,8 +306,7 @@ def get_strategy(name: str = "auto", tpu: str | None = None, model_devices: int 
     (:func:`keras_distribution`; ``model_devices``: the model axis of ``model_parallel``); TensorFlow is then
     kept off the GPUs (it only runs the tf.data pipeline).
     """
-    if name not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {name!r}; expected one of {STRATEGIES}.")
+    check_choice(name, STRATEGIES, "strategy")
     if keras.backend.backend() != "tensorflow":
         with contextlib.suppress(RuntimeError):  # too late once TensorFlow has started: then it stays as it is
             tf.config.set_visible_devices([], "GPU")
