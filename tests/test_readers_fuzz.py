@@ -2,8 +2,9 @@
 
 Files of each accepted format are written once in their real layout (a Google ``.npz``, a timm ``.safetensors``,
 a Keras ``.weights.h5``, a Hugging Face folder, a training checkpoint); hypothesis then flips, cuts, overwrites and
-inserts bytes, and each reader must either read the file or raise a ``ValueError`` or ``OSError`` (what the
-commands report in one line) within a time bound, never another exception, a hang or a crash.
+inserts bytes, and each reader must either read the file or raise one of the errors the commands report in one line
+(:data:`keras_vit.cli.REPORTED`: an ``ImportError`` too, for a torch file without torch) within a time and memory
+bound, never another exception, a hang or a crash.
 """
 
 import contextlib
@@ -15,18 +16,18 @@ from pathlib import Path
 
 import keras
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
 from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit.cli import REPORTED
 from keras_vit.training.checkpoint import Checkpointer
-from keras_vit.training.errors import TrainingError
 
 pytestmark = pytest.mark.backends("tensorflow")  # the readers are numpy and file code: backend-independent
 
-EXPECTED = (ValueError, OSError, TrainingError)  # the errors a command reports in one line
+EXPECTED = REPORTED  # what a command reports in one line: ValueError, OSError, ImportError, CommandError
 SECONDS = 10.0  # per read: a malformed header must not make a reader loop for long...
 MEMORY_KB = 1 << 20  # ...nor allocate much: the process's peak may grow by 1 GiB at most over the whole file
 
@@ -88,6 +89,7 @@ def test_mutated_checkpoints_give_only_the_projects_errors(originals, tmp_path, 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=256), suffix=st.sampled_from([".npz", ".safetensors", ".pth", ".weights.h5", ".bin"]))
+@example(data=b"", suffix=".pth")  # a legacy torch file: a ValueError with torch, the install's ImportError without
 def test_random_bytes_under_any_checkpoint_name_give_only_the_projects_errors(tmp_path, data, suffix):
     path = tmp_path / f"random{suffix}"
     path.write_bytes(data)
