@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from typing import IO
 
-__all__ = ["atomic_open", "atomic_path", "temporary_path", "temporary_target"]
+__all__ = ["atomic_open", "atomic_path", "still_linked", "temporary_path", "temporary_target"]
 
 _STEM = r"\.*[^.]*"  # a name up to its extensions, which are all kept: "vit.weights.h5" -> "vit", ".weights.h5"
 _TEMPORARY = re.compile(rf"\.(?P<stem>{_STEM})\.[0-9a-f]{{12}}\.tmp(?P<suffix>(\..*)?)")
@@ -69,3 +69,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, durable: bool = Fa
     new, encoding = mode.replace("w", "x"), None if "b" in mode else "utf-8"
     with atomic_path(path, durable=durable) as temporary, open(temporary, new, encoding=encoding) as file:
         yield file
+
+
+def still_linked(fd: int, path: str | os.PathLike) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a lock file its holder removed on release does not)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from keras_vit.config import CLASSIFIERS
-from keras_vit.files import atomic_open, temporary_target
+from keras_vit.files import atomic_open, still_linked, temporary_target
 from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
 
@@ -125,7 +125,7 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
                 f"{path} is in use by another run (process {holder}): wait for it to end, or choose another "
                 "--output-dir."
             ) from None
-        if _still_linked(fd, lock):
+        if still_linked(fd, lock):
             break
         os.close(fd)  # the run before removed this file as it ended: take the new one
     try:
@@ -135,14 +135,6 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
     finally:
         os.unlink(lock)
         os.close(fd)
-
-
-def _still_linked(fd: int, path: str) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
-        return False
 
 
 def mark_output(path: str, command: str) -> None:

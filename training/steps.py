@@ -216,12 +216,11 @@ def prepare_output(config: TrainConfig, chief: bool) -> None:
     """Clear ``output_dir`` of a previous run's files (``overwrite``; see :mod:`keras_vit.training.outputs`), or
     check that the run it holds is the same run. A folder without a checkpoint holds no run to compare with: a
     run that failed before its first checkpoint does not bind the next one. Writes nothing (see :func:`start_output`).
+    The run's lock (:func:`~keras_vit.training.outputs.run_lock`) has checked the folder is missing, empty or a run's.
     """
     out = config.run.output_dir
     if chief and config.run.overwrite:
         outputs.clear_output(out)  # refuses a folder that is not a run's
-    elif chief:
-        outputs.check_usable(out)
     path = os.path.join(out, "run.json")
     if os.path.exists(path) and outputs.has_checkpoint(out):
         with open(path) as file:

@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from keras_vit.files import still_linked
+
 from .errors import DownloadError
 
 try:
@@ -30,14 +32,6 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
-def _still_linked(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd`` (the holder before us removes it on release)."""
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
-        return False
-
-
 @contextlib.contextmanager
 def file_lock(path: str | os.PathLike, end: float | None = None) -> Iterator[None]:
     """Hold ``path`` (created, and removed on release) exclusively; wait for it at most until ``time.monotonic()``
@@ -53,7 +47,7 @@ def file_lock(path: str | os.PathLike, end: float | None = None) -> Iterator[Non
         except BaseException:
             os.close(fd)
             raise
-        if _still_linked(fd, path):
+        if still_linked(fd, path):
             break
         os.close(fd)  # we locked a file the previous holder had already removed: lock the new one
     try:
