@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import math
 import os
 import re
 import shutil
 import uuid
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["atomic_open", "atomic_path", "still_linked", "temporary_path", "temporary_target"]
+__all__ = [
+    "atomic_open",
+    "atomic_path",
+    "finite_json",
+    "still_linked",
+    "temporary_path",
+    "temporary_target",
+    "write_json",
+]
 
 _STEM = r"\.*[^.]*"  # a name up to its extensions, which are all kept: "vit.weights.h5" -> "vit", ".weights.h5"
 _TEMPORARY = re.compile(rf"\.(?P<stem>{_STEM})\.[0-9a-f]{{12}}\.tmp(?P<suffix>(\..*)?)")
@@ -77,3 +87,21 @@ def still_linked(fd: int, path: str | os.PathLike) -> bool:
         return os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
         return False
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with NaN and infinite floats (also inside lists and dicts) replaced by ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    """Write ``value`` as strict JSON (NaN and infinite floats as ``null``: ``allow_nan=False``), indented,
+    atomically. Every JSON file the commands write goes through here."""
+    with atomic_open(path, "w") as file:
+        json.dump(finite_json(value), file, indent=2, allow_nan=False)

@@ -334,7 +334,7 @@ def test_checkpoint_info_names_published_variants():
             "block2/unit1/conv1/kernel",
         )
     }
-    with pytest.raises(ValueError, match="Not a ViT checkpoint in the published layout"):
+    with pytest.raises(ValueError, match="not a ViT checkpoint in the published layout"):
         checkpoint_info(shapes)
 
 

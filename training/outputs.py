@@ -14,15 +14,12 @@ JSON outputs are strict JSON: :func:`write_json` writes NaN and infinite floats 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import shutil
 from collections.abc import Iterator
-from typing import Any
 
 from keras_vit.config import CLASSIFIERS
-from keras_vit.files import atomic_open, still_linked, temporary_target
+from keras_vit.files import finite_json, still_linked, temporary_target, write_json
 from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
 
@@ -163,20 +160,3 @@ def _remove_temporaries(path: str) -> None:
     for name in os.listdir(path):
         if temporary_target(name) in RUN_FILES and os.path.isfile(os.path.join(path, name)):
             os.remove(os.path.join(path, name))
-
-
-def finite_json(value: Any) -> Any:
-    """``value`` with NaN and infinite floats (also inside lists and dicts) replaced by ``None``."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
-
-
-def write_json(path: str, value: Any) -> None:
-    """Write ``value`` as strict JSON (non-finite floats as ``null``), indented, atomically."""
-    with atomic_open(path, "w") as file:
-        json.dump(finite_json(value), file, indent=2, allow_nan=False)

@@ -161,6 +161,9 @@ def _convert(args) -> None:
 
     out = Path(args.output)
     output_format = _output_format(out, args.format)
+    if out.is_dir() or (out.exists() and not args.overwrite):  # checked before the model is built
+        how = "remove it or choose another name" if out.is_dir() else "pass --overwrite to replace it"
+        raise ValueError(f"The output {out} exists ({'a folder' if out.is_dir() else 'a file'}): {how}.")
     if args.quantize and output_format != "litert":
         raise ValueError(f"--quantize applies to --format litert (.tflite), not {output_format}.")
     kwargs = dict(include_top=not args.no_top, **given(args, CONVERT_FLAGS))
@@ -211,6 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("--format", choices=list(FORMATS), help="default: from the output's suffix")
     convert.add_argument("--quantize", choices=("dynamic_int8",), help="int8 weights (--format litert only)")
     convert.add_argument("--no-top", action="store_true", help="drop the classifier (features only)")
+    convert.add_argument(
+        "--overwrite", action="store_true", help="replace an existing output file (once the new one is complete)"
+    )
     convert.add_argument("--num-heads", type=int, help="attention heads of a timm state dict (default: from width)")
     convert.add_argument(
         "--resize-method",

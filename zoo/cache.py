@@ -3,7 +3,8 @@ when the file enters the cache, and checked on every later read.
 
 Statuses of a cached file: ``OK`` (matches its record), ``corrupt`` (differs from its record or the catalogue's
 sha256, or fails the structural check) and ``unrecorded`` (no record: put there by hand or by an older version;
-it passed the structural check).
+or a damaged record, which says nothing of the file; it passed the structural check, and a fetch records it
+again).
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def check_file(path: str | os.PathLike, *, sha256: str | None = None, validate: 
     actual = sha256sum(path)
     if sha256 is not None and actual != sha256.lower():
         return FileCheck(CORRUPT, f"sha256 {actual}, the catalogue says {sha256}", actual)
-    if expected == "":
-        return FileCheck(CORRUPT, f"its record {record_path(path)} is unreadable", actual)
+    unrecorded = "no sha256 recorded"
+    if expected == "":  # the record is damaged, not necessarily the file: check the file as if unrecorded
+        expected, unrecorded = None, f"its record {record_path(path)} is damaged (not a sha256 line)"
     if expected is not None:
         if actual != expected:
             return FileCheck(CORRUPT, f"sha256 {actual}, recorded when it was downloaded: {expected}", actual)
@@ -94,8 +96,8 @@ def check_file(path: str | os.PathLike, *, sha256: str | None = None, validate: 
         try:
             validate(path)
         except CorruptCheckpointError as exc:
-            return FileCheck(CORRUPT, str(exc), actual)
-    return FileCheck(UNRECORDED, "no sha256 recorded" + (", structure OK" if validate is not None else ""), actual)
+            return FileCheck(CORRUPT, f"{exc}; {unrecorded}", actual)
+    return FileCheck(UNRECORDED, unrecorded + (", structure OK" if validate is not None else ""), actual)
 
 
 def ensure_intact(path: str | os.PathLike, *, sha256: str | None = None, validate: Validator | None = None) -> Path:

@@ -79,8 +79,10 @@ def _read_header(member: BinaryIO, name: str) -> tuple[tuple[int, ...], np.dtype
 
 
 def check_members(archive: zipfile.ZipFile) -> None:
-    """Refuse, before unpacking anything, a member that would unpack to more than any checkpoint array
-    (:data:`MAX_MEMBER_BYTES`) or that is mostly zeros of a compression no weights reach (a zip bomb)."""
+    """Refuse, before unpacking any array: a member that would unpack to more than any checkpoint array
+    (:data:`MAX_MEMBER_BYTES`) or that is mostly zeros of a compression no weights reach (a zip bomb); an
+    ``.npy`` header that declares another size than the member's (an array of terabytes in a small file); pickled
+    Python objects (never unpickled: refused for safety)."""
     for info in archive.infolist():
         unpacked, packed = info.file_size, max(info.compress_size, 1)
         if unpacked > MAX_MEMBER_BYTES or (unpacked > _BOMB_FROM and unpacked > _BOMB_RATIO * packed):
@@ -88,16 +90,25 @@ def check_members(archive: zipfile.ZipFile) -> None:
                 f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no checkpoint array is that "
                 f"large or compresses that well (limit {MAX_MEMBER_BYTES:,} bytes; a zip bomb?)"
             )
+        if not info.filename.endswith(".npy"):
+            raise CorruptCheckpointError(f"{info.filename}: not an .npy array")
+        _check_member(archive, info)
 
 
 def _check_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
     with archive.open(info) as member:
         shape, dtype = _read_header(member, info.filename)
         if dtype.hasobject:
-            raise CorruptCheckpointError(f"{info.filename}: holds Python objects, not a plain array")
+            raise CorruptCheckpointError(
+                f"{info.filename} holds pickled Python objects, not a plain array: keras-vit never unpickles a "
+                "checkpoint (refused for safety)"
+            )
         expected = member.tell() + math.prod(shape) * dtype.itemsize
     if expected != info.file_size:
-        raise CorruptCheckpointError(f"{info.filename}: {info.file_size} bytes, its header describes {expected}")
+        raise CorruptCheckpointError(
+            f"{info.filename}: its header declares {expected:,} bytes (shape {shape}, {dtype}), the member holds "
+            f"{info.file_size:,}"
+        )
 
 
 def _check(f: BinaryIO, required: tuple[str, ...]) -> None:
@@ -113,10 +124,6 @@ def _check(f: BinaryIO, required: tuple[str, ...]) -> None:
         missing = [key for key in required if key + ".npy" not in members]
         if missing:
             raise CorruptCheckpointError(f"missing the arrays {missing} (has {len(members)} members)")
-        for name, info in members.items():
-            if not name.endswith(".npy"):
-                raise CorruptCheckpointError(f"{name}: not an .npy array")
-            _check_member(archive, info)
 
 
 def _verdict(f: BinaryIO, required: tuple[str, ...], label: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -302,7 +301,7 @@ def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]
     A failure removes the temporary files (and ``out_dir`` if this call created it and it is still empty):
     files already in ``out_dir`` are left as they were.
     """
-    from keras_vit.files import atomic_open, temporary_path
+    from keras_vit.files import temporary_path, write_json
 
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -312,8 +311,7 @@ def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]
             staged.append((temporary_path(os.path.join(out_dir, name)), os.path.join(out_dir, name)))
             draw(staged[-1][0])
         staged.append((temporary_path(os.path.join(out_dir, "results.json")), os.path.join(out_dir, "results.json")))
-        with atomic_open(staged[-1][0], "w") as file:
-            json.dump(results, file, indent=2)
+        write_json(staged[-1][0], results)  # strict JSON: a NaN is written as null
     except BaseException:
         for temporary, _ in staged:
             with contextlib.suppress(FileNotFoundError):

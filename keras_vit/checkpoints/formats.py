@@ -54,6 +54,7 @@ _SUFFIXES = {
     ".keras": "keras",
 }
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 
 
 def read_json(path: Path) -> dict:
@@ -96,6 +97,20 @@ def _zip_format(path: Path) -> str | None:
     return None
 
 
+def _refuse_misnamed(path: Path, head: bytes, named: str | None) -> None:
+    """A ``ValueError`` for a file whose content is plainly not what its name says: a compressed body (gzip,
+    bzip2, xz, zstd: decompress it first), or a ``.h5`` / ``.npz`` without the HDF5 / zip signature."""
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise ValueError(
+                f"{path} is {kind}-compressed data, not a checkpoint: decompress it first (the checkpoint is inside)."
+            )
+    signatures = {"keras_weights": (_HDF5_MAGIC, "an HDF5 file"), "npz": (b"PK", "a zip archive (an .npz is one)")}
+    magic, kind = signatures.get(named, (b"", ""))
+    if magic and head and not head.startswith(magic[: len(head)]):
+        raise ValueError(f"{path} is named {path.suffix} but is not {kind}: it starts {head[:8]!r}.")
+
+
 def detect_format(path: str | Path) -> str:
     """One of :data:`FORMATS` for an existing file or folder, from its content; a ``ValueError`` saying
     what the file is not and what was expected when no format fits."""
@@ -116,7 +131,10 @@ def detect_format(path: str | Path) -> str:
         found = "torch"
     elif len(head) >= 9 and 0 < int.from_bytes(head[:8], "little") <= size - 8 and head[8:9] == b"{":
         found = "safetensors"
-    found = found or next((fmt for suffix, fmt in _SUFFIXES.items() if path.name.endswith(suffix)), None)
+    named = next((fmt for suffix, fmt in _SUFFIXES.items() if path.name.endswith(suffix)), None)
+    if found is None:
+        _refuse_misnamed(path, head, named)
+    found = found or named
     if found is None:
         raise ValueError(
             f"{path} ({size:,} bytes, starting {head[:8]!r}) is not a checkpoint keras-vit reads: expected {EXPECTED}."

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
-from keras_vit.checkpoints.timm import block_arrays, conv_kernel, guess_num_heads, linear_kernel
+from keras_vit.checkpoints.timm import block_arrays, block_indices, conv_kernel, guess_num_heads, linear_kernel
 
 __all__ = ["HUGGINGFACE_UNSUPPORTED", "huggingface_to_npz", "looks_like_huggingface"]
 
@@ -77,8 +77,7 @@ def huggingface_to_npz(
         arrays["cls"] = take("embeddings.cls_token")
     if "embeddings.position_embeddings" in rest:
         arrays["Transformer/posembed_input/pos_embedding"] = take("embeddings.position_embeddings")
-    depth = len({key.split(".")[2] for key in rest if key.startswith("encoder.layer.")})
-    for i in range(depth):
+    for i in block_indices(rest, r"encoder\.layer\.(\d+)\.attention\.attention\.query\.weight"):
         prefix = f"encoder.layer.{i}."
 
         def dense(name, prefix=prefix):

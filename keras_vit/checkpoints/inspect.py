@@ -5,6 +5,8 @@ with the options its format records, the whole :class:`~keras_vit.config.ViTConf
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -13,7 +15,9 @@ from keras_vit.config import ViTConfig
 from keras_vit.position import square_grid
 from keras_vit.variants import Architecture
 
-__all__ = ["CheckpointInfo", "checkpoint_config", "checkpoint_info"]
+__all__ = ["ARCHITECTURE", "CheckpointInfo", "checkpoint_config", "checkpoint_info", "differences", "shapes_only"]
+
+_BLOCK_QUERY = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1/query/kernel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +64,7 @@ def _resnet_stages(arrays: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
 
 def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
     """Infer the architecture from a checkpoint's array shapes (a ``ValueError`` when a key is missing)."""
+    source = getattr(arrays, "source", "the checkpoint")
     try:
         patch, _, _, hidden = arrays["embedding/kernel"].shape
         block = "Transformer/encoderblock_0"
@@ -67,13 +72,18 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
         mlp_dim = arrays[f"{block}/MlpBlock_3/Dense_0/kernel"].shape[1]
         tokens = arrays["Transformer/posembed_input/pos_embedding"].shape[1]
     except (KeyError, ValueError, IndexError) as exc:
-        raise ValueError(f"Not a ViT checkpoint in the published layout: cannot read {exc}.") from exc
-    depth = len({key.split("/")[1] for key in arrays if key.startswith("Transformer/encoderblock_")})
+        raise ValueError(f"{source} is not a ViT checkpoint in the published layout: cannot read {exc}.") from exc
+    depth = len([key for key in arrays if _BLOCK_QUERY.fullmatch(key)])  # a stray key is no block
     prefix = int("cls" in arrays)
     try:
         grid = square_grid(tokens - prefix)
     except ValueError:
         grid = None
+    if grid is None and not prefix and math.isqrt(tokens - 1) ** 2 == tokens - 1:
+        raise ValueError(
+            f"{source} has {tokens} position embeddings, a {math.isqrt(tokens - 1)}x{math.isqrt(tokens - 1)} "
+            "grid and a class token's, but no class token: the array 'cls' is missing."
+        )
     head, pre_logits = arrays.get("head/bias"), arrays.get("pre_logits/bias")
     architecture = Architecture(
         patch_size=int(patch),
@@ -105,3 +115,32 @@ def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
     if "conv_root/kernel" in arrays:
         fields["resnet_width"] = int(arrays["conv_root/kernel"].shape[-1])
     return ViTConfig(info.architecture, **fields)
+
+
+# What :func:`differences` compares, by the name a message gives it.
+_COMPARED = {
+    "patch": lambda info: info.architecture.patch_size,
+    "width": lambda info: info.architecture.hidden_size,
+    "depth": lambda info: info.architecture.depth,
+    "heads": lambda info: info.architecture.num_heads,
+    "mlp": lambda info: info.architecture.mlp_dim,
+    "ResNet stages": lambda info: info.architecture.resnet_stages,
+    "classifier": lambda info: info.classifier,
+    "grid": lambda info: info.grid_size,
+    "classes": lambda info: info.num_classes,
+    "pre_logits": lambda info: info.representation_size,
+}
+ARCHITECTURE = ("patch", "width", "depth", "heads", "mlp", "ResNet stages", "classifier")
+
+
+def differences(found: CheckpointInfo, expected: CheckpointInfo, other: str, compared=tuple(_COMPARED)) -> str:
+    """``"depth 2 (the model: 1), width 64 (the model: 32)"``: each of ``compared`` (names of :data:`_COMPARED`)
+    where ``found`` differs from ``expected`` (``other``'s); ``""`` where none does."""
+    values = {name: (_COMPARED[name](found), _COMPARED[name](expected)) for name in compared}
+    return ", ".join(f"{name} {ours} ({other}: {theirs})" for name, (ours, theirs) in values.items() if ours != theirs)
+
+
+def shapes_only(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """Arrays of these shapes that take no memory (one broadcast zero each), for :func:`checkpoint_info` on what an
+    archive's headers declare."""
+    return {key: np.broadcast_to(np.float32(0), shape) for key, shape in shapes.items()}

@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import warnings
 from collections.abc import Mapping
 
 import keras
 import numpy as np
 
-from keras_vit.checkpoints.inspect import checkpoint_config, checkpoint_info
+from keras_vit.checkpoints.inspect import (
+    ARCHITECTURE,
+    CheckpointInfo,
+    checkpoint_config,
+    checkpoint_info,
+    differences,
+)
 from keras_vit.checkpoints.keymap import KeyMap, npz_key_map
 from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, with_num_heads
+from keras_vit.checkpoints.timm import model_arrays
 from keras_vit.config import field_names, resnet_fields
-from keras_vit.layers import TransformerBlock
+from keras_vit.layers import PatchEmbed, TransformerBlock
 from keras_vit.models import build_vit, model_options
 
 __all__ = ["LoadResult", "checkpoint_defaults", "load_weights", "model_from_checkpoint"]
@@ -60,10 +68,24 @@ def _skipped_head(key_map: KeyMap, arrays: Mapping) -> tuple[set[str], str | Non
     return set(), None
 
 
-def _finite(array) -> bool:
-    """Whether a float array holds only finite values (other dtypes: yes)."""
-    array = np.asarray(array)
-    return array.dtype.kind != "f" or bool(np.isfinite(array).all())
+def _shown(keys: list[str]) -> str:
+    return ", ".join(keys[:_MAX_LISTED]) + (" and more" if len(keys) > _MAX_LISTED else "")
+
+
+def _check_values(arrays: CheckpointArrays, keys: list[str]) -> None:
+    """A ``ValueError`` naming the file and the arrays that are not weights: of another dtype than floating point
+    (integers, booleans, strings, raw records), or holding NaN or infinite values (every output would be NaN)."""
+    dtypes = {key: np.asarray(arrays[key]).dtype for key in keys}
+    foreign = [f"{key} ({dtype})" for key, dtype in dtypes.items() if dtype.kind != "f"]
+    if foreign:
+        raise ValueError(
+            f"{arrays.source} holds arrays that are not floating-point weights ({len(foreign)}): {_shown(foreign)}."
+        )
+    non_finite = [key for key in keys if not np.isfinite(arrays[key]).all()]
+    if non_finite:
+        raise ValueError(
+            f"{arrays.source} holds NaN or infinite values in {len(non_finite)} arrays: {_shown(non_finite)}."
+        )
 
 
 def _listing(title: str, items: list[str]) -> str:
@@ -102,13 +124,40 @@ def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
         )
 
 
+def _weights_h5_shape(path) -> dict[str, object]:
+    """Patch, width, depth and MLP width of the keras-vit model a ``.weights.h5`` was saved from, read from the
+    shapes Keras stored (``layers/patch_embed/vars/0``, one ``layers/transformer_block_N`` group per block)."""
+    import h5py
+
+    names: list[str] = []
+    with h5py.File(path, "r") as file:
+        file.visit(names.append)
+        kernel = next((file[n].shape for n in names if re.fullmatch(r"layers/patch_embed(_\d+)?/vars/0", n)), None)
+        fc1 = next((file[n].shape for n in names if re.fullmatch(r"layers/transformer_block/mlp/fc1/vars/0", n)), None)
+    blocks = {match[1] for match in map(re.compile(r"layers/(transformer_block(_\d+)?)/").match, names) if match}
+    return _shape(kernel, len(blocks), fc1)
+
+
+def _shape(kernel, depth: int, fc1) -> dict[str, object]:
+    patch, width = (kernel[0], kernel[-1]) if kernel is not None else (None, None)
+    return {"patch": patch, "width": width, "depth": depth, "mlp": None if fc1 is None else fc1[-1]}
+
+
 def _load_keras_weights(model: keras.Model, arrays: CheckpointArrays) -> LoadResult:
     try:
         model.load_weights(arrays.keras_weights)
     except ValueError as exc:
+        blocks = _layers_of(model, TransformerBlock)
+        kernels = [tuple(layer.kernel.shape) for layer in _layers_of(model, PatchEmbed)]
+        ours = _shape(kernels[0] if kernels else None, len(blocks), (blocks[0].mlp_dim,) if blocks else None)
+        theirs = _weights_h5_shape(arrays.keras_weights)
+        differ = ", ".join(
+            f"{name} {theirs[name]} (the model: {ours[name]})" for name in ours if ours[name] != theirs[name]
+        )
+        why = f"it is another architecture: {differ}" if differ else "a .weights.h5 holds no architecture"
         raise ValueError(
-            f"Cannot load the Keras weights file {arrays.source} into model {model.name!r} (a .weights.h5 holds "
-            f"no architecture: build the same model it was saved from): {exc}"
+            f"Cannot load the Keras weights file {arrays.source} into model {model.name!r} ({why}; build the same "
+            f"model it was saved from): {exc}"
         ) from exc
     return LoadResult(loaded=tuple(variable.path for variable in model.weights), skipped=())
 
@@ -145,11 +194,8 @@ def load_weights(
         key_map.pop(key, None)
     missing = [key for key in key_map if key not in arrays]
     unexpected = [key for key in arrays if key not in key_map and key not in skipped]
+    _check_values(arrays, [key for key in key_map if key in arrays])
     values, mismatched = _transformed(key_map, arrays)
-    non_finite = [key for key in key_map if key in arrays and not _finite(arrays[key])]
-    if non_finite:  # every output would be NaN, or training would report a diverged loss
-        shown = ", ".join(non_finite[:_MAX_LISTED]) + (" and more" if len(non_finite) > _MAX_LISTED else "")
-        raise ValueError(f"{arrays.source} holds NaN or infinite values in {len(non_finite)} arrays: {shown}.")
     if missing or unexpected or mismatched:
         sections = [
             _listing(title, items)
@@ -161,10 +207,11 @@ def load_weights(
             if items
         ]
         try:
-            looks = f"\nThe checkpoint looks like {checkpoint_info(arrays).describe()}."
-        except ValueError:
-            looks = ""
-        raise ValueError(f"Cannot load {arrays.source} into model {model.name!r}:\n" + "\n".join(sections) + looks)
+            info = checkpoint_info(arrays)
+            why, looks = _differs(info, model), f"\nThe checkpoint looks like {info.describe()}."
+        except ValueError as exc:  # what keeps the shapes from telling an architecture (a class token missing)
+            why, looks = "", f"\n{exc}"
+        raise ValueError(f"Cannot load {arrays.source} into model {model.name!r}{why}:\n" + "\n".join(sections) + looks)
     for variable, value in values:
         variable.assign(value.astype(variable.dtype))
     if reason:
@@ -174,6 +221,16 @@ def load_weights(
             stacklevel=2,
         )
     return LoadResult(loaded=tuple(key_map), skipped=tuple(sorted(skipped)))
+
+
+def _differs(info: CheckpointInfo, model: keras.Model) -> str:
+    """A sentence naming what of the architecture differs between a checkpoint and ``model`` (``""``: nothing)."""
+    try:
+        built = checkpoint_info(model_arrays(model))
+    except ValueError:  # a model the .npz layout cannot describe
+        return ""
+    differ = differences(info, built, "the model", ARCHITECTURE)
+    return f", another architecture: {differ}" if differ else ""
 
 
 def _transformed(key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:

@@ -31,6 +31,7 @@ from keras_vit.checkpoints.formats import (
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
 from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
+from keras_vit.zoo.errors import CorruptCheckpointError
 from keras_vit.zoo.validate import check_members
 
 __all__ = [
@@ -88,7 +89,9 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise ValueError("it holds one array, not named arrays")
         with data:
-            arrays = {key: data[key] for key in data.files}
+            arrays = {key: _from_bfloat16(data[key]) for key in data.files}
+    except CorruptCheckpointError as exc:  # named by what the archive declares: a bomb, a lying header, objects
+        raise ValueError(f"{path} is refused: {exc}.") from exc
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise ValueError(
             f"{path} is not a readable .npz checkpoint ({type(exc).__name__}: {exc}). The file is truncated "
@@ -100,6 +103,16 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
         listed = ", ".join(sorted(arrays)[:5]) or "none"
         raise ValueError(f"{path} is not a ViT checkpoint: it has no 'embedding/kernel' key (keys: {listed}).")
     return CheckpointArrays(arrays, str(path))
+
+
+def _from_bfloat16(array: np.ndarray) -> np.ndarray:
+    """numpy stores an ``ml_dtypes.bfloat16`` array (JAX's, Keras') as 2-byte void records (``|V2``): read back as
+    bfloat16, widened to float32. Other arrays are returned as they are."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
+        import ml_dtypes
+
+        return array.view(ml_dtypes.bfloat16).astype("float32")
+    return array
 
 
 _PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")

@@ -40,6 +40,7 @@ from keras_vit.variants import SIZES
 __all__ = [
     "TIMM_UNSUPPORTED",
     "block_arrays",
+    "block_indices",
     "conv_kernel",
     "guess_num_heads",
     "linear_kernel",
@@ -106,6 +107,13 @@ def conv_kernel(weight: np.ndarray) -> np.ndarray:
 def torch_conv_weight(kernel: np.ndarray) -> np.ndarray:
     """A Keras kernel ``(kh, kw, I, O)`` as a torch ``Conv2d`` weight ``(O, I, kh, kw)``."""
     return np.ascontiguousarray(np.transpose(kernel, (3, 2, 0, 1)))
+
+
+def block_indices(keys, pattern: str) -> range:
+    """``range(depth)``: the blocks of a state dict, counted by the key that only a block has (``pattern``, whose
+    group is the index), so that a stray key under ``blocks.`` is not taken for a block."""
+    indices = [int(match[1]) for match in map(re.compile(pattern).fullmatch, keys) if match]
+    return range(max(indices) + 1 if indices else 0)
 
 
 def guess_num_heads(width: int) -> int:
@@ -221,8 +229,7 @@ def timm_to_npz(
         arrays["cls"] = take("cls_token")
     if "pos_embed" in rest:
         arrays["Transformer/posembed_input/pos_embedding"] = take("pos_embed")
-    depth = len({key.split(".")[1] for key in rest if key.startswith("blocks.")})
-    for i in range(depth):
+    for i in block_indices(rest, r"blocks\.(\d+)\.attn\.qkv\.weight"):
         arrays.update(_block_from_timm(rest, f"blocks.{i}.", i, heads))
     options: dict = {"gelu": "exact"}
     for norm, fc_norm in (("norm", False), ("fc_norm", True)):
