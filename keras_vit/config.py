@@ -63,6 +63,7 @@ GROUPS = ("architecture", "input", "output", "structure", "numerics", "training"
 
 DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = 224, 1000
 ROOT_WIDTH = 64  # channels of a hybrid ResNet's root convolution (width factor 1)
+LAYER_NORM_EPSILON = 1e-6  # the published models' value, not Keras' 1e-3
 STD_CONV_EPSILON = 1e-5  # the Flax code's weight-standardisation epsilon; timm's hybrids use 1e-8
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's; timm's GroupNormAct uses 1e-5
 
@@ -177,6 +178,13 @@ class ViTConfig:
         "tanh",
         "numerics",
         choices=GELUS,
+        layer="block",
+    )
+    layer_norm_epsilon: float = _field(
+        "epsilon of the encoder's LayerNorms (the published models': 1e-6; Hugging Face's files: their layer_norm_eps)",
+        LAYER_NORM_EPSILON,
+        "numerics",
+        check=check_positive_number,
         layer="block",
     )
     std_conv_epsilon: float = _field(

@@ -26,8 +26,7 @@ from keras_vit.checks import (
 )
 from keras_vit.checks import check_pair as _pair
 from keras_vit.config import GELUS as GELU_VARIANTS
-
-LAYER_NORM_EPSILON = 1e-6  # the published models' value, not Keras' 1e-3
+from keras_vit.config import LAYER_NORM_EPSILON
 
 __all__ = [
     "GELU_VARIANTS",
@@ -45,9 +44,9 @@ __all__ = [
 ]
 
 
-def layer_norm(name: str, dtype=None) -> layers.LayerNormalization:
-    """LayerNorm with the published models' epsilon."""
-    return layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name, dtype=dtype)
+def layer_norm(name: str, dtype=None, epsilon: float = LAYER_NORM_EPSILON) -> layers.LayerNormalization:
+    """LayerNorm with the published models' epsilon (or another)."""
+    return layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
 
 
 def add_conv_kernel(layer: layers.Layer, input_shape, kernel_size: tuple[int, int], filters: int):
@@ -356,10 +355,12 @@ class TransformerBlock(layers.Layer):
         gelu: str = "tanh",
         remat: bool = False,
         layer_scale_init: float | None = None,
+        layer_norm_epsilon: float = LAYER_NORM_EPSILON,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.remat = check_bool(remat, "remat")
+        self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         self.layer_scale_init = optional(check_positive_number)(layer_scale_init, "layer_scale_init")
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
@@ -368,11 +369,11 @@ class TransformerBlock(layers.Layer):
         self.drop_path_rate = check_fraction(drop_path, "drop_path")
         self.gelu = gelu
         policy = self.dtype_policy
-        self.norm1 = layer_norm("LayerNorm_0", dtype=policy)
+        self.norm1 = layer_norm("LayerNorm_0", dtype=policy, epsilon=self.layer_norm_epsilon)
         self.attn = MultiHeadSelfAttention(
             num_heads, attention_dropout, name="MultiHeadDotProductAttention_1", dtype=policy
         )
-        self.norm2 = layer_norm("LayerNorm_2", dtype=policy)
+        self.norm2 = layer_norm("LayerNorm_2", dtype=policy, epsilon=self.layer_norm_epsilon)
         self.mlp = MlpBlock(mlp_dim, dropout, gelu, name="MlpBlock_3", dtype=policy)
         self.dropout = layers.Dropout(self.dropout_rate, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
@@ -441,4 +442,5 @@ class TransformerBlock(layers.Layer):
             "gelu": self.gelu,
             "remat": self.remat,
             "layer_scale_init": self.layer_scale_init,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
         }

@@ -125,7 +125,7 @@ def encode(x, config: ViTConfig, images=None):
             name=f"encoderblock_{i}",
             **config.layer_options("block"),
         )(x)
-    return x if config.fc_norm else layer_norm("encoder_norm")(x)
+    return x if config.fc_norm else layer_norm("encoder_norm", epsilon=config.layer_norm_epsilon)(x)
 
 
 def head(x, config: ViTConfig):
@@ -136,7 +136,7 @@ def head(x, config: ViTConfig):
     pooling = config.pooling if not config.include_top else ("token" if config.classifier == "token" else "avg")
     x = TokenPooling(pooling, num_prefix_tokens=int(config.classifier == "token"), name=f"{pooling}_pool")(x)
     if config.fc_norm:
-        x = layer_norm("encoder_norm")(x)
+        x = layer_norm("encoder_norm", epsilon=config.layer_norm_epsilon)(x)
     if not config.include_top:
         return x
     if config.representation_size is not None:

@@ -68,8 +68,9 @@ def classify(
     return decode_predictions(_scores(np.concatenate(logits), scores), top=top, labels=labels)
 
 
-def _build_model(weights: str, mixed_precision: str):
-    """The checkpoint's model, built under the dtype policy of ``mixed_precision`` (``auto``: the hardware's)."""
+def _build_model(weights: str, mixed_precision: str, num_heads: int | None = None):
+    """The checkpoint's model, built under the dtype policy of ``mixed_precision`` (``auto``: the hardware's);
+    ``num_heads`` for a file that does not record them (a timm state dict)."""
     import keras_vit
 
     try:
@@ -78,7 +79,7 @@ def _build_model(weights: str, mixed_precision: str):
         raise CommandError(str(exc)) from exc
     try:
         with global_policy(policy):
-            return keras_vit.model_from_checkpoint(weights)
+            return keras_vit.model_from_checkpoint(weights, num_heads=num_heads)
     except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
         raise CommandError(f"weights {weights!r}: {exc}") from exc
 
@@ -99,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         metavar="NAME_OR_PATH",
         help="a zoo catalogue name (python -m keras_vit.zoo list) or a Google .npz checkpoint",
+    )
+    parser.add_argument(
+        "--num-heads",
+        type=int,
+        help="attention heads, for a file that does not record them (a timm state dict; default: the usual for its "
+        "width, printed as a warning)",
     )
     parser.add_argument("--top", type=int, default=5, help="classes per image (default 5)")
     parser.add_argument(
@@ -121,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.top < 1:
             raise CommandError(f"--top must be at least 1, got {args.top}")
         images = [load_image(path) for path in args.images]
-        model = _build_model(args.weights, args.mixed_precision)
+        model = _build_model(args.weights, args.mixed_precision, args.num_heads)
         results = classify(model, images, top=args.top, labels=args.labels, scores=args.scores)
     if args.json:
         out = [

@@ -38,6 +38,7 @@ CONFIGS = {
         layer_scale_init=0.1,
         resnet_width=32,
         gelu="exact",
+        layer_norm_epsilon=1e-12,
         std_conv_epsilon=1e-8,
         group_norm_epsilon=1e-5,
         weight_standardization="timm",

@@ -26,6 +26,7 @@ __all__ = [
     "detect_format",
     "read_json",
     "read_state_dict",
+    "recorded_num_heads",
     "reject_unsupported",
 ]
 
@@ -183,6 +184,20 @@ def read_state_dict(path: str | Path, fmt: str) -> dict[str, np.ndarray]:
     except Exception as exc:  # torch.load raises many kinds (UnpicklingError, KeyError, RuntimeError, ...)
         raise ValueError(f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {exc}).") from exc
     return _state_dict_of(loaded, path)
+
+
+def recorded_num_heads(path: str | Path) -> int | None:
+    """The head count a timm ``.safetensors`` records in its metadata (``timm_model_kwargs``, which keras-vit's
+    :func:`~keras_vit.checkpoints.timm.save_timm_safetensors` writes); None where it records none."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, "np") as file:
+            kwargs = json.loads((file.metadata() or {}).get("timm_model_kwargs", "{}"))
+    except (SafetensorError, OSError, ValueError, TypeError):
+        return None  # the arrays' reader names what is wrong with the file
+    heads = kwargs.get("num_heads") if isinstance(kwargs, dict) else None
+    return heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else None
 
 
 def reject_unsupported(keys: Iterable[str], unsupported: Mapping[str, str], source: str) -> None:

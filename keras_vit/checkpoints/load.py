@@ -113,7 +113,7 @@ def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
                 f"Cannot load {arrays.source} into model {model.name!r}: the checkpoint has {name}={differ[name]!r}, "
                 f"the model {name}={built[name]!r}; " + fix.format(f"{name}={differ[name]!r}.")
             )
-    numerics = {name: value for name, value in differ.items() if name not in field_names("structure")}
+    numerics = {name: value for name, value in differ.items() if name in field_names("numerics")}
     if numerics:
         theirs = ", ".join(f"{name}={value!r}" for name, value in numerics.items())
         ours = ", ".join(f"{name}={built[name]!r}" for name in numerics)
@@ -280,6 +280,17 @@ def checkpoint_defaults(
     return image_size, num_classes, representation_size
 
 
+def _warn_heads_guessed(arrays: CheckpointArrays) -> None:
+    """Say the head count read from a file that does not record it (a timm state dict), and how to give it."""
+    info = checkpoint_info(arrays)
+    warnings.warn(
+        f"{arrays.source} does not record its number of attention heads ({arrays.format} state dict): read as "
+        f"{info.architecture.num_heads} heads, the usual for width {info.architecture.hidden_size}. If the model had "
+        "another number, say it: num_heads=N (the commands' --num-heads N).",
+        stacklevel=3,
+    )
+
+
 def model_from_checkpoint(
     weights: str | os.PathLike | Mapping[str, np.ndarray], *, resize_method: str = "zoom_linear", **overrides
 ) -> keras.Model:
@@ -299,8 +310,9 @@ def model_from_checkpoint(
             "and load it there (keras_vit.ViT(..., weights=path) or model.load_weights(path))."
         )
     num_heads = overrides.pop("num_heads", None)
-    if num_heads is not None:
-        arrays = with_num_heads(arrays, num_heads)
+    if num_heads is None and not arrays.heads_known:
+        _warn_heads_guessed(arrays)
+    arrays = with_num_heads(arrays, num_heads or checkpoint_info(arrays).architecture.num_heads)
     overrides.update(resnet_fields(overrides.pop("resnet_options", None) or {}))
     image_size, num_classes, representation_size = checkpoint_defaults(
         arrays,

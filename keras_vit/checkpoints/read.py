@@ -27,6 +27,7 @@ from keras_vit.checkpoints.formats import (
     detect_format,
     read_json,
     read_state_dict,
+    recorded_num_heads,
 )
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
@@ -131,14 +132,20 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
 
 
 def from_state_dict(
-    state: Mapping[str, np.ndarray], source: str, config: Mapping | None = None, fmt: str = "npz"
+    state: Mapping[str, np.ndarray],
+    source: str,
+    config: Mapping | None = None,
+    fmt: str = "npz",
+    num_heads: int | None = None,
 ) -> CheckpointArrays:
     """Arrays in any key layout -> :class:`CheckpointArrays` in the ``.npz`` layout (timm and Hugging Face
-    state dicts are converted; ``config`` is a Hugging Face ``config.json``)."""
+    state dicts are converted; ``config`` is a Hugging Face ``config.json``; ``num_heads`` a timm file's, where
+    its metadata records them)."""
     try:
         if looks_like_timm(state):
-            arrays, options = timm_to_npz(state, source=source)
-            return CheckpointArrays(arrays, source, format="timm", model_options=options, heads_known=False)
+            arrays, options = timm_to_npz(state, num_heads=num_heads, source=source)
+            fields = dict(format="timm", model_options=options, heads_known=num_heads is not None)
+            return CheckpointArrays(arrays, source, **fields)
         if looks_like_huggingface(state):
             arrays, options, known = huggingface_to_npz(state, config, source=source)
             return CheckpointArrays(arrays, source, format="huggingface", model_options=options, heads_known=known)
@@ -176,7 +183,8 @@ def read_path(path: str | os.PathLike) -> CheckpointArrays:
         fmt = detect_format(path)
     elif path.with_name("config.json").is_file():  # a Hugging Face weights file in its folder
         config = read_json(path.with_name("config.json"))
-    return from_state_dict(read_state_dict(path, fmt), str(path), config, fmt)
+    heads = recorded_num_heads(path) if fmt == "safetensors" else None
+    return from_state_dict(read_state_dict(path, fmt), str(path), config, fmt, heads)
 
 
 _ATTENTION_KEY = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1/(query|key|value|out)/kernel")
