@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# Ti/16 as the catalogue's Ti_16.* files have it (AugReg's "Ti" of Steiner et al., 2021, arXiv:2106.10270): what a
+# mirror must serve under those names, the smallest published shape (14 x 14 patches at 224 px).
+TI_16 = dict(patch=16, width=192, depth=12, heads=3, mlp=768, grid=(14, 14))
+
 
 def vit_checkpoint(
     *,

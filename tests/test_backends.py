@@ -187,7 +187,7 @@ def _without_tensorflow(folder: Path, out: dict, attempts: list[str]) -> None:
     from keras_vit import export
     from keras_vit.analysis import data
 
-    model = keras_vit.ViT_Ti16(weights=ZOO_NAME, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, image_size=32)
+    model = keras_vit.ViT_Ti16(weights=ZOO_NAME, image_size=32)
     out["zoo/logits"] = _numpy(model.predict_on_batch(_images(32)))
     _analyses(model, out)
     _checkpoints(folder, out, ("timm_safetensors",))
@@ -251,14 +251,14 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def zoo_mirror(tmp_path_factory):
     """A local mirror of the checkpoint bucket holding a small checkpoint under the name ``ZOO_NAME``."""
-    from npz_layout import vit_checkpoint, write_checkpoint
+    from npz_layout import TI_16, vit_checkpoint, write_checkpoint
 
     from keras_vit import zoo
 
     root = tmp_path_factory.mktemp("bucket")
     entry = zoo.get(ZOO_NAME)
     (root / entry.path).parent.mkdir(parents=True)
-    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=1000)
+    arrays = vit_checkpoint(**TI_16, num_classes=1000)  # the entry's architecture: the zoo refuses any other
     write_checkpoint(root / entry.path, arrays)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from npz_layout import vit_checkpoint, write_checkpoint
+from npz_layout import TI_16, vit_checkpoint, write_checkpoint
 
 import keras_vit
 from keras_vit import zoo
@@ -396,22 +396,52 @@ def test_a_lock_held_past_the_deadline_is_an_error(tmp_path, payload, serve):
 
 
 def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path, serve, monkeypatch):
-    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=21843)
+    arrays = vit_checkpoint(**TI_16, num_classes=21843)  # the entry's own architecture (a toy file is refused)
     entry = zoo.get("Ti_16.augreg_in21k")
     data = write_checkpoint(tmp_path / "source.npz", arrays).read_bytes()
     server = serve({"/" + entry.path: data}, faults=["drop"])
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
     monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
-    tiny = dict(hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
-    model = keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", **tiny)
+    model = keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k")
     cached = tmp_path / "keras_home" / "models" / "vit_models" / entry.path
-    assert cached.read_bytes() == data and model.input_shape == (None, 32, 32, 3)
+    assert cached.read_bytes() == data and model.input_shape == (None, 224, 224, 3)
     assert model.output_shape == (None, 21843) and recorded(cached) == hashlib.sha256(data).hexdigest()
     np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
     requests = len(server.requests)
     with pytest.warns(UserWarning, match="include_top=False"):
-        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", include_top=False, **tiny)
+        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", include_top=False, image_size=32)
     assert len(server.requests) == requests  # served from the cache
+
+
+def test_a_file_of_another_architecture_is_neither_cached_nor_loaded_under_a_catalogue_name(
+    tmp_path, payload, serve, monkeypatch, capsys
+):
+    """A mirror's toy file (width 32, one block, 10 classes) served as ``B_16.orig_in21k``: refused from its array
+    headers, naming what differs, before it enters the cache; one put in the cache by hand is named and kept."""
+    from keras_vit.zoo.__main__ import main as zoo_main
+
+    entry = zoo.get("B_16.orig_in21k")
+    server = serve({"/" + entry.path: payload})
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    differs = (
+        r"is not the checkpoint B_16.orig_in21k \(B/16 at 224 px\): another architecture: width 32 \(B_16.orig_in21k: "
+        r"768\), depth 1 \(B_16.orig_in21k: 12\), heads 2 \(B_16.orig_in21k: 12\), mlp 64 \(B_16.orig_in21k: 3072\), "
+        r"grid \(2, 2\) \(B_16.orig_in21k: \(14, 14\)\), classes 10 \(B_16.orig_in21k: 21843\), pre_logits None "
+        r"\(B_16.orig_in21k: 768\)"
+    )
+    with pytest.raises(CorruptCheckpointError, match=differs + r".*the file was deleted"):
+        keras_vit.ViT_B16(weights=entry.name)
+    cached = zoo.cache_path(entry)
+    assert not cached.parent.exists() or sorted(p.name for p in cached.parent.iterdir()) == []
+    with pytest.raises(SystemExit):
+        zoo_main(["download", entry.name])
+    assert re.search("error: .*" + differs, capsys.readouterr().err) and not cached.exists()
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_bytes(payload)  # by hand, or cached by an older keras-vit
+    with pytest.raises(CorruptCheckpointError, match=re.escape(str(cached)) + " " + differs):
+        keras_vit.load_weights(keras_vit.ViT_B16(include_top=False, image_size=32), entry.name)
+    assert cached.read_bytes() == payload  # named, not deleted: the user put it there
 
 
 def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp_path, serve, monkeypatch):
@@ -429,11 +459,11 @@ def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp
         _alias_checkpoint("imagenet", "B/16", (224, 320))
 
     entry = zoo.get("Ti_16.augreg_in21k_ft_in1k_224")  # what ViT_Ti16(weights="imagenet") loads, from a mirror
-    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(14, 14), num_classes=1000)
+    arrays = vit_checkpoint(**TI_16, num_classes=1000)
     server = serve({"/" + entry.path: write_checkpoint(tmp_path / "source.npz", arrays).read_bytes()})
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
     monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
-    model = keras_vit.ViT_Ti16(weights="imagenet", hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
+    model = keras_vit.ViT_Ti16(weights="imagenet")
     assert [r[0] for r in server.requests] == ["/" + entry.path]
     assert model.input_shape == (None, 224, 224, 3) and model.output_shape == (None, 1000)
     np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
@@ -469,6 +499,27 @@ def test_fetch_of_a_corrupted_cached_file_names_it_and_keeps_it(tmp_path, payloa
     assert path.read_bytes() == bytes(broken) and len(server.requests) == 1  # kept, not downloaded again
     with pytest.raises(CorruptCheckpointError):
         keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
+
+
+def test_a_damaged_sha256_record_is_named_and_rewritten_not_blamed_on_the_checkpoint(
+    tmp_path, payload, serve, monkeypatch, capsys
+):
+    from keras_vit.zoo.__main__ import main as zoo_main
+
+    entry = zoo.get("Ti_16.augreg_in21k")
+    server = serve({"/" + entry.path: payload})
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    path = zoo.fetch(entry)
+    record_path(path).write_text("not a sha256 at all\n")  # the record damaged, the checkpoint whole
+    zoo_main(["verify", entry.name])  # exit 0: nothing is corrupt
+    out = capsys.readouterr().out
+    assert re.search(
+        rf"^unrecorded +{entry.name}: .*its record .*\.sha256 is damaged \(not a sha256 line\), structure OK", out, re.M
+    )
+    assert "0 corrupt" in out and "elete" not in out
+    assert zoo.fetch(entry) == path and recorded(path) == hashlib.sha256(payload).hexdigest()  # checked, rewritten
+    assert path.read_bytes() == payload and len(server.requests) == 1
 
 
 def test_a_file_put_in_the_cache_by_hand_is_checked_then_recorded(tmp_path, payload, serve):

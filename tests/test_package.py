@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import OPTIONAL
-from npz_layout import vit_checkpoint, write_checkpoint
+from npz_layout import TI_16, vit_checkpoint, write_checkpoint
 from test_import_graph import module_files
 
 import keras_vit
@@ -66,13 +66,12 @@ def run_in(folder: Path, *args: str, env: dict | None = None) -> subprocess.Comp
 def test_a_users_zoo_and_training_do_not_shadow_the_package(user_folder, mirror, tmp_path):
     root, url = mirror
     entry = zoo.get("Ti_16.augreg_in21k_ft_in1k_224")
-    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=1000)
+    arrays = vit_checkpoint(**TI_16, num_classes=1000)  # the entry's architecture: the zoo refuses any other
     (root / entry.path).parent.mkdir(parents=True)
     write_checkpoint(root / entry.path, arrays)
     code = (
         "import numpy as np, keras_vit\n"
-        "m = keras_vit.ViT_Ti16(weights='Ti_16.augreg_in21k_ft_in1k_224', hidden_size=32, depth=1, num_heads=2, "
-        "mlp_dim=64)\n"
+        "m = keras_vit.ViT_Ti16(weights='Ti_16.augreg_in21k_ft_in1k_224', image_size=32)\n"
         "print(m.input_shape, m.output_shape, float(np.abs(m.get_layer('head').bias.numpy()).sum()))\n"
     )
     done = run_in(user_folder, "-c", code, env={"KERAS_VIT_ZOO_URL": url, "KERAS_HOME": str(tmp_path / "home")})

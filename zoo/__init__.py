@@ -19,7 +19,7 @@ import fnmatch
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import download
@@ -72,6 +72,11 @@ class Checkpoint:
     @property
     def url(self) -> str:
         return base_url() + self.path
+
+    @property
+    def pre_logits(self) -> bool:
+        """Whether the file holds a tanh ``pre_logits`` layer (as wide as the model): the original ImageNet-21k ones."""
+        return self.family == "original" and self.finetune is None
 
 
 @functools.cache
@@ -158,6 +163,7 @@ def fetch(
     progress: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
     deadline: float | None = None,
+    check: Callable[[Path], None] | None = None,
     **download_kwargs,
 ) -> Path:
     """The local path of a catalogue checkpoint, downloading it first when it is not cached.
@@ -166,19 +172,31 @@ def fetch(
     limit); ``progress``: a progress bar on stderr; other keywords (``retries``, ``backoff``) go to
     :func:`~keras_vit.zoo.download.download`. A cached file whose sha256 no longer matches its record is a
     ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again behind the user's back.
+    ``check(path)`` raises ``CorruptCheckpointError`` for a file that is not the entry's (the loader passes its
+    architecture check, :func:`keras_vit.checkpoints.read.catalogue_check`): run on a download before it enters
+    the cache (it is deleted then) and on the cached file at every call (kept, named).
     """
     entry = get(name) if isinstance(name, str) else name
-    return download.download(
+
+    def validate(path: Path) -> None:
+        check_npz(path)
+        if check is not None:
+            check(path)
+
+    path = download.download(
         entry.url,
         cache_path(entry, cache_dir),
         sha256=entry.sha256,
         size=entry.size,
-        validate=check_npz,
+        validate=validate,
         timeout=timeout,
         deadline=deadline,
         progress=ProgressBar(entry.name) if progress else None,
         **download_kwargs,
     )
+    if check is not None:
+        check(path)  # a file cached before, by hand or by an older version, is held to the entry too
+    return path
 
 
 def check_cached(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None) -> tuple[str, str] | None:

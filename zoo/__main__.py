@@ -60,9 +60,16 @@ def _timm_number(entry) -> bool:
     return (entry.top1_source or "").startswith("timm's own evaluation")
 
 
+def _fetch(name: str, cache_dir, **kwargs) -> Path:
+    """``zoo.fetch`` held to the entry's architecture (the loader's check: a file of another model is refused)."""
+    from keras_vit.checkpoints.read import catalogue_check
+
+    return zoo.fetch(name, cache_dir=cache_dir, progress=True, check=catalogue_check(zoo.get(name)), **kwargs)
+
+
 def _download(args) -> None:
     for name in args.names:
-        print(zoo.fetch(name, cache_dir=args.cache_dir, progress=True, timeout=args.timeout, deadline=args.deadline))
+        print(_fetch(name, args.cache_dir, timeout=args.timeout, deadline=args.deadline))
 
 
 def _verify(args) -> int:
@@ -86,7 +93,7 @@ def _local(source: str, cache_dir) -> Path:
     """A local path for ``source``: a file, or a catalogue name that is cached (downloading it if asked)."""
     if Path(source).exists():  # a file, or a Hugging Face / keras-hub folder
         return Path(source)
-    return zoo.fetch(source, cache_dir=cache_dir, progress=True)
+    return _fetch(source, cache_dir)
 
 
 def _info(args) -> None:

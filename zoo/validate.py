@@ -20,7 +20,7 @@ from .errors import CorruptCheckpointError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MAX_MEMBER_BYTES", "REQUIRED_KEYS", "check_members", "check_npz"]
+__all__ = ["MAX_MEMBER_BYTES", "REQUIRED_KEYS", "check_members", "check_npz", "npz_shapes"]
 
 REQUIRED_KEYS = ("embedding/kernel", "Transformer/posembed_input/pos_embedding")
 # What a member may unpack to. The largest published tensor, H/14's ImageNet-21k head (1280 x 21843 float32), is
@@ -146,3 +146,19 @@ def check_npz(source: str | os.PathLike | BinaryIO, required: tuple[str, ...] = 
     else:
         with open(source, "rb") as f:
             _verdict(f, required, os.fspath(source))
+
+
+def npz_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """``{key: shape}`` of an ``.npz`` from its members' headers, reading no array (keys without ``.npy``); a
+    ``CorruptCheckpointError`` naming the file where they cannot be read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            shapes = {}
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    shapes[info.filename.removesuffix(".npy")] = tuple(_read_header(member, info.filename)[0])
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{path} is not a valid .npz checkpoint: {exc}") from None
+    except _BROKEN as exc:
+        raise CorruptCheckpointError(f"{path} is not a valid .npz checkpoint ({type(exc).__name__}: {exc})") from exc
+    return shapes

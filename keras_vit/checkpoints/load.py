@@ -33,6 +33,7 @@ from keras_vit.checkpoints.timm import model_arrays
 from keras_vit.config import field_names, resnet_fields
 from keras_vit.layers import PatchEmbed, TransformerBlock
 from keras_vit.models import build_vit, model_options
+from keras_vit.position import AddPositionEmbs
 
 __all__ = ["LoadResult", "checkpoint_defaults", "load_weights", "model_from_checkpoint"]
 
@@ -125,39 +126,60 @@ def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
 
 
 def _weights_h5_shape(path) -> dict[str, object]:
-    """Patch, width, depth and MLP width of the keras-vit model a ``.weights.h5`` was saved from, read from the
-    shapes Keras stored (``layers/patch_embed/vars/0``, one ``layers/transformer_block_N`` group per block)."""
+    """Patch, width, depth, MLP width and position embeddings of the keras-vit model a ``.weights.h5`` was saved
+    from, read from the shapes Keras stored (``layers/patch_embed/vars/0``, one ``layers/transformer_block_N`` group
+    per block, ``layers/add_position_embs/vars/0``); None for what the file's layout does not show."""
     import h5py
 
     names: list[str] = []
     with h5py.File(path, "r") as file:
         file.visit(names.append)
-        kernel = next((file[n].shape for n in names if re.fullmatch(r"layers/patch_embed(_\d+)?/vars/0", n)), None)
-        fc1 = next((file[n].shape for n in names if re.fullmatch(r"layers/transformer_block/mlp/fc1/vars/0", n)), None)
-    blocks = {match[1] for match in map(re.compile(r"layers/(transformer_block(_\d+)?)/").match, names) if match}
-    return _shape(kernel, len(blocks), fc1)
+
+        def shape(pattern: str):
+            return next((file[n].shape for n in names if re.fullmatch(pattern, n)), None)
+
+        found = [shape(rf"layers/{layer}(_\d+)?/vars/0") for layer in ("patch_embed", "add_position_embs")]
+        fc1 = shape(r"layers/(\w+_)?transformer_block/mlp/fc1/vars/0")
+    blocks = {match[1] for match in map(re.compile(r"layers/((\w+_)?transformer_block(_\d+)?)/").match, names) if match}
+    return _shape(*found, len(blocks) or None, fc1)
 
 
-def _shape(kernel, depth: int, fc1) -> dict[str, object]:
+def _model_shape(model: keras.Model) -> dict[str, object]:
+    """:func:`_weights_h5_shape` of a model."""
+    blocks = _layers_of(model, TransformerBlock)
+    kernels = [tuple(layer.kernel.shape) for layer in _layers_of(model, PatchEmbed)]
+    learned = [layer for layer in _layers_of(model, AddPositionEmbs) if type(layer) is AddPositionEmbs]
+    return _shape(
+        kernels[0] if kernels else None,
+        tuple(learned[0].pos_embedding.shape) if learned else None,
+        len(blocks) or None,
+        (blocks[0].mlp_dim,) if blocks else None,
+    )
+
+
+def _shape(kernel, positions, depth: int | None, fc1) -> dict[str, object]:
     patch, width = (kernel[0], kernel[-1]) if kernel is not None else (None, None)
-    return {"patch": patch, "width": width, "depth": depth, "mlp": None if fc1 is None else fc1[-1]}
+    tokens = None if positions is None else positions[1]
+    return {"patch": patch, "width": width, "depth": depth, "mlp": None if fc1 is None else fc1[-1], "tokens": tokens}
 
 
 def _load_keras_weights(model: keras.Model, arrays: CheckpointArrays) -> LoadResult:
+    """Keras' own loader, after a check of the shapes the file shows against the model's: a file of another
+    architecture is refused naming what differs, before Keras assigns any of it."""
+    theirs, ours = _weights_h5_shape(arrays.keras_weights), _model_shape(model)
+    differ = ", ".join(
+        f"{name} {theirs[name]} (the model: {ours[name]})"
+        for name in ours
+        if None not in (ours[name], theirs[name]) and ours[name] != theirs[name]
+    )
+    where = f"Cannot load the Keras weights file {arrays.source} into model {model.name!r}"
+    if differ:
+        raise ValueError(f"{where}: it is another architecture: {differ}. Build the model it was saved from.")
     try:
         model.load_weights(arrays.keras_weights)
     except ValueError as exc:
-        blocks = _layers_of(model, TransformerBlock)
-        kernels = [tuple(layer.kernel.shape) for layer in _layers_of(model, PatchEmbed)]
-        ours = _shape(kernels[0] if kernels else None, len(blocks), (blocks[0].mlp_dim,) if blocks else None)
-        theirs = _weights_h5_shape(arrays.keras_weights)
-        differ = ", ".join(
-            f"{name} {theirs[name]} (the model: {ours[name]})" for name in ours if ours[name] != theirs[name]
-        )
-        why = f"it is another architecture: {differ}" if differ else "a .weights.h5 holds no architecture"
         raise ValueError(
-            f"Cannot load the Keras weights file {arrays.source} into model {model.name!r} ({why}; build the same "
-            f"model it was saved from): {exc}"
+            f"{where} (a .weights.h5 holds no architecture: build the same model it was saved from): {exc}"
         ) from exc
     return LoadResult(loaded=tuple(variable.path for variable in model.weights), skipped=())
 

@@ -15,7 +15,7 @@ import os
 import re
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +30,16 @@ from keras_vit.checkpoints.formats import (
     recorded_num_heads,
 )
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
+from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
 from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
+from keras_vit.variants import parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
-from keras_vit.zoo.validate import check_members
+from keras_vit.zoo.validate import check_members, npz_shapes
 
 __all__ = [
     "CheckpointArrays",
+    "catalogue_check",
     "from_state_dict",
     "read_checkpoint",
     "read_npz",
@@ -128,7 +131,34 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
         if isinstance(weights, os.PathLike) or _PATH_LIKE.search(str(weights)):
             raise FileNotFoundError(f"No checkpoint file at {path} (nor a folder); expected {EXPECTED}.")
         zoo.get(str(weights))  # raises, suggesting close names
-    return zoo.fetch(str(weights), cache_dir=cache_dir)
+    return zoo.fetch(str(weights), cache_dir=cache_dir, check=catalogue_check(zoo.get(str(weights))))
+
+
+def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
+    """A check that an ``.npz`` is ``entry``'s model: its variant's patch, width, depth, heads and MLP, its
+    ResNet, grid (image size), classes and ``pre_logits``, read from the array headers; a
+    ``CorruptCheckpointError`` naming the file, the entry and what differs (a mirror's toy file is not
+    ``B_16.orig_in21k``)."""
+    architecture = parse_variant(entry.variant)
+    side = entry.image_size // architecture.stride
+    expected = CheckpointInfo(
+        architecture, "token", (side, side), entry.num_classes, architecture.hidden_size if entry.pre_logits else None
+    )
+
+    def check(path: Path) -> None:
+        shapes = {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
+        try:
+            found = checkpoint_info(shapes_only(shapes))
+        except ValueError as exc:
+            raise CorruptCheckpointError(f"{path} is not the checkpoint {entry.name}: {exc}") from None
+        differ = differences(found, expected, entry.name)
+        if differ:
+            raise CorruptCheckpointError(
+                f"{path} is not the checkpoint {entry.name} ({entry.variant} at {entry.image_size} px): another "
+                f"architecture: {differ}"
+            )
+
+    return check
 
 
 def from_state_dict(

@@ -1,0 +1,213 @@
+"""Weight files that are not what they claim (issue 25): each refused with one line naming the file and the cause,
+or read correctly; written with numpy, safetensors and Keras themselves in the published layouts.
+
+The timm and Hugging Face cases (files written by timm and transformers) are in ``test_foreign_weights.py``; a
+catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
+"""
+
+import gzip
+import io
+import json
+import resource
+import zipfile
+
+import ml_dtypes
+import numpy as np
+import pytest
+from npz_layout import vit_checkpoint, write_checkpoint
+
+import keras_vit
+from keras_vit.analysis.__main__ import _write_outputs
+from keras_vit.analysis.__main__ import main as analysis_main
+from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit.zoo.__main__ import main as zoo_main
+
+pytestmark = pytest.mark.backends("tensorflow")  # file reading: backend-independent
+
+TINY = dict(patch=8, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny checkpoint in the published layout, its arrays and its model."""
+    arrays = vit_checkpoint(**TINY)
+    path = write_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny.npz", arrays)
+    return path, arrays, keras_vit.model_from_checkpoint(path)
+
+
+def images(size=16):
+    return np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+
+
+def savez(path, arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+# --- zoo convert onto an existing output ------------------------------------------------------------
+
+
+def test_convert_refuses_an_existing_output_unless_overwrite_and_writes_it_whole(tiny, tmp_path, capsys):
+    path, _, model = tiny
+    out = tmp_path / "vit.weights.h5"
+    out.write_bytes(b"the user's own file")
+    with pytest.raises(SystemExit) as exit_:
+        zoo_main(["convert", str(path), str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and f"error: The output {out} exists (a file): pass --overwrite" in err
+    assert out.read_bytes() == b"the user's own file"
+    zoo_main(["convert", str(path), str(out), "--overwrite"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.weights.h5"]  # replaced whole, nothing beside it
+    again = keras_vit.model_from_checkpoint(path)
+    again.load_weights(out)
+    np.testing.assert_array_equal(again.predict_on_batch(images()), model.predict_on_batch(images()))
+
+
+# --- dtypes ---------------------------------------------------------------------------------------
+
+
+def test_a_bfloat16_npz_is_read_as_bfloat16(tiny, tmp_path):
+    _, arrays, model = tiny
+    bf16 = savez(tmp_path / "bf16.npz", {key: value.astype(ml_dtypes.bfloat16) for key, value in arrays.items()})
+    read = read_checkpoint(bf16)
+    assert read["embedding/kernel"].dtype == np.float32
+    np.testing.assert_array_equal(read["cls"], arrays["cls"].astype(ml_dtypes.bfloat16).astype("float32"))
+    rounded = keras_vit.model_from_checkpoint(bf16).predict_on_batch(images())
+    np.testing.assert_allclose(rounded, model.predict_on_batch(images()), atol=0.05)  # bfloat16's 8-bit mantissa
+
+
+def test_integer_and_object_arrays_are_refused_naming_the_array(tiny, tmp_path, capsys):
+    _, arrays, model = tiny
+    ints = savez(tmp_path / "ints.npz", {**arrays, "embedding/bias": np.arange(32, dtype="int32")})
+    with pytest.raises(
+        ValueError,
+        match=r"ints.npz holds arrays that are not floating-point weights \(1\): "
+        r"embedding/bias \(int32\)",
+    ):
+        keras_vit.load_weights(model, ints)
+    pickled = savez(tmp_path / "pickled.npz", {**arrays, "cls": np.array([{"a": 1}], dtype=object)})
+    with pytest.raises(
+        ValueError,
+        match=r"pickled.npz is refused: cls.npy holds pickled Python objects.*refused for "
+        "safety",
+    ):
+        keras_vit.load_weights(model, pickled)
+    with pytest.raises(SystemExit) as exit_:  # zoo info: not numpy's allow_pickle hint
+        zoo_main(["info", str(pickled)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "holds pickled Python objects" in err and "allow_pickle" not in err
+
+
+# --- another architecture, a stray key, a missing class token -----------------------------------------
+
+
+def test_another_architecture_is_refused_naming_what_differs_in_every_format(tiny, tmp_path):
+    _, _, model = tiny
+    before = [w.numpy() for w in model.weights]
+    deeper = write_checkpoint(tmp_path / "deeper.npz", vit_checkpoint(**{**TINY, "depth": 2}))
+    with pytest.raises(ValueError, match=r"deeper.npz into model .*, another architecture: depth 2 \(the model: 1\):"):
+        keras_vit.load_weights(model, deeper)
+    wider = keras_vit.model_from_checkpoint(vit_checkpoint(**{**TINY, "width": 64}))
+    keras_vit.save_timm_safetensors(wider, tmp_path / "wider.safetensors")
+    with pytest.raises(ValueError, match=r"another architecture: width 64 \(the model: 32\):"):
+        keras_vit.load_weights(model, tmp_path / "wider.safetensors")
+    wider.save_weights(tmp_path / "wider.weights.h5")
+    with pytest.raises(ValueError, match=r"another architecture: width 64 \(the model: 32\)\. Build the model it"):
+        keras_vit.load_weights(model, tmp_path / "wider.weights.h5")
+    finer = keras_vit.model_from_checkpoint(vit_checkpoint(**{**TINY, "grid": (3, 3)}))
+    finer.save_weights(tmp_path / "finer.weights.h5")
+    with pytest.raises(ValueError, match=r"another architecture: tokens 10 \(the model: 5\)"):
+        keras_vit.load_weights(model, tmp_path / "finer.weights.h5")
+    assert all(np.array_equal(a, w.numpy()) for a, w in zip(before, model.weights))  # nothing was assigned
+
+
+@pytest.mark.parametrize("stray", ["Transformer/encoderblock_1/notes", "blocks.1.notes"])
+def test_one_stray_key_is_named_as_the_one_unexpected_key(tiny, tmp_path, stray):
+    _, arrays, model = tiny
+    if stray.startswith("blocks."):  # in a timm state dict
+        keras_vit.save_timm_safetensors(model, tmp_path / "timm.safetensors")
+        from safetensors.numpy import load_file, save_file
+
+        state = {**load_file(tmp_path / "timm.safetensors"), stray: np.zeros(3, "float32")}
+        save_file(state, tmp_path / "stray.safetensors")
+        file = tmp_path / "stray.safetensors"
+    else:
+        file = savez(tmp_path / "stray.npz", {**arrays, stray: np.zeros(3, "float32")})
+    with pytest.raises(ValueError) as error:
+        keras_vit.model_from_checkpoint(file, num_heads=2)
+    message = str(error.value)
+    assert "unexpected in the checkpoint (no such variable in the model) (1):" in message and stray in message
+    assert "missing" not in message
+
+
+def test_a_missing_class_token_is_named_as_such(tiny, tmp_path):
+    _, arrays, model = tiny
+    no_cls = savez(tmp_path / "no_cls.npz", {key: value for key, value in arrays.items() if key != "cls"})
+    named = r"no_cls.npz has 5 position embeddings, a 2x2 grid and a class token's, but no class token: the array 'cls'"
+    with pytest.raises(ValueError, match=named):
+        keras_vit.model_from_checkpoint(no_cls)
+    with pytest.raises(ValueError, match=named):
+        keras_vit.load_weights(model, no_cls)
+
+
+# --- files that are not what their name says -------------------------------------------------------------
+
+
+def test_misnamed_and_compressed_files_are_named(tiny, tmp_path):
+    path, _, model = tiny
+    (tmp_path / "text.h5").write_text("just some text\n")
+    with pytest.raises(ValueError, match=r"text.h5 is named .h5 but is not an HDF5 file: it starts b'just som'"):
+        keras_vit.load_weights(model, tmp_path / "text.h5")
+    (tmp_path / "packed.npz").write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(ValueError, match=r"packed.npz is gzip-compressed data, not a checkpoint: decompress it first"):
+        keras_vit.load_weights(model, tmp_path / "packed.npz")
+
+
+def test_an_npy_header_declaring_terabytes_is_refused_before_allocating(tiny, tmp_path):
+    _, arrays, model = tiny
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 40,)})
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as archive:
+        for key, value in arrays.items():
+            member = io.BytesIO()
+            np.save(member, value)
+            archive.writestr(key + ".npy", member.getvalue())
+        archive.writestr("Transformer/encoderblock_0/huge.npy", header.getvalue())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(
+        ValueError,
+        match=r"huge.npz is refused: Transformer/encoderblock_0/huge.npy: its header "
+        r"declares 4,398,046,511,\d+ bytes \(shape \(1099511627776,\), float32\), the member holds",
+    ):
+        keras_vit.load_weights(model, tmp_path / "huge.npz")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200_000  # KB: nothing near 4 TB was asked for
+    (tmp_path / "huge.npy").write_bytes(header.getvalue())  # a bare .npy is not a checkpoint format
+    with pytest.raises(ValueError, match=r"huge.npy \(128 bytes, .*is not a checkpoint keras-vit reads"):
+        keras_vit.load_weights(model, tmp_path / "huge.npy")
+
+
+# --- analysis -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:.*no classification head:UserWarning")
+def test_analysis_on_non_finite_weights_exits_non_zero_and_writes_nothing(tmp_path, capsys):
+    arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
+    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][0, 0] = np.nan
+    path = write_checkpoint(tmp_path / "nan.npz", arrays)
+    tiny = ["--patch-size", "8", "--hidden-size", "32", "--depth", "2", "--num-heads", "2", "--mlp-dim", "64"]
+    argv = ["Ti/16", "--weights", str(path), *tiny, "--analyses", "position", "--output-dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_:
+        analysis_main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "nan.npz holds NaN or infinite values in 1 arrays" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_results_json_is_strict_json(tmp_path):
+    _write_outputs(str(tmp_path), [], {"accuracy": float("nan"), "curve": [1.0, float("inf")]})
+
+    def refuse(constant):
+        raise AssertionError(f"non-strict JSON: {constant}")
+
+    text = (tmp_path / "results.json").read_text()
+    assert json.loads(text, parse_constant=refuse) == {"accuracy": None, "curve": [1.0, None]}
