@@ -37,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.files import atomic_open, atomic_path
+from keras_vit.files import atomic_open, atomic_path, naming
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
 from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
 from keras_vit.training.outputs import write_json
@@ -232,7 +232,7 @@ class StepLog(StepCallback):
         update = step // self.accumulation_steps
         lr = self._current_lr() if self.lr is None else self.lr
         entry = {"step": update, "batch": step, "epoch": self.epoch, "loss": loss, "lr": lr}
-        with open(self.path, "a") as file:
+        with naming(self.path), open(self.path, "a") as file:
             file.write(json.dumps(entry) + "\n")
         with self.writer.as_default(step=update):
             tf.summary.scalar("train/loss", loss)
@@ -249,12 +249,12 @@ def truncate_log(path: str, step: int) -> None:
     if not os.path.exists(path):
         return
     kept = []
-    with open(path) as file:
+    with open(path, encoding="utf-8", errors="replace") as file:
         for line in file:
             try:
                 if json.loads(line)["batch"] <= step:
                     kept.append(line if line.endswith("\n") else line + "\n")
-            except (json.JSONDecodeError, KeyError):
+            except (ValueError, LookupError, TypeError, RecursionError):  # a damaged line: dropped
                 continue
     with atomic_open(path, "w") as file:
         file.writelines(kept)
