@@ -2,9 +2,9 @@
 
 Files of each accepted format are written once in their real layout (a Google ``.npz``, a timm ``.safetensors``,
 a Keras ``.weights.h5``, a Hugging Face folder, a training checkpoint, a training run's folder); hypothesis then
-flips, cuts, overwrites and inserts bytes (or removes a run's file), and each reader must either read the file or raise one of the errors the commands report in one line
-(:data:`keras_vit.cli.REPORTED`: an ``ImportError`` too, for a torch file without torch) within a time and memory
-bound, never another exception, a hang or a crash.
+flips, cuts, overwrites and inserts bytes (or removes a run's file), and each reader must either read the file or
+raise one of the errors the commands report in one line (:data:`keras_vit.cli.REPORTED`: an ``ImportError`` too,
+for a torch file without torch) within a time and memory bound, never another exception, a hang or a crash.
 """
 
 import contextlib
