@@ -21,6 +21,7 @@ __all__ = [
     "atomic_open",
     "atomic_path",
     "finite_json",
+    "naming",
     "still_linked",
     "temporary_path",
     "temporary_target",
@@ -48,6 +49,19 @@ def temporary_target(name: str) -> str | None:
 
 
 @contextlib.contextmanager
+def naming(path: str | os.PathLike, temporary: str | None = None) -> Iterator[None]:
+    """Name ``path`` in an ``OSError`` that names no file (or only ``temporary``, the name it is written under): a
+    write to an open file that fails (a full disk, ``[Errno 28]``; a file over the size limit, ``[Errno 27]``) says
+    which file it was writing."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno is None or error.filename not in (None, temporary):
+            raise
+        raise OSError(error.errno, f"{error.strerror} while writing", os.fspath(path)) from error
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[str]:
     """A temporary path to write a file or a new folder at, renamed onto ``path`` when the ``with`` block ends
     without an error; an error removes it and leaves ``path`` as it was. ``durable``: flush the file to the disk
@@ -57,10 +71,11 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[s
     if not os.path.isdir(os.path.dirname(temporary)):  # named as the user gave it, not by the temporary name
         raise FileNotFoundError(errno.ENOENT, "No such folder to write into", os.path.dirname(temporary))
     try:
-        yield temporary
-        if durable:
-            with open(temporary, "r+b") as file:
-                os.fsync(file.fileno())
+        with naming(path, temporary):  # a full disk: the error names the file being written, which stays as it was
+            yield temporary
+            if durable:
+                with open(temporary, "r+b") as file:
+                    os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
         if os.path.isdir(temporary) and not os.path.islink(temporary):

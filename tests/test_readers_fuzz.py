@@ -1,10 +1,10 @@
 """Every checkpoint reader on random and mutated files: only the project's error types come out, quickly.
 
 Files of each accepted format are written once in their real layout (a Google ``.npz``, a timm ``.safetensors``,
-a Keras ``.weights.h5``, a Hugging Face folder, a training checkpoint); hypothesis then flips, cuts, overwrites and
-inserts bytes, and each reader must either read the file or raise one of the errors the commands report in one line
-(:data:`keras_vit.cli.REPORTED`: an ``ImportError`` too, for a torch file without torch) within a time and memory
-bound, never another exception, a hang or a crash.
+a Keras ``.weights.h5``, a Hugging Face folder, a training checkpoint, a training run's folder); hypothesis then
+flips, cuts, overwrites and inserts bytes (or removes a run's file), and each reader must either read the file or
+raise one of the errors the commands report in one line (:data:`keras_vit.cli.REPORTED`: an ``ImportError`` too,
+for a torch file without torch) within a time and memory bound, never another exception, a hang or a crash.
 """
 
 import contextlib
@@ -129,3 +129,51 @@ def test_mutated_hugging_face_folders_give_only_the_projects_errors(originals, t
     (folder / "model.safetensors").write_bytes(mutate(originals["timm.safetensors"].read_bytes(), edits))
     read_within_bound(read_checkpoint, folder)
     assert os.path.isdir(folder)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    """A finished tiny run (checkpoints 1 and 2, the log, run.json, metrics.json), its model and its settings."""
+    from training_support import TINY
+
+    from keras_vit.training.finetune import finetune
+
+    out = tmp_path_factory.mktemp("run") / "run"
+    result = finetune(output_dir=str(out), steps=2, checkpoint_every=1, log_every=1, **TINY)
+    return out, result.model, result.config
+
+
+RUN_FILES = [
+    "run.json",
+    "metrics.json",
+    "train_log.jsonl",
+    ".keras_vit_run",
+    "checkpoints/ckpt-1.npz",
+    "checkpoints/ckpt-2.npz",
+]
+
+
+def read_run(folder: Path, model, config) -> None:
+    """What a run reads of its folder before its first step: its settings and metrics, its checkpoints, its log."""
+    from keras_vit.training.loop import truncate_log
+    from keras_vit.training.steps import prepare_output
+
+    prepare_output(config.replace(output_dir=str(folder)), chief=True)
+    step = Checkpointer(str(folder / "checkpoints")).restore(model)
+    truncate_log(str(folder / "train_log.jsonl"), step)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(RUN_FILES), edits=mutations, delete=st.booleans())
+def test_mutated_run_folders_give_only_the_projects_errors(run_folder, tmp_path, name, edits, delete):
+    """A run folder with one file mutated or gone: it reads, or one of the project's errors says which file."""
+    original, model, config = run_folder
+    folder = tmp_path / "run"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(original, folder)
+    path = folder / name
+    if delete:
+        path.unlink()
+    else:
+        path.write_bytes(mutate(path.read_bytes(), edits))
+    read_within_bound(lambda run: read_run(run, model, config), folder)

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import zipfile
+import zlib
 from collections.abc import Sequence
 
 import keras
@@ -42,7 +43,19 @@ DIVERGED_HINT = "lower --lr, and check that --drop-path and --dropout are in [0,
 _NAME = re.compile(r"ckpt-(\d+)\.npz")
 _NUMBER = re.compile(r"_\d+(?=/|$)")
 _OLD_TEMPORARY = re.compile(r"\.ckpt-\d+-\w+\.tmp")  # what a killed save of an older keras-vit left
-_READ_ERRORS = (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError)  # a file cut short or damaged
+# What a file cut short or damaged raises (zlib, NotImplementedError: a member's compression; MemoryError: a
+# member's header declaring more than there is memory for).
+_READ_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    OSError,
+    ValueError,
+    KeyError,
+    TypeError,
+    EOFError,
+    NotImplementedError,
+    MemoryError,
+)
 
 
 def checkpoint_path(folder: str, step: int) -> str:
@@ -62,11 +75,13 @@ def _entries(variables: Sequence) -> list[list]:
 def read_checkpoint(path: str) -> tuple[int, dict, dict[str, list[np.ndarray]]]:
     """``(step, manifest, {"model": arrays, "optimizer": arrays})`` of a checkpoint file, every array read."""
     with np.load(path, allow_pickle=False) as data:
-        manifest = json.loads(str(data["manifest"]))
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT!r} file")
+        manifest = _manifest(str(data["manifest"]))
         arrays = {part: [data[f"{part}/{i}"] for i in range(len(manifest[part]))] for part in ("model", "optimizer")}
         step = int(data["step"])
+    for part, values in arrays.items():
+        for (name, shape, _), value in zip(manifest[part], values):
+            if list(value.shape) != shape:
+                raise ValueError(f"{part} {name} has shape {value.shape}, the manifest says {tuple(shape)}")
     non_finite = [
         f"{part} {entry[0]}"
         for part, values in arrays.items()
@@ -77,6 +92,32 @@ def read_checkpoint(path: str) -> tuple[int, dict, dict[str, list[np.ndarray]]]:
         more = " ..." if len(non_finite) > 3 else ""
         raise ValueError(f"NaN or infinite values in {', '.join(non_finite[:3])}{more}")
     return step, manifest, arrays
+
+
+def _manifest(text: str) -> dict:
+    """A checkpoint's manifest, checked: the format's name, and ``[path, shape, dtype]`` per variable."""
+    try:
+        manifest = json.loads(text)
+    except RecursionError:
+        raise ValueError("the manifest is not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT!r} file")
+    for part in ("model", "optimizer"):
+        entries = manifest.get(part)
+        if not isinstance(entries, list) or not all(_is_entry(entry) for entry in entries):
+            raise ValueError(f"the manifest's {part} entries are damaged")
+    return manifest
+
+
+def _is_entry(entry) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == 3
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], list)
+        and all(isinstance(n, int) and n >= 0 for n in entry[1])
+        and isinstance(entry[2], str)
+    )
 
 
 class Checkpointer:

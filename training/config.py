@@ -460,7 +460,8 @@ def _shown(value: Any) -> str:
 
 
 def _check_ranges(config: TrainConfig) -> None:
-    """A ``ValueError`` naming the first setting outside its :data:`RANGES` (and a crop area that is not low,high)."""
+    """A ``ValueError`` naming the first setting outside its :data:`RANGES` (and a crop area that is not low,high,
+    an empty output folder)."""
     for name, allowed in RANGES.items():
         section, field = FLAT_NAMES[name]
         value = getattr(getattr(config, section), field)
@@ -469,6 +470,8 @@ def _check_ranges(config: TrainConfig) -> None:
         values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v in allowed for v in values):
             raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {_shown(value)}.")
+    if not config.run.output_dir:
+        raise ValueError("--output-dir must name a folder, got an empty string.")
     low, high = config.data.crop_area or (0, 1)
     if low > high:
         raise ValueError(f"--crop-area must be low,high with low <= high, got {_shown(config.data.crop_area)}.")

@@ -386,9 +386,14 @@ def load_source(
     gather: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Source:
     """``None`` or ``"digits"``: the offline digits; an existing folder: an image folder (``skip_corrupt``,
-    ``shard``, ``input_shards``, ``gather``: see :func:`load_folder`); else a TFDS name."""
+    ``shard``, ``input_shards``, ``gather``: see :func:`load_folder`); else a TFDS name. A file is refused."""
     if dataset in (None, "digits"):
         return load_digits(eval_fraction or 0.2, seed)
+    if os.path.lexists(dataset) and not os.path.isdir(dataset):
+        raise ValueError(
+            f"--dataset {dataset} is a file: give an image folder (one sub-folder of images per class; unpack an "
+            "archive first) or a TFDS name."
+        )
     if os.path.isdir(dataset):
         return load_folder(dataset, eval_fraction or 0.1, seed, skip_corrupt, shard, input_shards, gather)
     if dataset.startswith((".", "~", os.sep)):

@@ -19,6 +19,11 @@ Each worker's output is printed with a ``[worker i]`` prefix. The launcher waits
 soon as one fails, it stops the others (SIGTERM, then SIGKILL) and exits with the failed worker's
 status (128 + signal when it was killed). A worker that cannot reach its peers within
 ``--connect-timeout`` seconds exits naming the addresses (see :mod:`keras_vit.training.strategy`).
+
+A SIGTERM or SIGINT to the launcher (a preemption, Ctrl-C) is forwarded to its workers: every worker of the run
+stops at the same update (they agree on it every update), the chief writes a checkpoint there and each says so; the
+launcher exits with its first worker's status (1) once they have ended, or stops them as above after
+``PREEMPT_SECONDS``.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ __all__ = [
 ]
 
 GRACE_SECONDS = 10.0
+PREEMPT_SECONDS = 120.0  # how long forwarded signals give the workers to checkpoint and end
 BACKENDS = ("tensorflow", "jax")
 # keras.distribution.initialize's variables: what a JAX worker reads (keras_vit.training.strategy.jax_processes).
 JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID = (
@@ -179,6 +185,17 @@ def run(
     return."""
     lock, workers = threading.Lock(), []
     started = time.monotonic()
+    received: list[int] = []
+
+    def forward(number, frame):
+        received.append(number)
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, number)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {number: signal.signal(number, forward) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         for slot, index in enumerate(indices):
             gpus = (
@@ -197,6 +214,8 @@ def run(
             workers.append(_start(index, list(command), env, lock))
         while True:
             codes = {w.index: w.process.poll() for w in workers}
+            if received:
+                return _preempted(workers, signal.Signals(received[0]).name)
             failed = [(i, c) for i, c in codes.items() if c not in (None, 0)]
             if failed:
                 index, code = failed[0]
@@ -212,6 +231,21 @@ def run(
         _stop(workers)
         for worker in workers:
             worker.reader.join(5)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _preempted(workers: Sequence[Worker], name: str) -> int:
+    """Wait up to :data:`PREEMPT_SECONDS` for the workers a signal was forwarded to; the chief's status."""
+    print(f"launch: {name} forwarded to the workers; waiting for the chief's checkpoint", flush=True)
+    deadline = time.monotonic() + PREEMPT_SECONDS
+    for worker in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.process.wait(max(0.0, deadline - time.monotonic()))
+    code = workers[0].process.poll() if workers else None
+    status = 128 + signal.Signals[name] if code in (None, 0) else _status(code)
+    print(f"launch: stopped by {name}; exit status {status}", flush=True)
+    return status
 
 
 def parser() -> argparse.ArgumentParser:
@@ -291,5 +325,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run's finally stops the workers
     sys.exit(main())

@@ -37,11 +37,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.files import atomic_open, atomic_path
+from keras_vit.files import atomic_open, atomic_path, naming
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
 from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
 from keras_vit.training.outputs import write_json
-from keras_vit.training.sharding import gather_over_workers
+from keras_vit.training.sharding import gather_over_workers, input_shard
 from keras_vit.training.strategy import Strategy, is_chief, training_scope
 
 __all__ = [
@@ -162,15 +162,19 @@ class StopOnNonFinite(StepCallback):
 
 
 class StopOnSignal(StepCallback):
-    """Preemption: on SIGTERM or SIGINT (in the main thread of a single process) the run finishes the update it is
-    in, writes a checkpoint at that step and stops; :func:`fit` then raises :class:`PreemptedError`, and the same
-    command resumes from the checkpoint. Everything since the last periodic checkpoint is kept."""
+    """Preemption: on SIGTERM or SIGINT (in the main thread) the run finishes the update it is in, writes a checkpoint
+    at that step and stops; :func:`fit` then raises :class:`PreemptedError`, and the same command resumes from the
+    checkpoint. Everything since the last periodic checkpoint is kept. With several workers (``agree``: whether any
+    worker has a signal, a collective every update) they all stop at the same update, so that the chief's checkpoint
+    is the state of every worker and no worker waits on one that has stopped."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, checkpointer: Checkpointer, accumulation_steps: int = 1):
+    def __init__(
+        self, checkpointer: Checkpointer, accumulation_steps: int = 1, agree: Callable[[bool], bool] | None = None
+    ):
         super().__init__()
-        self.checkpointer, self.accumulation_steps = checkpointer, accumulation_steps
+        self.checkpointer, self.accumulation_steps, self.agree = checkpointer, accumulation_steps, agree
         self.received: int | None = None
         self.stopped_at: int | None = None
         self.previous: dict[int, object] = {}
@@ -183,7 +187,12 @@ class StopOnSignal(StepCallback):
         self.received = number
 
     def on_step_end(self, step, batches_in_epoch, logs):
-        if self.received is not None and self.stopped_at is None and step % self.accumulation_steps == 0:
+        if self.stopped_at is not None or step % self.accumulation_steps:
+            return
+        stop = self.received is not None
+        if self.agree is not None:
+            stop = self.agree(stop)
+        if stop:
             self.checkpointer.save(self.model, step)
             self.stopped_at = step
             self.model.stop_training = True
@@ -195,7 +204,7 @@ class StopOnSignal(StepCallback):
         self.previous = {}
 
     def error(self) -> PreemptedError:
-        name = signal.Signals(self.received).name
+        name = signal.Signals(self.received).name if self.received else "a signal to another worker"
         return PreemptedError(
             f"stopped by {name} at step {self.stopped_at // self.accumulation_steps}: the checkpoint of that step is "
             f"in {self.checkpointer.directory}; run the same command again to resume."
@@ -232,7 +241,7 @@ class StepLog(StepCallback):
         update = step // self.accumulation_steps
         lr = self._current_lr() if self.lr is None else self.lr
         entry = {"step": update, "batch": step, "epoch": self.epoch, "loss": loss, "lr": lr}
-        with open(self.path, "a") as file:
+        with naming(self.path), open(self.path, "a") as file:
             file.write(json.dumps(entry) + "\n")
         with self.writer.as_default(step=update):
             tf.summary.scalar("train/loss", loss)
@@ -249,12 +258,12 @@ def truncate_log(path: str, step: int) -> None:
     if not os.path.exists(path):
         return
     kept = []
-    with open(path) as file:
+    with open(path, encoding="utf-8", errors="replace") as file:
         for line in file:
             try:
                 if json.loads(line)["batch"] <= step:
                     kept.append(line if line.endswith("\n") else line + "\n")
-            except (json.JSONDecodeError, KeyError):
+            except (ValueError, LookupError, TypeError, RecursionError):  # a damaged line: dropped
                 continue
     with atomic_open(path, "w") as file:
         file.writelines(kept)
@@ -320,15 +329,18 @@ def fit(
                 signal.signal(signal.SIGTERM, previous)
 
 
-def _one_process(strategy: Strategy) -> bool:
-    """Whether the run is one process (a signal to it stops the whole run; with several, the launcher stops them)."""
+def _agreement(strategy: Strategy) -> Callable[[bool], bool] | None:
+    """For a run of several processes (TensorFlow workers, JAX processes): whether any of them has a flag up, a
+    collective every process calls. None for one process."""
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return False
-    if keras.backend.backend() == "jax":
+        several = input_shard(strategy).count > 1
+    elif keras.backend.backend() == "jax":
         import jax
 
-        return jax.process_count() == 1
-    return True
+        several = jax.process_count() > 1
+    else:
+        several = False
+    return (lambda flag: bool(gather_over_workers(strategy, np.array([int(flag)])).any())) if several else None
 
 
 def agree_on_start(strategy: Strategy, start: int, output_dir: str) -> None:
@@ -371,11 +383,11 @@ def _fit(
     truncate_log(log_path, start)
     saver = CheckpointEvery(checkpointer, checkpoint_every)
     guard = StopOnNonFinite(checkpointer, accumulation_steps)  # first: no checkpoint at a non-finite step
-    stopper = StopOnSignal(checkpointer, accumulation_steps) if _one_process(strategy) else None
+    stopper = StopOnSignal(checkpointer, accumulation_steps, _agreement(strategy))
     steppers = [
         guard,
         saver,
-        *([stopper] if stopper else []),
+        stopper,
         StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
         *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
     ]
@@ -400,11 +412,10 @@ def _fit(
             history["epoch"].extend(run.epoch)
             for key, values in run.history.items():
                 history.setdefault(key, []).extend(float(v) for v in values)
-            if stopper and stopper.stopped_at is not None:
+            if stopper.stopped_at is not None:
                 raise stopper.error()
     finally:
-        if stopper:
-            stopper.restore()
+        stopper.restore()
     checkpointer.save(model, total_steps)
     return FitResult(history, start, total_steps)
 

@@ -32,12 +32,14 @@ __all__ = [
     "ABLATION_FOLDERS",
     "MARKER",
     "RUN_FILES",
+    "check_paths",
     "check_usable",
     "clear_output",
     "finite_json",
     "has_checkpoint",
     "is_run_folder",
     "mark_output",
+    "read_json",
     "run_lock",
     "write_json",
 ]
@@ -63,6 +65,9 @@ RUN_FILES = (
     "ablation.json",
     *ABLATION_FOLDERS,
 )
+# What a run writes in its folder, by kind: checked before its first step (check_paths).
+RUN_FOLDERS = ("checkpoints", "tensorboard", "tensorboard/steps", "tensorboard/train", "tensorboard/validation")
+RUN_WRITES = (MARKER, "run.json", "train_log.jsonl", "metrics.json")
 
 
 def is_run_folder(path: str) -> bool:
@@ -86,6 +91,8 @@ def _entries(path: str) -> list[str]:
 def check_usable(path: str, overwrite: bool = False) -> None:
     """Refuse ``path`` as a run's output folder unless it is missing, empty or a run's own (the user's files in it
     would be overwritten, and a later ``--overwrite`` would take the folder for a run's)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise OutputDirError(f"--output-dir {path} is a file, not a folder. Choose another --output-dir.")
     if not _entries(path) or is_run_folder(path):
         return
     if overwrite:
@@ -132,6 +139,44 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
     finally:
         os.unlink(lock)
         os.close(fd)
+
+
+def check_paths(path: str, model_path: str | None = None) -> None:
+    """Refuse, before a run's first step, a folder it could not write into: an entry where the run writes a folder
+    (``checkpoints``) that is a file, or one where it writes a file that is a folder; a folder it cannot write."""
+    files = [os.path.join(path, name) for name in RUN_WRITES] + [model_path or os.path.join(path, "model.keras")]
+    for entry in [os.path.join(path, name) for name in RUN_FOLDERS] + files:
+        folder = entry not in files
+        if os.path.lexists(entry) and os.path.isdir(entry) != folder:
+            kind, other = ("a file", "its folder") if folder else ("a folder", "its file")
+            raise OutputDirError(
+                f"{entry} is {kind}, where the run writes {other} {os.path.basename(entry)}: move it away, or choose "
+                "another --output-dir."
+            )
+    for folder in {path, os.path.dirname(model_path or path)}:
+        if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+            raise OutputDirError(f"Cannot write into {folder} (permission denied). Choose another --output-dir.")
+
+
+def read_json(path: str, fields: dict[str, type] | None = None) -> dict[str, Any]:
+    """The JSON object a run wrote at ``path`` (``run.json``, ``metrics.json``), with ``fields`` of those types; one
+    that does not read is an :class:`OutputDirError` naming it (a missing one an ``OSError``)."""
+    with open(path, "rb") as file:
+        data = file.read()
+    try:
+        value = json.loads(data)
+        problem = None if isinstance(value, dict) else f"holds a {type(value).__name__}, not an object"
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        problem = f"not JSON: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+    for name, kind in (fields or {}).items():
+        if problem is None and not isinstance(value.get(name), kind):
+            problem = f"no {kind.__name__} {name!r}"
+    if problem:
+        raise OutputDirError(
+            f"{path} is damaged ({problem}): restore it, remove it to have the run write it again, or start over "
+            "with --overwrite."
+        )
+    return value
 
 
 def mark_output(path: str, command: str) -> None:

@@ -18,6 +18,7 @@ classification run per setting and seed.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -28,6 +29,7 @@ import tensorflow as tf
 from keras_vit.training import config as config_lib
 from keras_vit.training import outputs, steps
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.errors import OutputDirError
 from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.steps import Setup
 from keras_vit.training.strategy import strategy_name, training_scope
@@ -109,7 +111,11 @@ def _run(
 ) -> RunResult:
     config, source, strategy = setup.config, setup.source, setup.strategy
     optim, run = config.optim, config.run
-    steps.prepare_output(config, setup.chief)
+    previous = steps.prepare_output(config, setup.chief, model_path)
+    if previous.finished is not None:
+        return _finished(setup, task, previous.finished, model_path)
+    if setup.chief and previous.extends:
+        print(f"extending the run in {run.output_dir} from {previous.extends} to {optim.steps} steps", flush=True)
     if setup.chief and run.verbose:
         print("\n".join(filter(None, (steps.describe(setup), task.describe()))), flush=True)
 
@@ -117,7 +123,7 @@ def _run(
     with steps.precision(config, setup.device), strategy.scope():
         model, kept = task.build(config, source.num_classes)
         task.compile(model, config)
-    steps.start_output(config, setup.chief, command)  # the run has started: its folder is marked, its settings written
+    steps.start_output(config, setup.chief, command, previous)  # started: the folder is marked, the settings written
 
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate
@@ -157,7 +163,7 @@ def _run(
         "strategy": strategy_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
         "precision": steps.policy_name(config, setup.device),
-        "history": result.history,
+        "history": _joined(previous.history or {}, result.history),
         "config": config_lib.json_ready(config),
     }
     save_outputs(kept, metrics, run.output_dir, strategy, model_path)
@@ -168,4 +174,31 @@ def _run(
             f"({source.name}, {source.eval_split}); {where} in {run.output_dir}",
             flush=True,
         )
-    return RunResult(kept, metrics["eval"], result.history, config, run.output_dir)
+    return RunResult(kept, metrics["eval"], metrics["history"], config, run.output_dir)
+
+
+def _joined(before: dict[str, list], after: dict[str, list]) -> dict[str, list]:
+    """The history of a finished run followed by its extension's."""
+    return {key: [*before.get(key, []), *after.get(key, [])] for key in {**before, **after}}
+
+
+def _finished(setup: Setup, task: Task, metrics: dict, model_path: str | None) -> RunResult:
+    """The result of the run ``setup`` describes, finished before: its saved model and ``metrics.json``, unchanged."""
+    out, steps_done = setup.config.run.output_dir, metrics["steps"]
+    accuracy = metrics["eval"].get("accuracy")
+    if setup.chief:
+        scored = f" ({task.accuracy_name} {accuracy:.4f})" if isinstance(accuracy, float) else ""
+        print(
+            f"{out} holds this run, finished at {steps_done} steps{scored}: nothing to do. Give more --steps to "
+            "extend it, or --overwrite to start over.",
+            flush=True,
+        )
+    path = model_path or os.path.join(out, "model.keras")
+    try:
+        kept = keras.saving.load_model(path, compile=False)
+    except Exception as error:  # a damaged file: Keras raises what its readers raise
+        raise OutputDirError(
+            f"{path} of the finished run does not load ({str(error).strip().splitlines()[0]}): remove it and "
+            "metrics.json to evaluate the run's last checkpoint again, or start over with --overwrite."
+        ) from error
+    return RunResult(kept, metrics["eval"], metrics["history"], setup.config, out)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 
 import keras
@@ -41,6 +40,7 @@ from keras_vit.training.strategy import (
 from keras_vit.variants import parse_variant
 
 __all__ = [
+    "Previous",
     "Setup",
     "augment_of",
     "build_model",
@@ -212,35 +212,74 @@ def precision(config: TrainConfig, device: str) -> contextlib.AbstractContextMan
     return global_policy(policy_name(config, device))
 
 
-def prepare_output(config: TrainConfig, chief: bool) -> None:
+@dataclasses.dataclass(frozen=True)
+class Previous:
+    """What a run's output folder holds of it: ``finished``, the ``metrics.json`` of the run done to these steps
+    (nothing left to do); ``extends``, the steps of the finished run that more ``steps`` extend; ``history``, the
+    history of a shorter run done before (which the extension's follows in ``metrics.json``)."""
+
+    finished: dict | None = None
+    extends: int | None = None
+    history: dict | None = None
+
+
+# The fields that differ when a finished run is extended: its length and what follows from it when not given.
+LENGTH_FIELDS = frozenset({"steps", "epochs", "eval_every", "warmup"})
+
+
+def prepare_output(config: TrainConfig, chief: bool, model_path: str | None = None) -> Previous:
     """Clear ``output_dir`` of a previous run's files (``overwrite``; see :mod:`keras_vit.training.outputs`), or
-    check that the run it holds is the same run. A folder without a checkpoint holds no run to compare with: a
-    run that failed before its first checkpoint does not bind the next one. Writes nothing (see :func:`start_output`).
-    The run's lock (:func:`~keras_vit.training.outputs.run_lock`) has checked the folder is missing, empty or a run's.
+    check that the run it holds is this run, finished, or this run to be extended (more ``steps``), and that the
+    run can write every path it will (:func:`~keras_vit.training.outputs.check_paths`). A folder without a
+    checkpoint or a finished run's metrics holds no run to compare with: a run that failed before its first
+    checkpoint does not bind the next one. Writes nothing (see :func:`start_output`). The run's lock
+    (:func:`~keras_vit.training.outputs.run_lock`) has checked the folder is missing, empty or a run's.
     """
     out = config.run.output_dir
     if chief and config.run.overwrite:
         outputs.clear_output(out)  # refuses a folder that is not a run's
-    path = os.path.join(out, "run.json")
-    if os.path.exists(path) and outputs.has_checkpoint(out):
-        with open(path) as file:
-            differences = config_lib.run_differences(json.load(file), config)
-        if differences:
-            raise OutputDirError(
-                f"{out} holds a run with different settings ({', '.join(differences)}); "
-                "use another output_dir, or overwrite=True (--overwrite) to start over."
-            )
+    outputs.check_paths(out, model_path)
+    run_file, metrics_file = os.path.join(out, "run.json"), os.path.join(out, "metrics.json")
+    model_file = model_path or os.path.join(out, "model.keras")
+    done = None
+    if os.path.isfile(metrics_file) and os.path.isfile(model_file):
+        done = outputs.read_json(metrics_file, {"steps": int, "history": dict, "eval": dict})
+    if not os.path.isfile(run_file) or not (done or outputs.has_checkpoint(out)):
+        return Previous()
+    saved = outputs.read_json(run_file, {"steps": int})
+    differences = config_lib.run_differences(saved, config)
+    steps, before = config.optim.steps, saved["steps"]
+    if differences and (steps == before or not set(differences) <= LENGTH_FIELDS):
+        raise OutputDirError(
+            f"{out} holds a run with different settings ({', '.join(differences)}); "
+            "use another output_dir, or overwrite=True (--overwrite) to start over."
+        )
+    if steps < before:
+        raise OutputDirError(
+            f"{out} holds a run of {before} steps; --steps {steps} cannot shorten it. Give --steps {before} or more "
+            "(more extends it), use another --output-dir, or --overwrite to start over."
+        )
+    if steps > before and not outputs.has_checkpoint(out):
+        raise OutputDirError(
+            f"{out} holds a run of {before} steps but no checkpoint in {os.path.join(out, 'checkpoints')} to extend "
+            "it from. Use another --output-dir, or --overwrite to start over."
+        )
+    finished = done if done and done["steps"] == steps else None
+    history = done["history"] if done and done["steps"] < steps else None
+    return Previous(finished, before if steps > before else None, history)
 
 
-def start_output(config: TrainConfig, chief: bool, command: str = "finetune") -> None:
+def start_output(config: TrainConfig, chief: bool, command: str = "finetune", previous: Previous | None = None) -> None:
     """Mark ``output_dir`` as a run's and write its settings (``run.json``): once the run really starts (the
-    model is built), and unless a run with a checkpoint is resumed."""
+    model is built), unless a run with a checkpoint is resumed (an extended run writes its new length)."""
     if not chief:
         return
     out = config.run.output_dir
     outputs.mark_output(out, command)
-    if not outputs.has_checkpoint(out):
-        outputs.write_json(os.path.join(out, "run.json"), config_lib.json_ready(config))
+    run_file = os.path.join(out, "run.json")
+    extends = previous is not None and previous.extends
+    if extends or not outputs.has_checkpoint(out) or not os.path.isfile(run_file):
+        outputs.write_json(run_file, config_lib.json_ready(config))
 
 
 def start_parent(setup: Setup, command: str) -> None:

@@ -1,0 +1,253 @@
+"""A run's folder when it is run again or is not as the run left it: a finished run run again (nothing changes), more
+--steps (the run is extended), damaged run files, paths the run cannot write (checked before the first step), an
+empty --output-dir, a file given as --dataset, a full disk. Real files, real processes. See docs/faults.md."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from PIL import Image
+from training_support import REPO, TINY_MODEL_FLAGS, backend_env, checkpoint_steps, read_log
+
+from keras_vit.files import naming
+from keras_vit.training import outputs
+from keras_vit.training.finetune import main
+from keras_vit.training.schedules import WarmupDecay
+
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
+FLAGS = [
+    *TINY_MODEL_FLAGS,
+    "--batch-size=16",
+    "--eval-every=5",
+    "--warmup=2",
+    "--verbose=0",
+    "--crop-area=0.6,1.0",
+    "--mixed-precision=none",
+    "--checkpoint-every=2",
+    "--log-every=1",
+]
+
+
+def command(out, *more):
+    """``main`` on the tiny run into ``out``: its status (0 when it returned) and its result."""
+    try:
+        return 0, main([*FLAGS, "--output-dir", str(out), *more])
+    except SystemExit as exited:
+        return exited.code, None
+
+
+def contents(folder):
+    """Every file under ``folder``: its bytes and modification time."""
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run of 4 steps (checkpoints 2 and 4, model.keras, metrics.json)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert command(out, "--steps", "4")[0] == 0
+    return out
+
+
+def copy_of(run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+def test_a_finished_run_run_again_says_so_and_changes_nothing(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    before = contents(out)
+    metrics = json.loads((out / "metrics.json").read_text())
+    capsys.readouterr()
+    status, result = command(out, "--steps", "4")
+    assert status == 0
+    said = capsys.readouterr().out
+    assert f"{out} holds this run, finished at 4 steps (held-out accuracy " in said and "nothing to do" in said
+    assert contents(out) == before  # metrics.json (its history and curves), the model, the logs: untouched
+    assert result.metrics == metrics["eval"] and result.history == metrics["history"] != {}
+    assert result.model.count_params() == keras.saving.load_model(out / "model.keras").count_params()
+
+
+def test_more_steps_extend_a_finished_run_on_the_longer_schedule(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    first = json.loads((out / "metrics.json").read_text())
+    capsys.readouterr()
+    status, _ = command(out, "--steps", "8")
+    assert status == 0
+    assert f"extending the run in {out} from 4 to 8 steps" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 8 and metrics["resumed_from_step"] == 4
+    assert json.loads((out / "run.json").read_text())["steps"] == 8
+    assert checkpoint_steps(str(out))[-1] == 8
+    log = read_log(str(out))
+    assert [e["step"] for e in log] == list(range(1, 9))
+    # the first 4 steps followed the 4-step schedule, the extension follows the 8-step one from step 4 on
+    lr = metrics["config"]["lr"]
+    short, long = WarmupDecay(lr, 4, 2), WarmupDecay(lr, 8, 2)
+    expected = [float(short(s - 1)) for s in range(1, 5)] + [float(long(s - 1)) for s in range(5, 9)]
+    np.testing.assert_allclose([e["lr"] for e in log], expected, rtol=1e-6)
+    assert log[4]["lr"] > log[3]["lr"]  # cosine: the longer schedule is higher at step 5 than the short one ended
+    # the history holds the finished run's evaluations, then the extension's
+    assert metrics["history"]["loss"][: len(first["history"]["loss"])] == first["history"]["loss"]
+    assert len(metrics["history"]["loss"]) == len(first["history"]["loss"]) + 2  # steps 5 and 6-8: two evaluations
+    # fewer steps than the run has cannot shorten it
+    status, _ = command(out, "--steps", "6")
+    assert status == 1
+    assert f"error: {out} holds a run of 8 steps; --steps 6 cannot shorten it." in capsys.readouterr().err
+
+
+def test_a_finished_run_without_checkpoints_is_not_trained_again_nor_extended(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    shutil.rmtree(out / "checkpoints")  # the user freed the space
+    before = contents(out)
+    assert command(out, "--steps", "4")[0] == 0 and contents(out) == before
+    assert command(out, "--steps", "8")[0] == 1
+    assert "holds a run of 4 steps but no checkpoint" in capsys.readouterr().err
+    assert contents(out) == before
+
+
+def garbage(path):
+    path.write_bytes(b"\x89\xff{{ not json \x00")
+
+
+def truncated(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def a_list(path):
+    path.write_text("[1, 2, 3]")
+
+
+def deeply_nested(path):
+    path.write_text("[" * 100_000)
+
+
+@pytest.mark.parametrize("name", ["run.json", "metrics.json"])
+@pytest.mark.parametrize("damage", [garbage, truncated, a_list, deeply_nested])
+def test_a_damaged_run_file_is_one_line_naming_it(finished, tmp_path, capsys, name, damage):
+    out = copy_of(finished, tmp_path)
+    damage(out / name)
+    before = contents(out)
+    assert command(out, "--steps", "4")[0] == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {out / name} is damaged (")
+    assert err[0].endswith("or start over with --overwrite.")
+    assert contents(out) == before
+
+
+def test_a_damaged_marker_log_or_missing_checkpoint_is_passed_over(finished, tmp_path, capsys):
+    """The marker is never read (a garbage one still marks the folder); damaged log lines are dropped; a checkpoint
+    that is gone (a dangling link) is passed over as a truncated one is."""
+    out = copy_of(finished, tmp_path)
+    garbage(out / outputs.MARKER)
+    assert command(out, "--steps", "4")[0] == 0
+    for name in ("metrics.json", "model.keras"):  # as if killed after the last checkpoint: evaluated again
+        os.remove(out / name)
+    os.remove(out / "checkpoints" / "ckpt-4.npz")
+    os.symlink(out / "checkpoints" / "gone.npz", out / "checkpoints" / "ckpt-4.npz")
+    with open(out / "train_log.jsonl", "ab") as log:
+        log.write(b'\xff\xfe{"batch": "x"}\n[1]\n{"batch": [2]}\n')
+    capsys.readouterr()
+    assert command(out, "--steps", "4")[0] == 0
+    warning = capsys.readouterr().err
+    assert f"resuming from {out / 'checkpoints' / 'ckpt-2.npz'} (step 2)" in warning and "ckpt-4.npz: " in warning
+    assert [e["step"] for e in read_log(str(out))] == [1, 2, 3, 4]
+    assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == 2
+
+
+@pytest.mark.parametrize(
+    "entry, kind, message",
+    [
+        ("checkpoints", "file", "is a file, where the run writes its folder checkpoints"),
+        ("tensorboard", "file", "is a file, where the run writes its folder tensorboard"),
+        ("model.keras", "folder", "is a folder, where the run writes its file model.keras"),
+        ("metrics.json", "folder", "is a folder, where the run writes its file metrics.json"),
+    ],
+)
+def test_a_path_the_run_cannot_write_is_refused_before_the_first_step(finished, tmp_path, capsys, entry, kind, message):
+    out = copy_of(finished, tmp_path)
+    for name in ("checkpoints", "tensorboard", "model.keras", "metrics.json", "train_log.jsonl"):
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()  # a run that failed before its first checkpoint
+    (out / entry).mkdir() if kind == "folder" else (out / entry).write_text("the user's")
+    assert command(out, "--steps", "4")[0] == 1
+    assert capsys.readouterr().err == f"error: {out / entry} {message}: move it away, or choose another --output-dir.\n"
+    assert not (out / "train_log.jsonl").exists()  # not one step
+
+
+def test_an_empty_output_dir_or_a_file_as_output_dir_or_dataset_is_one_line(tmp_path, capsys):
+    assert command("", "--steps", "1")[0] == 1
+    assert capsys.readouterr().err == "error: --output-dir must name a folder, got an empty string.\n"
+    (tmp_path / "notes.txt").write_text("mine")
+    assert command(tmp_path / "notes.txt", "--steps", "1")[0] == 1
+    assert capsys.readouterr().err.startswith(f"error: --output-dir {tmp_path / 'notes.txt'} is a file, not a folder.")
+    (tmp_path / "images.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    for dataset in (str(tmp_path / "images.zip"), os.path.relpath(tmp_path / "images.zip")):
+        assert command(tmp_path / "run", "--dataset", dataset, "--steps", "1")[0] == 1
+        assert capsys.readouterr().err == (
+            f"error: --dataset {dataset} is a file: give an image folder (one sub-folder of images per class; unpack "
+            "an archive first) or a TFDS name.\n"
+        )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.backends("tensorflow")  # backend-independent
+def test_a_grayscale_image_folder_trains_a_three_channel_model_as_rgb(tmp_path):
+    """1-channel (mode L) PNGs: read as RGB with the grey level in each channel, and trained on."""
+    from keras_vit.training.data import load_source
+
+    for label, level in (("dark", 30), ("light", 220)):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((10, 12), level, np.uint8), "L").save(tmp_path / "images" / label / f"{i}.png")
+    source = load_source(str(tmp_path / "images"), eval_fraction=0.25)
+    image, label = next(iter(source.train.examples()))
+    assert image.shape == (10, 12, 3) and image.numpy()[0, 0].tolist() == [30 if int(label) == 0 else 220] * 3
+    status, result = command(tmp_path / "run", "--dataset", str(tmp_path / "images"), "--steps", "2")
+    assert status == 0 and result.model.input_shape == (None, 8, 8, 3)
+
+
+def test_a_failed_write_names_the_file_it_was_writing():
+    """A real ENOSPC: /dev/full fails every write with errno 28."""
+    with pytest.raises(OSError) as caught, naming("run/checkpoints/ckpt-2.npz"), open("/dev/full", "wb") as full:
+        full.write(b"x" * 4096)
+        full.flush()
+    assert caught.value.errno == 28
+    assert str(caught.value) == "[Errno 28] No space left on device while writing: 'run/checkpoints/ckpt-2.npz'"
+
+
+@pytest.mark.backends("tensorflow")  # backend-independent
+def test_a_full_disk_is_one_line_naming_the_checkpoint_and_leaves_no_partial_file(tmp_path):
+    """A real full file system: a 64 KiB tmpfs in a user namespace (no root needed) that holds the run's small
+    files but not its 72 KB checkpoint."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here to mount a small tmpfs in")
+    out = disk / "run"
+    run = " ".join([sys.executable, "-m", "keras_vit.training.finetune", *FLAGS, "--steps=4", f"--output-dir={out}"])
+    script = f"mount -t tmpfs -o size=64k none {disk} && {{ {run}; echo status=$?; ls -A {out / 'checkpoints'}; }}"
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        cwd=REPO,
+        env=backend_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("error", "Traceback"))]
+    assert errors == [
+        f"error: [Errno 28] No space left on device while writing: '{out / 'checkpoints' / 'ckpt-2.npz'}'"
+    ], done.stderr[-2000:]
+    assert done.stdout.split() == ["status=1"]  # and the checkpoints folder is empty: no partial file
