@@ -14,9 +14,11 @@ JSON outputs are strict JSON: :func:`write_json` writes NaN and infinite floats 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 from keras_vit.config import CLASSIFIERS
 from keras_vit.files import finite_json, still_linked, temporary_target, write_json
