@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 import zipfile
 
 import keras
@@ -54,14 +55,15 @@ for job in json.load(open(sys.argv[1])):
 """
 
 HF_SCRIPT = """
-import sys
+import json, sys
 import numpy as np
 import torch
 from transformers import ViTConfig, ViTForImageClassification, ViTModel
 torch.manual_seed(0)
 out, images = sys.argv[1], torch.from_numpy(np.load(sys.argv[2])).permute(0, 3, 1, 2)
+extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
 config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                   image_size=32, patch_size=8, num_labels=5)
+                   image_size=32, patch_size=8, num_labels=5, **extra)
 for cls, name in ((ViTForImageClassification, "classifier"), (ViTModel, "model")):
     model = cls(config).eval()
     with torch.no_grad():
@@ -112,6 +114,13 @@ TIMM_CASES = {
     ),
     "hybrid": ("vit_small_r26_s32_224", dict(depth=1, img_size=64, num_classes=5), 64, ".safetensors"),
     "layer_scale": ("vit_tiny_patch16_224", dict(depth=2, img_size=32, num_classes=5, init_values=1e-5), 32, ".pth"),
+    # 6 heads of width 192, where the usual (Ti) is 3: the state dict cannot tell
+    "six_heads": (
+        "vit_tiny_patch16_224",
+        dict(depth=1, img_size=32, patch_size=8, num_heads=6, num_classes=5),
+        32,
+        ".pth",
+    ),
 }
 
 
@@ -159,6 +168,32 @@ def test_timm_state_dict_gives_timms_logits(timm_files, case):
             weights=str(path),
         )
         np.testing.assert_allclose(to_numpy(again(photos(size))), logits, atol=1e-6)
+
+
+@pytest.mark.reference
+@pytest.mark.requires("timm", "torch")
+def test_a_head_count_the_file_cannot_tell_is_given_or_the_guess_is_printed(timm_files, tmp_path):
+    """timm's state dict of a 6-head model: read as 3 heads only with a warning saying so and how to say 6;
+    ``num_heads=6`` (``predict --num-heads 6``, ``zoo convert --num-heads 6``) gives timm's logits."""
+    from keras_vit import predict
+
+    path, expected = timm_files / "six_heads.pth", np.load(timm_files / "six_heads.npy")
+    with pytest.warns(
+        UserWarning,
+        match=r"six_heads.pth does not record its number of attention heads \(timm state "
+        r"dict\): read as 3 heads, the usual for width 192\. .*num_heads=N \(the commands' --num-heads N\)",
+    ):
+        guessed = keras_vit.model_from_checkpoint(path)
+    assert np.abs(to_numpy(guessed(photos(32))) - expected).max() > 1e-3  # the wrong grouping shows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said: no guess, no warning
+        model = predict._build_model(str(path), "none", num_heads=6)
+    np.testing.assert_allclose(to_numpy(model(photos(32))), expected, atol=TOLERANCE, rtol=0)
+    keras_vit.save_timm_safetensors(model, tmp_path / "six_heads.safetensors")  # keras-vit records them
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = keras_vit.model_from_checkpoint(tmp_path / "six_heads.safetensors")
+    np.testing.assert_allclose(to_numpy(again(photos(32))), expected, atol=TOLERANCE, rtol=0)
 
 
 @pytest.mark.reference
@@ -212,6 +247,38 @@ def test_huggingface_folders_give_transformers_outputs(tmp_path):
     tokens = np.load(tmp_path / "tokens.npy")
     pooler = np.tanh(tokens[:, 0] @ pooled["pre_logits/kernel"] + pooled["pre_logits/bias"])
     np.testing.assert_allclose(pooler, np.load(tmp_path / "pooler.npy"), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.reference
+@pytest.mark.requires("transformers", "torch")
+def test_a_hugging_face_config_is_honoured_field_by_field_or_refused_naming_the_field(tmp_path):
+    """``layer_norm_eps`` and ``hidden_act`` as transformers wrote them give its outputs; a field that disagrees with
+    the weights, is of the wrong type, or is unknown is refused, named, never dropped."""
+    np.save(tmp_path / "images.npy", photos(32))
+    numerics = dict(layer_norm_eps=1e-2, hidden_act="gelu_pytorch_tanh")
+    run_reference(HF_SCRIPT, tmp_path, tmp_path / "images.npy", json.dumps(numerics))
+    folder, expected = tmp_path / "classifier", np.load(tmp_path / "classifier.npy")
+    model = keras_vit.model_from_checkpoint(folder)
+    assert (model.config.layer_norm_epsilon, model.config.gelu) == (1e-2, "tanh")
+    np.testing.assert_allclose(to_numpy(model(photos(32))), expected, atol=TOLERANCE, rtol=0)
+    with pytest.warns(UserWarning, match="layer_norm_epsilon=0.01"):
+        dropped = keras_vit.model_from_checkpoint(folder, layer_norm_epsilon=1e-6)  # as if the field were ignored
+    assert np.abs(to_numpy(dropped(photos(32))) - expected).max() > 1e-3
+    config = json.loads((folder / "config.json").read_text())
+    refused = {
+        "num_attention_heads": ("2", r"config.json's num_attention_heads must be a positive integer, got '2'"),
+        "hidden_act": ("relu", r"uses hidden_act='relu'; keras-vit has GELU only"),
+        "qkv_bias": (False, r"disagrees with the weights: qkv_bias=False \(the weights have q/k/v biases\)"),
+        "hidden_size": (64, r"disagrees with the weights: hidden_size=64 \(the weights: 32\)"),
+        "use_mask_token": (True, r"sets fields keras-vit does not know, so cannot honour: \['use_mask_token'\]"),
+    }
+    for field, (value, message) in refused.items():
+        (folder / "config.json").write_text(json.dumps({**config, field: value}))
+        with pytest.raises(ValueError, match=message):
+            keras_vit.model_from_checkpoint(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "num_attention_heads": 3}))
+    with pytest.raises(ValueError, match=r"num_attention_heads=3 \(does not divide the weights' width 32\)"):
+        keras_vit.model_from_checkpoint(folder)
 
 
 @pytest.mark.requires("keras_hub")

@@ -1,13 +1,15 @@
 """Every checkpoint reader on random and mutated files: only the project's error types come out, quickly.
 
-Files of each accepted format are written once in their real layout (a Google ``.npz``, a timm ``.safetensors``,
-a Keras ``.weights.h5``, a Hugging Face folder, a training checkpoint, a training run's folder); hypothesis then
-flips, cuts, overwrites and inserts bytes (or removes a run's file), and each reader must either read the file or
-raise one of the errors the commands report in one line (:data:`keras_vit.cli.REPORTED`: an ``ImportError`` too,
-for a torch file without torch) within a time and memory bound, never another exception, a hang or a crash.
+Files of each accepted format are written once in their real layout (a Google ``.npz``, in float32 and bfloat16, a
+timm ``.safetensors``, a Keras ``.weights.h5``, a Hugging Face folder, a training checkpoint, a training run's
+folder); hypothesis then flips, cuts, overwrites and inserts bytes (or removes a run's file), and draws ``.npz`` files
+of any keys and shapes and ``config.json`` files of any values; each reader must either read the file or raise one
+of the errors the commands report in one line (:data:`keras_vit.cli.REPORTED`: an ``ImportError`` too, for a torch
+file without torch) within a time and memory bound, never another exception, a hang or a crash.
 """
 
 import contextlib
+import json
 import os
 import resource
 import shutil
@@ -15,13 +17,16 @@ import time
 from pathlib import Path
 
 import keras
+import ml_dtypes
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
-from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit import zoo
+from keras_vit.checkpoints.read import catalogue_check, read_checkpoint
 from keras_vit.cli import REPORTED
 from keras_vit.training.checkpoint import Checkpointer
 
@@ -40,6 +45,7 @@ def originals(tmp_path_factory):
     model = keras_vit.model_from_checkpoint(write_checkpoint(folder / "google.npz", arrays), gelu="exact")
     keras_vit.save_timm_safetensors(model, folder / "timm.safetensors")
     model.save_weights(folder / "keras.weights.h5")
+    np.savez(folder / "bfloat16.npz", **{key: value.astype(ml_dtypes.bfloat16) for key, value in arrays.items()})
     files = {path.name: path for path in folder.iterdir()}
     for path in files.values():
         read_checkpoint(path)  # the originals read: what the mutations start from is valid
@@ -80,11 +86,36 @@ def read_within_bound(reader, path: Path) -> None:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(["google.npz", "timm.safetensors", "keras.weights.h5"]), edits=mutations)
+@given(name=st.sampled_from(["google.npz", "bfloat16.npz", "timm.safetensors", "keras.weights.h5"]), edits=mutations)
 def test_mutated_checkpoints_give_only_the_projects_errors(originals, tmp_path, name, edits):
     path = tmp_path / name
     path.write_bytes(mutate(originals[name].read_bytes(), edits))
     read_within_bound(read_checkpoint, path)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=mutations)
+def test_mutated_files_under_a_catalogue_name_give_only_the_zoos_error(originals, tmp_path, edits):
+    """What the zoo meets before a download enters the cache: the architecture check on what the headers declare."""
+    path = tmp_path / "B_16.npz"
+    path.write_bytes(mutate(originals["google.npz"].read_bytes(), edits))
+    read_within_bound(catalogue_check(zoo.get("B_16.orig_in21k")), path)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shapes=st.dictionaries(
+        st.sampled_from(sorted(vit_checkpoint(depth=1, num_classes=3))) | st.text(max_size=12),
+        st.lists(st.integers(0, 70), max_size=4).map(tuple),
+        max_size=6,
+    )
+)
+def test_random_arrays_in_an_npz_give_only_the_projects_errors(tmp_path, shapes):
+    """Any keys and shapes: the loader names what is missing, unexpected or of another shape."""
+    arrays = {key.replace("\x00", ""): np.ones(shape, "float32") for key, shape in shapes.items() if key.strip("\x00")}
+    path = tmp_path / "random.npz"
+    np.savez(path, **arrays)
+    read_within_bound(lambda file: keras_vit.model_from_checkpoint(file, num_heads=2), path)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -117,6 +148,28 @@ def test_mutated_training_checkpoints_restore_or_give_a_training_error(saved_run
     folder.mkdir()
     (folder / original.name).write_bytes(mutate(original.read_bytes(), edits))
     read_within_bound(lambda path: Checkpointer(str(path)).restore(model), folder)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 100) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=5,
+)
+HF_FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+             "layer_norm_eps", "qkv_bias", "image_size", "patch_size", "num_channels", "hidden_dropout_prob",
+             "pooler_act", "pooler_output_size", "model_type", "id2label"]  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=st.dictionaries(st.sampled_from(HF_FIELDS), json_values, max_size=5) | json_values)
+def test_hugging_face_configs_of_any_values_give_only_the_projects_errors(originals, tmp_path, config):
+    """A config.json that parses, with any JSON in its fields (a string for a count, a list for an epsilon)."""
+    folder = tmp_path / "hf"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    shutil.copy(originals["timm.safetensors"], folder / "model.safetensors")
+    read_within_bound(read_checkpoint, folder)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

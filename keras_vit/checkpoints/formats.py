@@ -59,12 +59,15 @@ _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x
 
 
 def read_json(path: Path) -> dict:
-    """A JSON file's object; a ``ValueError`` naming the file when it is not JSON."""
+    """A JSON file's object; a ``ValueError`` naming the file when it is not JSON, or JSON but not an object."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
+            content = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}).") from exc
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} holds a JSON {type(content).__name__}, not an object of fields.")
+    return content
 
 
 def _folder_format(path: Path) -> str:

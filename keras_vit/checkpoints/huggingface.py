@@ -28,6 +28,7 @@ import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
 from keras_vit.checkpoints.timm import block_arrays, block_indices, conv_kernel, guess_num_heads, linear_kernel
+from keras_vit.checks import check_fraction, check_positive_number
 
 __all__ = ["HUGGINGFACE_UNSUPPORTED", "huggingface_to_npz", "looks_like_huggingface"]
 
@@ -99,6 +100,8 @@ def _shapes(state: Mapping[str, np.ndarray]) -> dict[str, int | None]:
 def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str) -> dict:
     """The model options ``config.json`` sets (GELU, LayerNorm epsilon, dropouts); a ``ValueError`` naming each
     field keras-vit cannot honour, that disagrees with the weights, or that it does not know."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{source}: config.json holds a JSON {type(config).__name__}, not an object of fields.")
     model_type = config.get("model_type", "vit")
     if model_type != "vit":
         raise ValueError(
@@ -109,7 +112,7 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
     if unknown:
         raise ValueError(f"{source}: config.json sets fields keras-vit does not know, so cannot honour: {unknown}.")
     act = config.get("hidden_act", "gelu")
-    if act not in _GELUS:
+    if not isinstance(act, str) or act not in _GELUS:
         raise ValueError(f"{source} uses hidden_act={act!r}; keras-vit has GELU only ({sorted(_GELUS)}).")
     if config.get("pooler_act", "tanh") != "tanh":
         raise ValueError(f"{source} uses pooler_act={config['pooler_act']!r}; keras-vit's pre_logits is tanh.")
@@ -130,8 +133,12 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
         differ.append(f"qkv_bias={config['qkv_bias']!r} (the weights {'have' if biases else 'have no'} q/k/v biases)")
     if differ:
         raise ValueError(f"{source}: config.json disagrees with the weights: {'; '.join(differ)}.")
-    options = {"gelu": _GELUS[act], "layer_norm_epsilon": float(config.get("layer_norm_eps", _LAYER_NORM_EPS))}
-    options.update({option: float(config[name]) for name, option in _DROPOUTS.items() if name in config})
+    field = f"{source}: config.json's {{}}".format
+    epsilon = check_positive_number(config.get("layer_norm_eps", _LAYER_NORM_EPS), field("layer_norm_eps"))
+    options = {"gelu": _GELUS[act], "layer_norm_epsilon": epsilon}
+    options.update(
+        {option: check_fraction(config[name], field(name)) for name, option in _DROPOUTS.items() if name in config}
+    )
     return options
 
 
