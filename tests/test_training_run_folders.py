@@ -219,6 +219,23 @@ def test_a_grayscale_image_folder_trains_a_three_channel_model_as_rgb(tmp_path):
     assert status == 0 and result.model.input_shape == (None, 8, 8, 3)
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
+def test_a_one_channel_tfds_dataset_trains_a_three_channel_model_as_rgb(tmp_path, monkeypatch):
+    """mnist's images are (28, 28, 1): decoded to RGB, the grey level in each channel."""
+    import tensorflow_datasets as tfds
+
+    from keras_vit.training import data as data_lib
+
+    monkeypatch.setattr(data_lib, "unresolvable_host", lambda urls: None)  # mock data: nothing is downloaded
+    with tfds.testing.mock_data(num_examples=20):
+        source = data_lib.load_tfds("mnist")
+        image, _ = next(iter(source.train.examples()))
+        status, result = command(tmp_path / "run", "--dataset", "mnist", "--steps", "2")
+    channels = image.numpy().reshape(-1, 3)
+    assert image.shape == (28, 28, 3) and (channels == channels[:, :1]).all()
+    assert status == 0 and result.model.input_shape == (None, 8, 8, 3)
+
+
 def test_a_failed_write_names_the_file_it_was_writing():
     """A real ENOSPC: /dev/full fails every write with errno 28."""
     with pytest.raises(OSError) as caught, naming("run/checkpoints/ckpt-2.npz"), open("/dev/full", "wb") as full:
