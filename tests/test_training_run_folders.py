@@ -187,6 +187,23 @@ def test_a_path_the_run_cannot_write_is_refused_before_the_first_step(finished, 
     assert not (out / "train_log.jsonl").exists()  # not one step
 
 
+@pytest.mark.backends("tensorflow")  # backend-independent
+def test_a_path_a_commands_runs_cannot_write_is_refused_before_the_first_of_them(tmp_path, capsys):
+    """pretrain's summary.json, written after both phases, a folder: refused before the masked-patch phase starts."""
+    from keras_vit.training import pretrain
+
+    (tmp_path / outputs.MARKER).write_text("{}")
+    (tmp_path / "summary.json").mkdir()
+    with pytest.raises(SystemExit) as exited:
+        pretrain.main([*FLAGS, "--steps=1", "--pretrain-steps=1", "--output-dir", str(tmp_path)])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'summary.json'} is a folder, where the run writes its file summary.json: move it away, "
+        "or choose another --output-dir.\n"
+    )
+    assert sorted(os.listdir(tmp_path)) == [outputs.MARKER, "summary.json"]
+
+
 def test_an_empty_output_dir_or_a_file_as_output_dir_or_dataset_is_one_line(tmp_path, capsys):
     assert command("", "--steps", "1")[0] == 1
     assert capsys.readouterr().err == "error: --output-dir must name a folder, got an empty string.\n"
