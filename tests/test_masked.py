@@ -243,8 +243,8 @@ def test_pretrain_runs_its_masked_phase_in_the_chosen_precision(tmp_path):
 
 def test_pretrain_phases_are_runs_as_finetune_is(tmp_path, capsys):
     """Both phases go through the one training run: the masked-patch phase writes run.json, metrics.json and its
-    checkpoints in OUT/pretrain (and the encoder as OUT/encoder.keras); started again, both phases resume from their
-    last checkpoints; a changed pre-training setting is refused, naming it."""
+    checkpoints in OUT/pretrain (and the encoder as OUT/encoder.keras); started again, both phases are finished and
+    nothing changes; more pre-training steps extend its phase; a changed pre-training setting is refused, naming it."""
     from keras_vit.training.pretrain import main
 
     out = tmp_path / "run"
@@ -255,12 +255,15 @@ def test_pretrain_phases_are_runs_as_finetune_is(tmp_path, capsys):
     assert masked["steps"] == 4 and masked["resumed_from_step"] == 0 and masked["history"] == first.history
     assert json.loads((out / "pretrain" / "run.json").read_text())["optimizer"] == "adam"
     assert (out / "encoder.keras").exists() and not (out / "pretrain" / "model.keras").exists()
-    main(argv)
-    for phase, steps in (("pretrain", 4), ("finetune", 2)):
-        assert json.loads((out / phase / "metrics.json").read_text())["resumed_from_step"] == steps
+    metrics = {phase: (out / phase / "metrics.json").read_bytes() for phase in ("pretrain", "finetune")}
+    again = main(argv)  # both phases finished: nothing is trained or written again
+    assert {phase: (out / phase / "metrics.json").read_bytes() for phase in metrics} == metrics
+    assert again.history == first.history
+    main([*argv, "--pretrain-steps=6"])  # more pre-training steps extend the masked-patch phase
+    assert json.loads((out / "pretrain" / "metrics.json").read_text())["resumed_from_step"] == 4
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        main([*argv, "--pretrain-lr", "0.5"])
+        main([*argv, "--pretrain-steps=6", "--pretrain-lr", "0.5"])
     assert "holds a run with different settings (lr)" in capsys.readouterr().err
 
 

@@ -97,8 +97,9 @@ def test_crash_and_resume_continues_the_run_exactly(tmp_path):
 def test_a_finished_run_is_not_retrained_and_a_changed_one_is_refused(tmp_path):
     run = {**RUN, "steps": 3, "dropout": 0.0}
     first = finetune(output_dir=str(tmp_path), **run)
-    again = finetune(output_dir=str(tmp_path), **run)
-    assert json.loads((tmp_path / "metrics.json").read_text())["resumed_from_step"] == 3
+    metrics = (tmp_path / "metrics.json").read_bytes()
+    again = finetune(output_dir=str(tmp_path), **run)  # finished: nothing is trained, evaluated or written again
+    assert (tmp_path / "metrics.json").read_bytes() == metrics and json.loads(metrics)["resumed_from_step"] == 0
     for a, b in zip(first.model.get_weights(), again.model.get_weights()):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=r"different settings \(lr\)"):
@@ -147,8 +148,7 @@ def test_ablation_gradient_accumulation_equals_the_whole_batch(tmp_path):
 
 def test_the_ablation_runs_each_setting_as_finetune_does_and_resumes(tmp_path, capsys):
     """Every setting is a run in its own folder (checkpoints, model.keras, metrics.json) in the precision asked
-    for; started again, each resumes from its last checkpoint instead of training again; changed settings are
-    refused, naming them."""
+    for; started again, each is finished and nothing is trained again; changed settings are refused, naming them."""
     out = str(tmp_path / "ablation")
     flags = [*ABLATION_FLAGS, "--positions=none", "--classifiers=token,gap", "--steps=2", "--checkpoint-every=1"]
     flags += ["--mixed-precision=bfloat16", "--output-dir", out]
@@ -159,9 +159,9 @@ def test_the_ablation_runs_each_setting_as_finetune_does_and_resumes(tmp_path, c
         assert (metrics["precision"], metrics["resumed_from_step"]) == ("mixed_bfloat16", 0)
         assert checkpoint_steps(str(folder)) == [1, 2] and (folder / "model.keras").exists()
     assert os.path.exists(os.path.join(out, "ablation.md"))
-    again = ablation.main(flags)
-    for folder in folders:
-        assert json.loads((folder / "metrics.json").read_text())["resumed_from_step"] == 2
+    metrics = [(folder / "metrics.json").read_bytes() for folder in folders]
+    again = ablation.main(flags)  # every setting finished: nothing is trained or written again
+    assert [(folder / "metrics.json").read_bytes() for folder in folders] == metrics
     assert [row.accuracies for row in again] == [row.accuracies for row in first]
     capsys.readouterr()
     with pytest.raises(SystemExit):

@@ -108,7 +108,7 @@ def run_ablation(
     setup = steps.prepare(config)
     config, source, optim = setup.config, setup.source, setup.config.optim
     log = log if setup.chief else lambda line: None
-    steps.start_parent(setup, "ablation")
+    steps.start_parent(setup, "ablation", ["ablation.md", "ablation.json"])
     log(
         f"{source.name}: ViT {config.model.name} {config.architecture()} at {config.model.image_size}px, "
         f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}, "

@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from keras_vit.config import CLASSIFIERS
@@ -69,7 +69,7 @@ RUN_FILES = (
 )
 # What a run writes in its folder, by kind: checked before its first step (check_paths).
 RUN_FOLDERS = ("checkpoints", "tensorboard", "tensorboard/steps", "tensorboard/train", "tensorboard/validation")
-RUN_WRITES = (MARKER, "run.json", "train_log.jsonl", "metrics.json")
+RUN_WRITES = (MARKER, "run.json", "train_log.jsonl", "metrics.json")  # and the model: model.keras or elsewhere
 
 
 def is_run_folder(path: str) -> bool:
@@ -143,11 +143,12 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
         os.close(fd)
 
 
-def check_paths(path: str, model_path: str | None = None) -> None:
+def check_paths(path: str, files: Sequence[str], folders: Sequence[str] = RUN_FOLDERS) -> None:
     """Refuse, before a run's first step, a folder it could not write into: an entry where the run writes a folder
-    (``checkpoints``) that is a file, or one where it writes a file that is a folder; a folder it cannot write."""
-    files = [os.path.join(path, name) for name in RUN_WRITES] + [model_path or os.path.join(path, "model.keras")]
-    for entry in [os.path.join(path, name) for name in RUN_FOLDERS] + files:
+    (``folders``: ``checkpoints``) that is a file, or one where it writes a file (``files``) that is a folder; a
+    folder it cannot write. The names are relative to ``path`` (or absolute: a model saved elsewhere)."""
+    files = [os.path.join(path, name) for name in files]
+    for entry in [os.path.join(path, name) for name in folders] + files:
         folder = entry not in files
         if os.path.lexists(entry) and os.path.isdir(entry) != folder:
             kind, other = ("a file", "its folder") if folder else ("a folder", "its file")
@@ -155,7 +156,7 @@ def check_paths(path: str, model_path: str | None = None) -> None:
                 f"{entry} is {kind}, where the run writes {other} {os.path.basename(entry)}: move it away, or choose "
                 "another --output-dir."
             )
-    for folder in {path, os.path.dirname(model_path or path)}:
+    for folder in {path, *map(os.path.dirname, files)}:
         if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
             raise OutputDirError(f"Cannot write into {folder} (permission denied). Choose another --output-dir.")
 

@@ -163,7 +163,7 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
             "its encoder.keras with LoRA through keras_vit.training.finetune --weights OUT/encoder.keras --lora-rank N."
         )
     setup = steps.prepare(finetune_config)
-    steps.start_parent(setup, "pretrain")
+    steps.start_parent(setup, "pretrain", ["encoder.keras", "summary.json"])
     out, verbose = setup.config.run.output_dir, setup.config.run.verbose
     encoder_path = os.path.join(out, "encoder.keras")
     task = MaskedPatches(config.rate, config.mask_fraction, config.random_fraction, config.bits)

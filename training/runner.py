@@ -26,11 +26,13 @@ from typing import Protocol
 import keras
 import tensorflow as tf
 
+from keras_vit.config import ViTConfig
 from keras_vit.training import config as config_lib
 from keras_vit.training import outputs, steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.errors import OutputDirError
 from keras_vit.training.loop import fit, save_outputs
+from keras_vit.training.memory import check_batch_fits
 from keras_vit.training.steps import Setup
 from keras_vit.training.strategy import strategy_name, training_scope
 
@@ -127,6 +129,9 @@ def _run(
 
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate
+    if setup.device == "cpu" and isinstance(getattr(kept, "config", None), ViTConfig):  # the host's memory
+        compute = keras.dtype_policies.get(steps.policy_name(config, setup.device)).compute_dtype
+        check_batch_fits(kept.config, micro_batch // setup.shard.count, 4 if compute == "float32" else 2, accumulate)
     data_fn, eval_data = task.datasets(setup, kept, micro_batch)
     count = source.eval.num_examples
     over_images = OverImages(count, setup.blanks(micro_batch) if task.blanks_in_loss else 0)

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+from collections.abc import Sequence
 
 import keras
 
@@ -238,7 +239,7 @@ def prepare_output(config: TrainConfig, chief: bool, model_path: str | None = No
     out = config.run.output_dir
     if chief and config.run.overwrite:
         outputs.clear_output(out)  # refuses a folder that is not a run's
-    outputs.check_paths(out, model_path)
+    outputs.check_paths(out, [*outputs.RUN_WRITES, model_path or "model.keras"])
     run_file, metrics_file = os.path.join(out, "run.json"), os.path.join(out, "metrics.json")
     model_file = model_path or os.path.join(out, "model.keras")
     done = None
@@ -282,15 +283,18 @@ def start_output(config: TrainConfig, chief: bool, command: str = "finetune", pr
         outputs.write_json(run_file, config_lib.json_ready(config))
 
 
-def start_parent(setup: Setup, command: str) -> None:
+def start_parent(setup: Setup, command: str, files: Sequence[str] = ()) -> None:
     """Clear (``overwrite``) and mark the output folder of a command whose runs go to its sub-folders (``pretrain``,
-    ``ablation``); each run there checks and starts its own folder."""
+    ``ablation``), checking that it can write its own ``files`` there; each run there checks and starts its own
+    folder."""
     if setup.chief:
+        out = setup.config.run.output_dir
         if setup.config.run.overwrite:
-            outputs.clear_output(setup.config.run.output_dir)
+            outputs.clear_output(out)
         else:
-            outputs.check_usable(setup.config.run.output_dir)
-        outputs.mark_output(setup.config.run.output_dir, command)
+            outputs.check_usable(out)
+        outputs.check_paths(out, [outputs.MARKER, *files], folders=())
+        outputs.mark_output(out, command)
 
 
 def describe(setup: Setup) -> str:
