@@ -240,7 +240,9 @@ def test_a_temporary_file_of_a_killed_save_is_passed_over_and_removed(crashed_ru
     assert [e["step"] for e in read_log(out)] == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.parametrize("breakage", ["truncated", "not a checkpoint", "non-finite values", "another step"])
+@pytest.mark.parametrize(
+    "breakage", ["truncated", "not a checkpoint", "non-finite values", "another step", "another dtype"]
+)
 def test_a_broken_newest_checkpoint_falls_back_to_the_previous_one(crashed_run, tmp_path, capsys, breakage):
     def damage(folder):
         path = os.path.join(folder, "ckpt-4.npz")
@@ -250,11 +252,13 @@ def test_a_broken_newest_checkpoint_falls_back_to_the_previous_one(crashed_run, 
         elif breakage == "not a checkpoint":
             with open(path, "wb") as file:
                 file.write(b"\x00garbage {{")
-        else:  # a whole file whose contents do not fit: a NaN weight, or the step of another file
+        else:  # a whole file whose contents do not fit: a NaN weight, the step of another file, another dtype
             with np.load(path) as data:
                 arrays = dict(data)
             if breakage == "non-finite values":
                 arrays["model/0"] = np.full_like(arrays["model/0"], np.nan)
+            elif breakage == "another dtype":
+                arrays["model/0"] = arrays["model/0"].astype(np.float64)
             else:
                 arrays["step"] = np.int64(2)
             np.savez(path, **arrays)
@@ -264,7 +268,11 @@ def test_a_broken_newest_checkpoint_falls_back_to_the_previous_one(crashed_run, 
     warning = capsys.readouterr().err
     assert f"resuming from {os.path.join(out, 'checkpoints', 'ckpt-2.npz')} (step 2)" in warning
     assert "ckpt-4.npz: " in warning
-    reason = {"non-finite values": "NaN or infinite values in model ", "another step": "holds step 2, not 4"}
+    reason = {
+        "non-finite values": "NaN or infinite values in model ",
+        "another step": "holds step 2, not 4",
+        "another dtype": "is float64 ",
+    }
     assert reason.get(breakage, "") in warning
     assert strict_json(os.path.join(out, "metrics.json"))["resumed_from_step"] == 2
     log = read_log(out)

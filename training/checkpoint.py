@@ -79,9 +79,11 @@ def read_checkpoint(path: str) -> tuple[int, dict, dict[str, list[np.ndarray]]]:
         arrays = {part: [data[f"{part}/{i}"] for i in range(len(manifest[part]))] for part in ("model", "optimizer")}
         step = int(data["step"])
     for part, values in arrays.items():
-        for (name, shape, _), value in zip(manifest[part], values):
-            if list(value.shape) != shape:
-                raise ValueError(f"{part} {name} has shape {value.shape}, the manifest says {tuple(shape)}")
+        for (name, shape, dtype), value in zip(manifest[part], values):
+            if (list(value.shape), value.dtype.name) != (shape, dtype):
+                raise ValueError(
+                    f"{part} {name} is {value.dtype.name} {value.shape}, the manifest says {dtype} {tuple(shape)}"
+                )
     non_finite = [
         f"{part} {entry[0]}"
         for part, values in arrays.items()
