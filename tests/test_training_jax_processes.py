@@ -3,8 +3,8 @@
 every process's CPU device, each process reading its own part of the input).
 
 2 and 3 processes equal one process reading the same input shards; a SIGKILLed process stops the job and the rerun
-resumes from the chief's last checkpoint to the uninterrupted result; an unreachable coordinator is named within the
-timeout.
+resumes from the chief's last checkpoint to the uninterrupted result; a SIGTERM to the launcher stops every process at
+one checkpointed step; an unreachable coordinator is named within the timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from training_support import (
     launch,
     launched,
     logged_losses,
+    preempt_launcher,
     process_state,
     read_log,
     single,
@@ -94,6 +95,13 @@ def uninterrupted(tmp_path_factory) -> str:
     status, output = launch(workers(2, KILL_FLAGS, out), ENV)
     assert status == 0, output[-5000:]
     return out
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_launcher_stops_every_process_at_one_checkpointed_step(tmp_path):
+    """SIGTERM to the launcher: forwarded to both JAX processes, which agree (an allgather every update) and stop at
+    the same one; process 0 checkpoints it; each says so; status 1."""
+    preempt_launcher(str(tmp_path / "run"), ENV)
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import tempfile
 import time
@@ -23,6 +22,7 @@ from training_support import (
     launch,
     launched,
     logged_losses,
+    preempt_launcher,
     process_state,
     read_log,
     single,
@@ -123,28 +123,7 @@ def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, k
 def test_a_signal_to_the_launcher_stops_every_worker_at_one_checkpointed_step(tmp_path):
     """SIGTERM to the launcher (a preemption): forwarded to the workers, which stop at the same update; the chief
     writes its checkpoint, each worker says so, and the launcher exits 1 once they have ended."""
-    run = str(tmp_path / "run")
-    flags = [*TINY_FLAGS, "--steps", "300", "--eval-every", "1000", "--checkpoint-every", "1000"]
-    with launched(["--workers", "2", "--connect-timeout", "120", "--", *flags, "--output-dir", run], ENV) as (
-        process,
-        workers,
-    ):
-        deadline = time.time() + 120
-        while time.time() < deadline and process.poll() is None:
-            if os.path.exists(os.path.join(run, "train_log.jsonl")) and len(read_log(run)) >= 5:
-                break
-            time.sleep(0.05)
-        pids = [worker_pid(process.pid, i) for i in (0, 1)]
-        workers.update(p for p in pids if p)
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=150)
-    assert process.returncode == 1, output[-5000:]
-    step = int(re.search(r"\[worker 0\] error: stopped by SIGTERM at step (\d+): the checkpoint", output)[1])
-    assert f"[worker 1] error: stopped by SIGTERM at step {step}: " in output
-    assert 5 <= step < 300 and checkpoint_steps(run) == [step]  # the only checkpoint: the one of the signal
-    assert output.rstrip().endswith("launch: stopped by SIGTERM; exit status 1")
-    for pid in pids:
-        assert process_state(pid) in ("gone", "Z")
+    preempt_launcher(str(tmp_path / "run"), ENV)
 
 
 def test_an_unreachable_peer_fails_within_the_timeout_naming_its_address(tmp_path):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -177,3 +179,29 @@ def weights_difference(a: str, b: str) -> float:
 def logged_losses(output_dir: str) -> np.ndarray:
     """The per-step losses of a run's ``train_log.jsonl``."""
     return np.array([entry["loss"] for entry in read_log(output_dir)])
+
+
+def preempt_launcher(run: str, env: dict[str, str]) -> int:
+    """SIGTERM to a launcher of 2 workers after 5 of 300 steps: check that both stop at one step, the chief's
+    checkpoint of it the only one, each worker and the launcher saying so, status 1; return the step."""
+    flags = [*TINY_FLAGS, "--steps", "300", "--eval-every", "1000", "--checkpoint-every", "1000"]
+    with launched(["--workers", "2", "--connect-timeout", "120", "--", *flags, "--output-dir", run], env) as (
+        process,
+        workers,
+    ):
+        deadline = time.time() + 180
+        while time.time() < deadline and process.poll() is None:
+            if os.path.exists(os.path.join(run, "train_log.jsonl")) and len(read_log(run)) >= 5:
+                break
+            time.sleep(0.05)
+        pids = [worker_pid(process.pid, i) for i in (0, 1)]
+        workers.update(p for p in pids if p)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=150)
+    assert process.returncode == 1, output[-5000:]
+    step = int(re.search(r"\[worker 0\] error: stopped by SIGTERM at step (\d+): the checkpoint", output)[1])
+    assert f"[worker 1] error: stopped by SIGTERM at step {step}: " in output
+    assert 5 <= step < 300 and checkpoint_steps(run) == [step]  # the only checkpoint: the one of the signal
+    assert output.rstrip().endswith("launch: stopped by SIGTERM; exit status 1")
+    assert all(process_state(pid) in ("gone", "Z") for pid in pids)
+    return step
