@@ -26,9 +26,9 @@ from training_support import (
     preempt_launcher,
     process_state,
     read_log,
+    running_workers,
     single,
     weights_difference,
-    worker_pid,
 )
 
 from keras_vit.training.launch import free_ports
@@ -111,13 +111,7 @@ def test_a_killed_jax_process_stops_the_job_and_the_rerun_resumes_exactly(tmp_pa
     process resumes from the chief's checkpoint, and the run ends where the uninterrupted one did."""
     run = str(tmp_path / "run")
     with launched(workers(2, KILL_FLAGS, run), ENV) as (process, started):
-        deadline = time.time() + 300
-        while time.time() < deadline and process.poll() is None:
-            if os.path.exists(os.path.join(run, "train_log.jsonl")) and len(read_log(run)) >= 25:
-                break
-            time.sleep(0.02)
-        pids = [worker_pid(process.pid, i) for i in (0, 1)]
-        started.update(p for p in pids if p)
+        pids = running_workers(process, started, run, 25, 300)
         assert all(pids) and len(read_log(run)) < 60, "the run ended before it could be killed"
         os.kill(pids[killed], signal.SIGKILL)
         output, _ = process.communicate(timeout=120)

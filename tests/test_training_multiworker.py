@@ -25,9 +25,9 @@ from training_support import (
     preempt_launcher,
     process_state,
     read_log,
+    running_workers,
     single,
     weights_difference,
-    worker_pid,
 )
 
 from keras_vit.training.launch import free_ports
@@ -83,13 +83,7 @@ def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, k
     scratch = set(os.listdir(tempfile.gettempdir()))
     args = ["--workers", "2", "--connect-timeout", "120", "--", *flags, "--output-dir", run]
     with launched(args, ENV) as (process, workers):
-        deadline = time.time() + 240
-        while time.time() < deadline and process.poll() is None:
-            if os.path.exists(os.path.join(run, "train_log.jsonl")) and len(read_log(run)) >= 40:
-                break
-            time.sleep(0.02)
-        pids = [worker_pid(process.pid, i) for i in (0, 1)]
-        workers.update(p for p in pids if p)
+        pids = running_workers(process, workers, run, 40, 240)
         assert all(pids) and len(read_log(run)) < 150, "the run ended before it could be killed"
         os.kill(pids[killed], signal.SIGKILL)
         output, _ = process.communicate(timeout=120)

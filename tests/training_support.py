@@ -189,13 +189,7 @@ def preempt_launcher(run: str, env: dict[str, str]) -> int:
         process,
         workers,
     ):
-        deadline = time.time() + 180
-        while time.time() < deadline and process.poll() is None:
-            if os.path.exists(os.path.join(run, "train_log.jsonl")) and len(read_log(run)) >= 5:
-                break
-            time.sleep(0.05)
-        pids = [worker_pid(process.pid, i) for i in (0, 1)]
-        workers.update(p for p in pids if p)
+        pids = running_workers(process, workers, run, 5, 180)
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=150)
     assert process.returncode == 1, output[-5000:]
@@ -205,3 +199,16 @@ def preempt_launcher(run: str, env: dict[str, str]) -> int:
     assert output.rstrip().endswith("launch: stopped by SIGTERM; exit status 1")
     assert all(process_state(pid) in ("gone", "Z") for pid in pids)
     return step
+
+
+def running_workers(process: subprocess.Popen, workers: set[int], run: str, steps: int, seconds: float) -> list[int]:
+    """The pids of a launcher's 2 workers (added to ``workers``) once ``run`` has logged ``steps`` steps (or after
+    ``seconds``, or when the launcher ended)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and process.poll() is None:
+        if os.path.exists(os.path.join(run, "train_log.jsonl")) and len(read_log(run)) >= steps:
+            break
+        time.sleep(0.02)
+    pids = [worker_pid(process.pid, i) for i in (0, 1)]
+    workers.update(p for p in pids if p)
+    return pids
