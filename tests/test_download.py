@@ -502,11 +502,12 @@ def test_fetch_of_a_corrupted_cached_file_names_it_and_keeps_it(tmp_path, payloa
 
 
 def test_a_damaged_sha256_record_is_named_and_rewritten_not_blamed_on_the_checkpoint(
-    tmp_path, payload, serve, monkeypatch, capsys
+    tmp_path, serve, monkeypatch, capsys
 ):
     from keras_vit.zoo.__main__ import main as zoo_main
 
     entry = zoo.get("Ti_16.augreg_in21k")
+    payload = write_checkpoint(tmp_path / "ti16.npz", vit_checkpoint(**TI_16, num_classes=21843)).read_bytes()
     server = serve({"/" + entry.path: payload})
     monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))

@@ -212,6 +212,7 @@ NON_DEFAULT_ARGUMENTS = {
         gelu="exact",
         remat=True,
         layer_scale_init=0.1,
+        layer_norm_epsilon=1e-12,
     ),
     "TokenPooling": dict(mode="avg", num_prefix_tokens=2),
     "MultiHeadSelfAttention": dict(num_heads=3, attention_dropout=0.2),
@@ -227,6 +228,7 @@ NON_DEFAULT_ARGUMENTS = {
         gelu="exact",
         remat=True,
         layer_scale_init=0.1,
+        layer_norm_epsilon=1e-12,
     ),
     "StdConv2D": dict(filters=8, kernel_size=(3, 5), strides=(2, 1), epsilon=1e-8, standardization="timm"),
     "BottleneckUnit": dict(

@@ -211,3 +211,16 @@ def test_results_json_is_strict_json(tmp_path):
 
     text = (tmp_path / "results.json").read_text()
     assert json.loads(text, parse_constant=refuse) == {"accuracy": None, "curve": [1.0, None]}
+
+
+def test_the_catalogue_check_of_a_variant_the_table_does_not_build_holds_its_head(tmp_path):
+    """AugReg's R+Ti/16 is not in keras-vit's variant table: its files are held to the entry's classes and head."""
+    from keras_vit import zoo
+    from keras_vit.checkpoints.read import catalogue_check
+    from keras_vit.zoo import CorruptCheckpointError
+
+    entry = zoo.get("R_Ti_16.augreg_in21k_ft_in1k_384")
+    path = write_checkpoint(tmp_path / "r_ti.npz", vit_checkpoint(**{**TINY, "num_classes": 10}))
+    with pytest.raises(CorruptCheckpointError, match=rf"another architecture: classes 10 \({entry.name}: 1000\)$"):
+        catalogue_check(entry)(path)
+    catalogue_check(entry)(write_checkpoint(tmp_path / "head.npz", vit_checkpoint(**{**TINY, "num_classes": 1000})))

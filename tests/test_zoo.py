@@ -15,7 +15,7 @@ from pathlib import Path
 
 import keras
 import pytest
-from npz_layout import vit_checkpoint, write_checkpoint
+from npz_layout import TI_16, vit_checkpoint, write_checkpoint
 
 from keras_vit import zoo
 from keras_vit.variants import parse_variant
@@ -90,15 +90,20 @@ def test_console_script_entry_point_resolves(capsys):
 
 def test_verify_command_reports_ok_unrecorded_and_corrupt_files(tmp_path, capsys):
     cache = ["--cache-dir", str(tmp_path)]
-    first, second = zoo.get("Ti_16.augreg_in21k"), zoo.get("S_16.augreg_in21k")
-    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2))
-    for entry in (first, second):
+    first, second = zoo.get("Ti_16.augreg_in21k"), zoo.get("Ti_16.augreg_in21k_ft_in1k_224")
+    for entry in (first, second):  # each of its entry's architecture, as the zoo caches only those
         zoo.cache_path(entry, tmp_path).parent.mkdir(parents=True, exist_ok=True)
-        write_checkpoint(zoo.cache_path(entry, tmp_path), arrays)
-    zoo_main([*cache, "verify"])
+        write_checkpoint(zoo.cache_path(entry, tmp_path), vit_checkpoint(**TI_16, num_classes=entry.num_classes))
+    toy = zoo.get("B_16.orig_in21k")  # a file of another architecture, put there by hand: corrupt, named
+    zoo.cache_path(toy, tmp_path).parent.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(zoo.cache_path(toy, tmp_path), vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64))
+    with pytest.raises(SystemExit):
+        zoo_main([*cache, "verify"])
     out = capsys.readouterr().out
     assert re.search(r"^unrecorded +Ti_16.augreg_in21k: .*no sha256 recorded, structure OK", out, re.M)
-    assert "2 cached files checked, 0 corrupt" in out
+    assert re.search(r"^corrupt +B_16.orig_in21k: .*is not the checkpoint B_16.orig_in21k .*width 32", out, re.M)
+    assert "3 cached files checked, 1 corrupt" in out
+    zoo.cache_path(toy, tmp_path).unlink()
     assert zoo.fetch(first, tmp_path) == zoo.cache_path(first, tmp_path)  # checked and recorded
     path = zoo.cache_path(second, tmp_path)
     data = bytearray(path.read_bytes())
@@ -108,14 +113,14 @@ def test_verify_command_reports_ok_unrecorded_and_corrupt_files(tmp_path, capsys
         zoo_main([*cache, "verify"])
     out = capsys.readouterr().out
     assert exit_.value.code == 1 and re.search(r"^OK +Ti_16.augreg_in21k: .*sha256 [0-9a-f]{64}", out, re.M)
-    assert re.search(r"^corrupt +S_16.augreg_in21k: .*CRC-32", out, re.M) and "1 corrupt" in out
+    assert re.search(r"^corrupt +Ti_16.augreg_in21k_ft_in1k_224: .*CRC-32", out, re.M) and "1 corrupt" in out
     path = zoo.cache_path(first, tmp_path)
     path.write_bytes(path.read_bytes() + b"\0")  # recorded and changed
     with pytest.raises(SystemExit):
         zoo_main([*cache, "verify", first.name, "B_16.orig_in21k"])
     out = capsys.readouterr().out
     assert re.search(r"^corrupt +Ti_16.augreg_in21k: .*recorded when it was downloaded", out, re.M)
-    assert re.search(r"^missing +B_16.orig_in21k: not cached", out, re.M) and "S_16" not in out
+    assert re.search(r"^missing +B_16.orig_in21k: not cached", out, re.M) and "ft_in1k" not in out
 
 
 def _as_another_user(function) -> tuple[int, str]:

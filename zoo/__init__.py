@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import download
-from .cache import check_file
+from .cache import CORRUPT, check_file
 from .download import DEFAULT_TIMEOUT, CorruptCheckpointError, DownloadError
 from .progress import ProgressBar
 from .validate import check_npz
@@ -199,12 +199,22 @@ def fetch(
     return path
 
 
-def check_cached(name: Checkpoint | str, cache_dir: str | os.PathLike | None = None) -> tuple[str, str] | None:
+def check_cached(
+    name: Checkpoint | str,
+    cache_dir: str | os.PathLike | None = None,
+    check: Callable[[Path], None] | None = None,
+) -> tuple[str, str] | None:
     """``(status, detail)`` of a cached checkpoint, status ``"OK"``, ``"corrupt"`` or ``"unrecorded"`` (see
-    :mod:`keras_vit.zoo.cache`); None when it is not cached. Reads the whole file."""
+    :mod:`keras_vit.zoo.cache`); None when it is not cached. Reads the whole file. ``check``: as :func:`fetch`'s
+    (a file of another architecture is corrupt)."""
     entry = get(name) if isinstance(name, str) else name
     path = cache_path(entry, cache_dir)
     if not path.is_file():
         return None
     status, detail, _ = check_file(path, sha256=entry.sha256, validate=check_npz)
+    if status != CORRUPT and check is not None:
+        try:
+            check(path)
+        except CorruptCheckpointError as exc:
+            return CORRUPT, str(exc)
     return status, detail

@@ -73,10 +73,12 @@ def _download(args) -> None:
 
 
 def _verify(args) -> int:
+    from keras_vit.checkpoints.read import catalogue_check
+
     entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
     corrupt = checked = 0
     for entry in entries:
-        result = zoo.check_cached(entry, args.cache_dir)
+        result = zoo.check_cached(entry, args.cache_dir, check=catalogue_check(entry))
         if result is None:
             if args.names:
                 print(f"{'missing':10} {entry.name}: not cached")
