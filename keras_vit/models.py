@@ -14,7 +14,7 @@ is :mod:`keras_vit.applications`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import keras
@@ -35,6 +35,8 @@ __all__ = [
     "encode",
     "head",
     "model_options",
+    "set_trainable_layers",
+    "trainable_layers",
     "uses_fc_norm",
 ]
 
@@ -48,7 +50,14 @@ class VisionTransformer(keras.Model):
     made around its layers (``keras.Model(inputs, outputs)``) is a plain functional model.
     """
 
-    def __init__(self, config: ViTConfig | Mapping[str, Any], **kwargs):
+    def __init__(
+        self,
+        config: ViTConfig | Mapping[str, Any],
+        *,
+        trainable: bool = True,
+        trainable_layers: Mapping[str, bool] | None = None,
+        **kwargs,
+    ):
         config = config if isinstance(config, ViTConfig) else ViTConfig.from_dict(config)
         policy = kwargs.pop("dtype", None)
         policy = None if policy is None else keras.dtype_policies.get(policy)
@@ -57,11 +66,14 @@ class VisionTransformer(keras.Model):
         kwargs["name"] = kwargs.get("name") or config.architecture.model_name
         super().__init__(inputs, outputs, dtype=policy, **kwargs)
         self.config = config
+        self.trainable = trainable  # the setter reaches every layer and variable (an __init__ argument does not)
+        set_trainable_layers(self, trainable_layers or {})
 
     def get_config(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "trainable": self.trainable,
+            "trainable_layers": trainable_layers(self),
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
             "config": self.config.to_dict(),
         }
@@ -69,6 +81,32 @@ class VisionTransformer(keras.Model):
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects=None) -> VisionTransformer:
         return cls(**config)
+
+
+def _layer_paths(layer: keras.Layer, prefix: str = "") -> Iterator[tuple[str, keras.Layer, keras.Layer]]:
+    """``(path, sublayer, its parent)`` for every layer inside ``layer``, parents first; a path joins the names
+    (``encoderblock_0/MlpBlock_3/Dense_0``), which keras-vit gives every layer it builds."""
+    for sublayer in layer._flatten_layers(include_self=False, recursive=False):
+        path = f"{prefix}{sublayer.name}"
+        yield path, sublayer, layer
+        yield from _layer_paths(sublayer, f"{path}/")
+
+
+def trainable_layers(model: keras.Layer) -> dict[str, bool]:
+    """``{path: trainable}`` of every layer inside ``model`` whose ``trainable`` differs from its parent's: what
+    :func:`set_trainable_layers` needs, after ``model.trainable`` is set, to restore them all."""
+    return {path: layer.trainable for path, layer, parent in _layer_paths(model) if layer.trainable != parent.trainable}
+
+
+def set_trainable_layers(model: keras.Layer, flags: Mapping[str, bool]) -> None:
+    """Set ``trainable`` of the layers :func:`trainable_layers` named (parents first, so a child's own flag wins)."""
+    layers_by_path = {path: layer for path, layer, _ in _layer_paths(model)}
+    unknown = sorted(set(flags) - set(layers_by_path))
+    if unknown:
+        raise ValueError(f"Model {model.name!r} has no layers {unknown} to set trainable.")
+    for path, layer in layers_by_path.items():
+        if path in flags:
+            layer.trainable = flags[path]
 
 
 def build_vit(config: ViTConfig, *, name: str | None = None) -> VisionTransformer:

@@ -235,11 +235,13 @@ NON_DEFAULT_ARGUMENTS = {
     "ResNetStem": dict(
         num_layers=(1, 2), width=96, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
     ),
-    # the model: its one argument is the config record (tests/test_config.py sets every field of it)
+    # the model: the config record (tests/test_config.py sets every field of it) and what was frozen or thawed
     "VisionTransformer": dict(
         config=keras_vit.ViTConfig.from_variant(
             None, image_size=16, patch_size=8, hidden_size=8, depth=1, num_heads=2, mlp_dim=8, gelu="exact"
-        ).to_dict()
+        ).to_dict(),
+        trainable=False,
+        trainable_layers={"encoderblock_0/MlpBlock_3": True},
     ),
 }
 
