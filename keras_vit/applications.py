@@ -199,6 +199,7 @@ def ViT(
     _check_first_argument("ViT", "variant", variant)
     fields = _config_fields("ViT", variant, resnet, options)
     num_classes = _same("num_classes", num_classes, "classes", classes)
+    new_head = not include_top or num_classes is not None  # the checkpoint's head dropped or replaced on purpose
     image_size, channels, dynamic = _input_size(
         image_size, channels, input_shape, None if include_preprocessing else input_tensor
     )
@@ -224,7 +225,7 @@ def ViT(
     )
     model = build_vit(config, name=name or _model_name(variant, config.architecture))
     if weights is not None:
-        load_weights(model, weights)
+        load_weights(model, weights, new_head=new_head)
     return model if input_tensor is None else _on_tensor(model, input_tensor)
 
 

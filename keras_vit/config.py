@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 CLASSIFIERS = ("token", "gap")
-POOLINGS = (None, "token", "avg")
+POOLINGS = (None, "token", "avg", "max")
 GELUS = ("tanh", "exact")
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
 WEIGHT_STANDARDIZATIONS = ("flax", "timm")
@@ -125,7 +125,8 @@ class ViTConfig:
     )
     num_classes: int = _field("classes of the head", DEFAULT_NUM_CLASSES, "output", check=check_positive_int)
     pooling: str | None = _field(
-        "features without the head: none (all tokens), token (the class token) or avg (the patch tokens' mean)",
+        "features without the head: none (all tokens), token (the class token), avg or max (the patch tokens' mean "
+        "or maximum, as keras.applications' pooling)",
         None,
         "output",
         choices=POOLINGS,

@@ -164,10 +164,10 @@ class ClassToken(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(layers.Layer):
-    """Pools encoded tokens ``(B, N, D) -> (B, D)``: the class token (``"token"``) or the mean of the
-    patch tokens after ``num_prefix_tokens`` (``"avg"``)."""
+    """Pools encoded tokens ``(B, N, D) -> (B, D)``: the class token (``"token"``), or the mean (``"avg"``) or
+    maximum (``"max"``, per channel) of the patch tokens after ``num_prefix_tokens``."""
 
-    MODES = ("token", "avg")
+    MODES = ("token", "avg", "max")
 
     def __init__(self, mode: str = "token", num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -180,7 +180,8 @@ class TokenPooling(layers.Layer):
     def call(self, tokens):
         if self.mode == "token":
             return tokens[:, 0]
-        return ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+        reduce = ops.mean if self.mode == "avg" else ops.max
+        return reduce(tokens[:, self.num_prefix_tokens :], axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

@@ -38,6 +38,7 @@ __all__ = [
     "set_trainable_layers",
     "trainable_layers",
     "uses_fc_norm",
+    "with_new_head",
 ]
 
 
@@ -107,6 +108,36 @@ def set_trainable_layers(model: keras.Layer, flags: Mapping[str, bool]) -> None:
     for path, layer in layers_by_path.items():
         if path in flags:
             layer.trainable = flags[path]
+
+
+def with_new_head(model: keras.Model, classes: int, *, classifier_activation: str | None = None) -> keras.Model:
+    """``model`` with a fresh classification head of ``classes`` (zero-initialised, as every keras-vit head; timm's
+    ``reset_classifier``): a new :class:`VisionTransformer` of the same config and dtype policy holding a copy of
+    ``model``'s backbone weights and ``trainable`` flags. The paper fine-tunes this way: the whole pre-training
+    head (``pre_logits`` too) is replaced by one zero-initialised layer. ``model`` may have a head or not
+    (``include_top=False``): the new head reads what the model's classifier reads (its class token or mean)."""
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(
+            f"with_new_head needs a keras_vit model (VisionTransformer); {model.name!r} is a "
+            f"{type(model).__name__}. Build it with keras_vit.ViT(..., classes={classes}) instead."
+        )
+    config = model.config.replace(
+        include_top=True,
+        num_classes=classes,
+        classifier_activation=classifier_activation,
+        pooling=None,
+        representation_size=None,
+    )
+    new = VisionTransformer(config, name=model.name, dtype=model.dtype_policy)
+    old_layers = {path: layer for path, layer, _ in _layer_paths(model)}
+    kept = {path: layer for path, layer, _ in _layer_paths(new) if path in old_layers and path != "head"}
+    for path, layer in kept.items():
+        store: dict = {}
+        old_layers[path].save_own_variables(store)
+        layer.load_own_variables({key: keras.ops.convert_to_numpy(value) for key, value in store.items()})
+    new.trainable = model.trainable
+    set_trainable_layers(new, {path: flag for path, flag in trainable_layers(model).items() if path in kept})
+    return new
 
 
 def build_vit(config: ViTConfig, *, name: str | None = None) -> VisionTransformer:

@@ -351,7 +351,7 @@ def test_drop_path_drops_whole_samples_and_rescales():
         (dict(image_size=30), "not divisible by the patch size 8"),
         (dict(image_size=(32, 36)), "32x36 is not divisible"),
         (dict(classifier="cls"), "Unknown classifier 'cls'"),
-        (dict(pooling="max", include_top=False), "Unknown pooling 'max'"),
+        (dict(pooling="min", include_top=False), "Unknown pooling 'min'"),
         (dict(classifier="gap", pooling="token", include_top=False), "needs classifier='token'"),
         (dict(gelu="relu"), "Unknown gelu 'relu'"),
         (dict(channels=1, weights="anything.npz"), "need 3 input channels"),
