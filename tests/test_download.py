@@ -469,6 +469,16 @@ def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp
     assert [r[0] for r in server.requests] == ["/" + entry.path]
     assert model.input_shape == (None, 224, 224, 3) and model.output_shape == (None, 1000)
     np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
+    tagged = keras_vit.ViT(  # timm's name and tag: the same catalogue entry, from the cache
+        "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+        weights="imagenet",
+        hidden_size=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+    )
+    np.testing.assert_array_equal(tagged.get_layer("head").bias.numpy(), arrays["head/bias"])
+    assert len(server.requests) == 1
 
 
 def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path, monkeypatch):
