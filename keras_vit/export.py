@@ -30,7 +30,7 @@ import keras
 import numpy as np
 
 from keras_vit.checks import check_choice
-from keras_vit.cli import CommandError, add_debug_flag, command_errors
+from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
 from keras_vit.files import atomic_path
 from keras_vit.optional import require
 
@@ -321,7 +321,7 @@ def _export_and_compare(args: argparse.Namespace) -> None:
     try:
         model = keras_vit.model_from_checkpoint(args.weights)
     except (OSError, ValueError) as exc:
-        raise CommandError(f"weights {args.weights!r}: {exc}") from exc
+        raise CommandError(f"weights {args.weights!r}: {shown(exc)}") from exc
     preprocess = ImagePreprocessor(tuple(model.input_shape[1:3]))
     images = np.stack([np.asarray(preprocess(crop)) for crop in photo_crops(args.images)])
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_vit.cli import CommandError, add_debug_flag, command_errors
+from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
 __all__ = ["classify", "load_image", "main"]
@@ -81,7 +81,7 @@ def _build_model(weights: str, mixed_precision: str, num_heads: int | None = Non
         with global_policy(policy):
             return keras_vit.model_from_checkpoint(weights, num_heads=num_heads)
     except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
-        raise CommandError(f"weights {weights!r}: {exc}") from exc
+        raise CommandError(f"weights {weights!r}: {shown(exc)}") from exc
 
 
 def _table(path: str, predictions: list[tuple[str, str, float]]) -> str:
