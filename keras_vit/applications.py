@@ -269,6 +269,10 @@ def ViT(
             raise ValueError(f"Pretrained weights need 3 input channels, got channels={channels}.")
         if isinstance(weights, str):
             weights = _checkpoint_name(weights, variant, image_size, tag)
+            entry = zoo.find(weights)
+            if entry is not None and include_preprocessing:  # the crop and resize its evaluation used
+                fields.setdefault("crop_fraction", entry.preprocessing["crop_fraction"])
+                fields.setdefault("interpolation", entry.preprocessing["interpolation"])
         weights = read_checkpoint(weights)
         image_size, num_classes, fields["representation_size"] = checkpoint_defaults(
             weights, image_size, num_classes, fields.get("representation_size")

@@ -40,6 +40,7 @@ __all__ = [
     "CLASSIFIERS",
     "GELUS",
     "GROUPS",
+    "INTERPOLATIONS",
     "POOLINGS",
     "POSITION_EMBEDDINGS",
     "RESIZE_METHODS",
@@ -58,6 +59,8 @@ POOLINGS = (None, "token", "avg", "max")
 GELUS = ("tanh", "exact")
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
 WEIGHT_STANDARDIZATIONS = ("flax", "timm")
+# keras.ops.image.resize's methods that tf.image.resize has too (ImagePreprocessor runs either).
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area", "lanczos3", "lanczos5")
 RESIZE_METHODS = ("zoom_linear", "bilinear", "bicubic")  # position embeddings to another grid (keras_vit.position)
 GROUPS = ("architecture", "input", "output", "structure", "numerics", "training")
 
@@ -119,6 +122,22 @@ class ViTConfig:
         False,
         "input",
         check=check_bool,
+    )
+    crop_fraction: float | None = _field(
+        "with include_preprocessing: first cut the central square of this fraction of the short side (timm's "
+        "crop_pct; a catalogue checkpoint's by default)",
+        None,
+        "input",
+        check=optional(check_fraction),
+        layer="preprocessing",
+        unset="none: resize the whole image",
+    )
+    interpolation: str = _field(
+        "with include_preprocessing: the resize method (a catalogue checkpoint's by default)",
+        "bilinear",
+        "input",
+        choices=INTERPOLATIONS,
+        layer="preprocessing",
     )
     include_top: bool = _field(
         "end in the classification head; else the features (see pooling)", True, "output", check=check_bool

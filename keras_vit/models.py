@@ -152,7 +152,9 @@ def _graph(config: ViTConfig) -> tuple:
     any_size = config.dynamic_image_size or config.include_preprocessing
     inputs = keras.Input((None, None, config.channels) if any_size else (height, width, config.channels), name="images")
     images = (
-        ImagePreprocessor(config.image_size, name="preprocessing")(inputs) if config.include_preprocessing else inputs
+        ImagePreprocessor(config.image_size, name="preprocessing", **config.layer_options("preprocessing"))(inputs)
+        if config.include_preprocessing
+        else inputs
     )
     x = encode(embed(images, config), config, images=inputs if config.dynamic_image_size else None)
     return inputs, head(x, config)

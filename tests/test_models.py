@@ -198,7 +198,13 @@ NON_DEFAULT_ARGUMENTS = {
     "AddPositionEmbs2D": dict(grid_size=(3, 5), num_prefix_tokens=2),
     "DynamicPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=0, stride=8, method="bilinear"),
     "PatchTokenMap": dict(num_prefix_tokens=0, stride=8),
-    "ImagePreprocessor": dict(image_size=(48, 64), crop_fraction=0.875, interpolation="bicubic"),
+    "ImagePreprocessor": dict(
+        image_size=(48, 64),
+        crop_fraction=0.875,
+        interpolation="bicubic",
+        mean=[0.485, 0.456, 0.406],
+        std=[0.25, 0.25, 0.25],
+    ),
     "SinCosPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=0, temperature=100.0),
     "RelativePositionBias": dict(num_heads=3, grid_size=(3, 5), num_prefix_tokens=0),
     "RelativeTransformerBlock": dict(
