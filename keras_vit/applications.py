@@ -23,13 +23,14 @@ timm's ``vit_base_r50_s16_224``, ``vit_large_r50_s32_224`` and ``vit_small_r26_s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
 
 from keras_vit import zoo
-from keras_vit.checkpoints.load import checkpoint_defaults, load_weights
+from keras_vit.checkpoints.load import checkpoint_defaults, load_weights, model_from_checkpoint
 from keras_vit.checkpoints.read import read_checkpoint
 from keras_vit.config import DEFAULT_IMAGE_SIZE, GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
 from keras_vit.models import build_vit
@@ -292,6 +293,22 @@ def ViT(
     if weights is not None:
         load_weights(model, weights, new_head=new_head)
     return model if input_tensor is None else _on_tensor(model, input_tensor)
+
+
+def from_preset(preset: str | os.PathLike, **overrides: Any) -> keras.Model:
+    """keras-hub's ``from_preset`` for keras-vit (also ``keras_vit.ViT.from_preset``): the model a name or folder
+    holds, its architecture read from it. ``preset``: a catalogue name (``"B_16.augreg_in21k_ft_in1k_224"``), a
+    tagged timm name (``"vit_base_patch16_224.augreg_in21k_ft_in1k"``: its catalogue entry), a preset folder (one
+    :func:`~keras_vit.checkpoints.keras_hub.save_preset` wrote, or keras-hub's ``ViTBackbone``), or any checkpoint
+    file. ``overrides``: fields of :class:`~keras_vit.config.ViTConfig` (``image_size``, ``num_classes``, ...)."""
+    name = os.fspath(preset)
+    timm = parse_timm_name(name)
+    if timm is not None and timm[2] is not None:
+        name = _tag_checkpoint(timm[2], timm[0], overrides.get("image_size") or timm[1])
+    return model_from_checkpoint(name, **overrides)
+
+
+ViT.from_preset = from_preset
 
 
 def _named(variant: str, arguments: dict[str, Any]) -> keras.Model:
