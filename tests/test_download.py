@@ -490,9 +490,8 @@ def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp
     # timm's name and tag: the same catalogue entry, from the cache
     tagged = keras_vit.ViT("vit_tiny_patch16_224.augreg_in21k_ft_in1k", weights="imagenet")
     np.testing.assert_array_equal(tagged.get_layer("head").bias.numpy(), arrays["head/bias"])
-    raw = keras_vit.ViT_Ti16(  # include_preprocessing: the checkpoint's own (timm's crop_pct 0.9, bicubic)
-        weights="imagenet", include_preprocessing=True, hidden_size=32, depth=1, num_heads=2, mlp_dim=64
-    )
+    # include_preprocessing: the checkpoint's own (timm's crop_pct 0.9, bicubic)
+    raw = keras_vit.ViT_Ti16(weights="imagenet", include_preprocessing=True)
     layer = raw.get_layer("preprocessing")
     assert (layer.image_size, layer.crop_fraction, layer.interpolation) == ((224, 224), 0.9, "bicubic")
     assert (raw.config.crop_fraction, raw.config.interpolation) == (0.9, "bicubic")
