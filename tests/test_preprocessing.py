@@ -139,13 +139,14 @@ def test_from_weights_reads_the_catalogue():
 
 
 def test_mean_and_std_per_channel():
-    """``(x / 255 - mean) / std`` per channel; 0.5 and 0.5 are (x - 127.5) / 127.5 exactly."""
+    """``(x / 255 - mean) / std`` per channel; 0.5 and 0.5 are (x - 127.5) / 127.5."""
     pixels = np.array([[[[0, 127.5, 255], [51, 102, 204]]]], "float32")  # (1, 1, 2, 3)
     layer = ImagePreprocessor((1, 2), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     by_hand = (pixels / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
     np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(pixels)), by_hand, rtol=1e-5, atol=1e-6)
     same = keras.ops.convert_to_numpy(ImagePreprocessor((1, 2))(pixels))
-    np.testing.assert_array_equal(same, keras.ops.convert_to_numpy(preprocess_input(pixels)))
+    # JAX's resize to the same size rounds in the last bit
+    np.testing.assert_allclose(same, keras.ops.convert_to_numpy(preprocess_input(pixels)), atol=1e-7)
 
 
 def test_rejects_bad_arguments():

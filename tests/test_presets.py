@@ -36,28 +36,11 @@ def test_a_preset_folder_reads_back_in_keras_vit_and_in_keras_hub(tmp_path):
 
 @pytest.mark.requires("keras_hub", "h5py")
 def test_a_model_keras_hub_cannot_hold_is_refused_and_nothing_is_written(tmp_path):
-    hybrid = keras_vit.ViT(
-        None,
-        image_size=32,
-        patch_size=1,
-        hidden_size=32,
-        depth=1,
-        num_heads=2,
-        mlp_dim=64,
-        resnet={"num_layers": (), "width": 32},
-    )
+    small = dict(image_size=32, hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
+    hybrid = keras_vit.ViT(None, patch_size=1, resnet={"num_layers": (), "width": 32}, **small)
     with pytest.raises(ValueError, match=r"ViTBackbone has no place for .*resnet_stages=\(\)"):
         keras_vit.save_preset(hybrid, tmp_path / "preset")
-    sincos = keras_vit.ViT(
-        None,
-        image_size=32,
-        patch_size=8,
-        hidden_size=32,
-        depth=1,
-        num_heads=2,
-        mlp_dim=64,
-        position_embedding="sincos_2d",
-    )
+    sincos = keras_vit.ViT(None, patch_size=8, position_embedding="sincos_2d", **small)
     with pytest.raises(ValueError, match="position_embedding='sincos_2d'"):
         keras_vit.save_preset(sincos, tmp_path / "preset")
     assert list(tmp_path.iterdir()) == []

@@ -15,7 +15,7 @@ The backbone has no classifier: load it with ``include_top=False`` or into a new
 GELU (``gelu="exact"``).
 
 :func:`save_preset` writes a keras-vit model as such a folder (through keras-hub's own ``save_to_preset``, then
-the model's arrays into the same groups), plus what keras-hub's backbone has no place for: ``keras_vit.json`` (the
+the model's arrays into the same groups), plus what keras-hub's backbone has no place for: ``keras-vit.json`` (the
 model's :class:`~keras_vit.config.ViTConfig`) and ``head.npz`` (its classifier, ``.npz`` keys). keras-hub reads the
 backbone (``keras_hub.models.Backbone.from_preset``); keras-vit reads it all back.
 """
@@ -32,7 +32,7 @@ from keras_vit.checkpoints.formats import read_json
 __all__ = ["read_keras_hub_preset", "save_preset"]
 
 WEIGHTS_FILE = "model.weights.h5"
-CONFIG_FILE = "keras_vit.json"  # the keras-vit config of a preset save_preset wrote
+CONFIG_FILE = "keras-vit.json"  # the keras-vit config of a preset save_preset wrote
 HEAD_FILE = "head.npz"  # its classifier
 _POSEMBED = "Transformer/posembed_input/pos_embedding"
 
