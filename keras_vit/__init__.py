@@ -47,7 +47,9 @@ _EXPORTS = {
         "ViT_S16",
         "ViT_S32",
         "ViT_Ti16",
+        "from_preset",
     ),
+    "keras_vit.checkpoints.keras_hub": ("save_preset",),
     "keras_vit.checkpoints.keymap": ("npz_key_map",),
     "keras_vit.checkpoints.load": ("load_weights", "model_from_checkpoint"),
     "keras_vit.checkpoints.timm": ("save_timm_safetensors", "to_timm_state_dict"),
@@ -65,7 +67,7 @@ _EXPORTS = {
         "TransformerBlock",
     ),
     "keras_vit.lora": ("enable_lora", "lora_parameter_count", "merge_lora"),
-    "keras_vit.models": ("VisionTransformer", "attention_model"),
+    "keras_vit.models": ("VisionTransformer", "attention_model", "with_new_head"),
     "keras_vit.position": (
         "POSITION_EMBEDDINGS",
         "AddPositionEmbs",

@@ -23,17 +23,18 @@ timm's ``vit_base_r50_s16_224``, ``vit_large_r50_s32_224`` and ``vit_small_r26_s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
 
 from keras_vit import zoo
-from keras_vit.checkpoints.load import checkpoint_defaults, load_weights
+from keras_vit.checkpoints.load import checkpoint_defaults, load_weights, model_from_checkpoint
 from keras_vit.checkpoints.read import read_checkpoint
 from keras_vit.config import DEFAULT_IMAGE_SIZE, GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
 from keras_vit.models import build_vit
-from keras_vit.variants import NAMED_VARIANTS, Architecture, constructor_name, parse_variant
+from keras_vit.variants import NAMED_VARIANTS, Architecture, constructor_name, parse_timm_name, parse_variant
 
 
 def _config_fields(function: str, variant: str | None, resnet, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,17 +65,71 @@ def _model_name(variant: str | None, architecture: Architecture) -> str:
     return named.model_name
 
 
-def _alias_checkpoint(alias: str, variant: str | None, image_size) -> str:
-    """The catalogue name ``weights=alias`` (``"imagenet"``, ...) stands for with ``variant`` at ``image_size``."""
+def _name_parts(name: str | None) -> tuple[str | None, int | None, str | None]:
+    """``(variant, image size, checkpoint tag)`` of what ``ViT``'s first argument names: a variant (``"B/16"``: no
+    size, no tag), a timm model name (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``: its size and tag) or a
+    catalogue name (``"B_16.augreg_in21k_ft_in1k_384"``: its variant and resolution, the name as the tag)."""
+    timm = None if name is None else parse_timm_name(name)
+    if timm is not None:
+        return timm
+    entry = None if name is None else zoo.find(name)
+    if entry is not None:
+        return entry.variant, entry.image_size, entry.name
+    return name, None, None
+
+
+def _catalogue_size(weights: str, variant: str | None, image_size) -> tuple[list, int]:
+    """The catalogue entries of ``variant`` and the (square) resolution asked for, for ``weights=`` to choose from."""
     if variant is None:
-        raise ValueError(f"weights={alias!r} needs a variant ('B/16', ...) to choose its checkpoint.")
+        raise ValueError(f"weights={weights!r} needs a variant ('B/16', ...) to choose its checkpoint.")
     size = image_size or DEFAULT_IMAGE_SIZE
     height, width = (size, size) if isinstance(size, int) else size
     if height != width:
-        raise ValueError(f"weights={alias!r}: the published checkpoints are square, got image_size={size}.")
+        raise ValueError(f"weights={weights!r}: the published checkpoints are square, got image_size={size}.")
     architecture = parse_variant(variant)
     entries = [e for e in zoo.catalogue() if e.variant in NAMED_VARIANTS and parse_variant(e.variant) == architecture]
-    return zoo.resolve_alias(alias, entries, height)
+    return entries, height
+
+
+def _alias_checkpoint(alias: str, variant: str | None, image_size) -> str:
+    """The catalogue name ``weights=alias`` (``"imagenet"``, ...) stands for with ``variant`` at ``image_size``."""
+    return zoo.resolve_alias(alias, *_catalogue_size(alias, variant, image_size))
+
+
+def _tag_checkpoint(tag: str, variant: str | None, image_size) -> str:
+    """The catalogue entry of ``variant`` at ``image_size`` whose tag is timm's ``tag`` (``"augreg_in21k_ft_in1k"``;
+    the catalogue writes a fine-tune's resolution after it, ``..._224``); a ``ValueError`` when there is none."""
+    entries, size = _catalogue_size(tag, variant, image_size)
+    for entry in entries:
+        if entry.image_size == size and entry.name.partition(".")[2] in (tag, f"{tag}_{size}"):
+            return entry.name
+    there = ", ".join(f"{e.name} ({e.image_size} px)" for e in entries) or "none"
+    raise ValueError(
+        f"timm's tag {tag!r} of {variant} at {size} px has no checkpoint in the keras-vit catalogue (Google's "
+        "files); a timm or Hugging Face file of it loads by its path (weights='model.safetensors'). The catalogue "
+        f"has: {there}."
+    )
+
+
+def _checkpoint_name(weights: str, variant: str | None, image_size, tag: str | None) -> str:
+    """What ``weights=`` names: an alias (``"imagenet"``: the model name's tag when it has one, else the catalogue's
+    choice for the variant and size), a tagged timm name or a timm tag of the variant (its catalogue entry), or
+    else itself (a catalogue name, a path)."""
+    if weights in zoo.aliases():
+        if tag is None:
+            return _alias_checkpoint(weights, variant, image_size)
+        return tag if zoo.find(tag) is not None else _tag_checkpoint(tag, variant, image_size)
+    timm = parse_timm_name(weights)
+    if timm is not None and timm[2] is not None:
+        named, size, tag = timm
+        if variant is not None and parse_variant(named) != parse_variant(variant):
+            raise ValueError(f"weights={weights!r} is timm's {named}; the model is {variant}.")
+        return _tag_checkpoint(tag, named, image_size or size)
+    if zoo.find(weights) is not None or "/" in weights or "." in weights:
+        return weights
+    if variant is not None and any(e.name.partition(".")[2].startswith(weights) for e in zoo.catalogue()):
+        return _tag_checkpoint(weights, variant, image_size)
+    return weights
 
 
 def _check_first_argument(function: str, name: str, value) -> None:
@@ -157,19 +212,23 @@ def ViT(
 
     Args:
         variant: a name of :mod:`keras_vit.variants`: ``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``,
-            ``"ViT_R26_S32"``, ... ``None`` takes the architecture from ``options`` (``patch_size``,
-            ``hidden_size``, ``depth``, ``num_heads``, ``mlp_dim``).
+            ``"ViT_R26_S32"``, ...; a timm model name (``"vit_base_patch16_224"``, ``"vit_base_r50_s16_384"``, with
+            or without a tag: ``".augreg2_in21k_ft_in1k"``) or a catalogue name (``"B_16.augreg_in21k_ft_in1k_384"``),
+            whose resolution is then the default image size. ``None`` takes the architecture from ``options``
+            (``patch_size``, ``hidden_size``, ``depth``, ``num_heads``, ``mlp_dim``).
         include_top: end in the classification head; else return features (see ``pooling``).
         weights: ``None`` (random init), a zoo catalogue name (``python -m keras_vit.zoo list``; downloaded into
-            the Keras cache) or a path to a checkpoint (see :mod:`keras_vit.checkpoints`). Position embeddings
-            are resized to ``image_size``.
+            the Keras cache), ``"imagenet"`` / ``"imagenet21k"`` / ``"augreg"`` (the catalogue's choice for the
+            variant and size; with a tagged model name, that tag's checkpoint), a timm tag or tagged timm name
+            (``"augreg_in21k_ft_in1k"``: its catalogue entry) or a path to a checkpoint (see
+            :mod:`keras_vit.checkpoints`). Position embeddings are resized to ``image_size``.
         input_tensor: a Keras tensor to build the model on (e.g. the output of other layers); the model starts
             at the ``keras.Input`` it comes from, keeping those layers. Its size is the image size when
             ``image_size`` is not given.
         input_shape: ``(image_size, image_size, channels)``, e.g. ``(384, 384, 3)``; ``(None, None, 3)`` means
             ``dynamic_image_size=True``.
         pooling: with ``include_top=False``: ``None`` returns all tokens ``(B, N, D)``, ``"token"`` the class
-            token, ``"avg"`` the mean of the patch tokens.
+            token, ``"avg"`` / ``"max"`` the mean / channel-wise maximum of the patch tokens.
         classes: keras.applications' spelling of ``num_classes``.
         classifier_activation: activation of the head; ``None`` returns logits.
         image_size: input height and width (int or ``(h, w)``), a multiple of the stride (the patch size, times
@@ -197,16 +256,24 @@ def ViT(
     plain functional model.
     """
     _check_first_argument("ViT", "variant", variant)
+    variant, name_size, tag = _name_parts(variant)
+    if image_size is None and input_shape is None and input_tensor is None:
+        image_size = name_size
     fields = _config_fields("ViT", variant, resnet, options)
     num_classes = _same("num_classes", num_classes, "classes", classes)
+    new_head = not include_top or num_classes is not None  # the checkpoint's head dropped or replaced on purpose
     image_size, channels, dynamic = _input_size(
         image_size, channels, input_shape, None if include_preprocessing else input_tensor
     )
     if weights is not None:
         if channels not in (None, 3):
             raise ValueError(f"Pretrained weights need 3 input channels, got channels={channels}.")
-        if isinstance(weights, str) and weights in zoo.aliases():
-            weights = _alias_checkpoint(weights, variant, image_size)
+        if isinstance(weights, str):
+            weights = _checkpoint_name(weights, variant, image_size, tag)
+            entry = zoo.find(weights)
+            if entry is not None and include_preprocessing:  # the crop and resize its evaluation used
+                fields.setdefault("crop_fraction", entry.preprocessing["crop_fraction"])
+                fields.setdefault("interpolation", entry.preprocessing["interpolation"])
         weights = read_checkpoint(weights)
         image_size, num_classes, fields["representation_size"] = checkpoint_defaults(
             weights, image_size, num_classes, fields.get("representation_size")
@@ -224,8 +291,24 @@ def ViT(
     )
     model = build_vit(config, name=name or _model_name(variant, config.architecture))
     if weights is not None:
-        load_weights(model, weights)
+        load_weights(model, weights, new_head=new_head)
     return model if input_tensor is None else _on_tensor(model, input_tensor)
+
+
+def from_preset(preset: str | os.PathLike, **overrides: Any) -> keras.Model:
+    """keras-hub's ``from_preset`` for keras-vit (also ``keras_vit.ViT.from_preset``): the model a name or folder
+    holds, its architecture read from it. ``preset``: a catalogue name (``"B_16.augreg_in21k_ft_in1k_224"``), a
+    tagged timm name (``"vit_base_patch16_224.augreg_in21k_ft_in1k"``: its catalogue entry), a preset folder (one
+    :func:`~keras_vit.checkpoints.keras_hub.save_preset` wrote, or keras-hub's ``ViTBackbone``), or any checkpoint
+    file. ``overrides``: fields of :class:`~keras_vit.config.ViTConfig` (``image_size``, ``num_classes``, ...)."""
+    name = os.fspath(preset)
+    timm = parse_timm_name(name)
+    if timm is not None and timm[2] is not None:
+        name = _tag_checkpoint(timm[2], timm[0], overrides.get("image_size") or timm[1])
+    return model_from_checkpoint(name, **overrides)
+
+
+ViT.from_preset = from_preset
 
 
 def _named(variant: str, arguments: dict[str, Any]) -> keras.Model:

@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-__all__ = ["REPORTED", "CommandError", "add_debug_flag", "command_errors"]
+__all__ = ["REPORTED", "CommandError", "add_debug_flag", "command_errors", "shown"]
 
 
 class CommandError(Exception):
@@ -48,6 +48,12 @@ def debugging(args: argparse.Namespace | None = None) -> bool:
     return getattr(args, "debug", False) or os.environ.get("KERAS_VIT_DEBUG", "") not in ("", "0")
 
 
+def shown(error: BaseException) -> str:
+    """An error's message as a command shows it: its ``command_line`` text where it has one (a flag, ``--weights
+    PATH``, where Python's says an argument, ``weights='PATH'``), else ``str(error)``."""
+    return getattr(error, "command_line", None) or str(error)
+
+
 @contextlib.contextmanager
 def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
     """Turn :data:`REPORTED` errors into one line ``error: ...`` on stderr and exit status 1 (130 when
@@ -57,7 +63,7 @@ def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
     except REPORTED as error:
         if debugging(args):
             raise
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+        print(f"error: {' '.join(shown(error).split())}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         if debugging(args):

@@ -40,6 +40,7 @@ __all__ = [
     "CLASSIFIERS",
     "GELUS",
     "GROUPS",
+    "INTERPOLATIONS",
     "POOLINGS",
     "POSITION_EMBEDDINGS",
     "RESIZE_METHODS",
@@ -54,10 +55,12 @@ __all__ = [
 ]
 
 CLASSIFIERS = ("token", "gap")
-POOLINGS = (None, "token", "avg")
+POOLINGS = (None, "token", "avg", "max")
 GELUS = ("tanh", "exact")
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
 WEIGHT_STANDARDIZATIONS = ("flax", "timm")
+# keras.ops.image.resize's methods that tf.image.resize has too (ImagePreprocessor runs either).
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area", "lanczos3", "lanczos5")
 RESIZE_METHODS = ("zoom_linear", "bilinear", "bicubic")  # position embeddings to another grid (keras_vit.position)
 GROUPS = ("architecture", "input", "output", "structure", "numerics", "training")
 
@@ -120,12 +123,29 @@ class ViTConfig:
         "input",
         check=check_bool,
     )
+    crop_fraction: float | None = _field(
+        "with include_preprocessing: first cut the central square of this fraction of the short side (timm's "
+        "crop_pct; a catalogue checkpoint's by default)",
+        None,
+        "input",
+        check=optional(check_fraction),
+        layer="preprocessing",
+        unset="none: resize the whole image",
+    )
+    interpolation: str = _field(
+        "with include_preprocessing: the resize method (a catalogue checkpoint's by default)",
+        "bilinear",
+        "input",
+        choices=INTERPOLATIONS,
+        layer="preprocessing",
+    )
     include_top: bool = _field(
         "end in the classification head; else the features (see pooling)", True, "output", check=check_bool
     )
     num_classes: int = _field("classes of the head", DEFAULT_NUM_CLASSES, "output", check=check_positive_int)
     pooling: str | None = _field(
-        "features without the head: none (all tokens), token (the class token) or avg (the patch tokens' mean)",
+        "features without the head: none (all tokens), token (the class token), avg or max (the patch tokens' mean "
+        "or maximum, as keras.applications' pooling)",
         None,
         "output",
         choices=POOLINGS,

@@ -30,17 +30,20 @@ import keras
 import numpy as np
 
 from keras_vit.checks import check_choice
-from keras_vit.cli import CommandError, add_debug_flag, command_errors
+from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
 from keras_vit.files import atomic_path
 from keras_vit.optional import require
 
 __all__ = [
     "FORMATS",
     "QUANTIZATIONS",
+    "TOLERANCE",
+    "check_export",
     "compare",
     "export_litert",
     "export_onnx",
     "export_saved_model",
+    "float32_model",
     "load",
     "main",
     "photo_crops",
@@ -49,6 +52,9 @@ __all__ = [
 
 QUANTIZATIONS = (None, "dynamic_int8")
 Runner = Callable[[np.ndarray], np.ndarray]
+# An export's check: float32 outputs within TOLERANCE x max(1, largest |output|) of the float32 Keras model's.
+TOLERANCE = 1e-3
+_HALF_DTYPES = ("bfloat16", "float16")
 
 # (backend, format) -> why Keras' exporter does not run there (keras 3.15, torch 2.14; docs/backends.md).
 UNSUPPORTED = {
@@ -106,7 +112,7 @@ def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str 
     tf = require("tensorflow", "LiteRT export")
     if quantize == "dynamic_int8":
         kwargs.setdefault("optimizations", [tf.lite.Optimize.DEFAULT])
-    return _export(model, path, "litert", **kwargs)
+    return _export(model, path, "litert", exact=quantize is None, **kwargs)
 
 
 def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: int | None = None, **kwargs) -> Path:
@@ -119,15 +125,85 @@ def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: i
             "shape=(batch, height, width, 3))], since jax2onnx cannot lower the model's reshapes with a symbolic "
             "batch. Or export from a process with KERAS_BACKEND=tensorflow, whose ONNX file takes any batch."
         )
-    sizes = (size or 224 for size in model.input_shape[1:])
-    model(np.zeros((1, *sizes), model.inputs[0].dtype))  # Keras exports only a model that has been called
+    model = float32_model(model)
+    model(_sample(model, kwargs.get("input_signature")))  # Keras exports only a model that has been called
     return _export(model, path, "onnx", opset_version=opset_version, **kwargs)
 
 
-def _export(model: keras.Model, path: str | os.PathLike, fmt: str, **kwargs) -> Path:
+def float32_model(model: keras.Model) -> keras.Model:
+    """``model`` itself when every layer computes in float32, else the same model rebuilt in float32 (every dtype
+    policy of its config float32, its weights cast): what the exporters write, since a graph of a mixed policy
+    holds bfloat16 / float16 casts that onnxruntime refuses and LiteRT runs only with Select TF ops."""
+    if all(layer.dtype_policy.name == "float32" for layer in model._flatten_layers()):
+        return model
+    copy = keras.saving.deserialize_keras_object(_in_float32(keras.saving.serialize_keras_object(model)))
+    copy.set_weights([keras.ops.convert_to_numpy(w).astype("float32") for w in model.get_weights()])
+    return copy
+
+
+def _in_float32(config):
+    """A serialized model's config with every dtype policy and half-precision dtype made float32."""
+    if isinstance(config, dict):
+        if config.get("class_name") == "DTypePolicy":
+            return {**config, "config": {**config["config"], "name": "float32"}}
+        return {key: _in_float32(value) for key, value in config.items()}
+    if isinstance(config, list):
+        return [_in_float32(value) for value in config]
+    return "float32" if config in _HALF_DTYPES else config
+
+
+def _export(model: keras.Model, path: str | os.PathLike, fmt: str, *, exact: bool = True, **kwargs) -> Path:
+    """``model`` in float32 (:func:`float32_model`) exported to ``path`` as ``fmt``, and the written file run once
+    in its own runtime (:func:`check_export`) before it is renamed into place: a file that fails the check is
+    removed, and the ``ValueError`` says why. ``exact=False`` (int8 weights): the check asks for finite outputs
+    of the right shape, not for the Keras model's values."""
+    model = float32_model(model)
     with atomic_path(path) as temporary:
         model.export(temporary, format=fmt, verbose=False, **kwargs)
+        check_export(model, temporary, exact=exact, input_signature=kwargs.get("input_signature"), shown_as=path)
     return Path(path)
+
+
+def _sample(model: keras.Model, input_signature=None) -> np.ndarray:
+    """Two random inputs the model takes (the signature's shape when given; 224 where a size is free)."""
+    spec = input_signature[0] if input_signature else None
+    shape = tuple(spec.shape) if spec is not None else (2, *(size or 224 for size in model.input_shape[1:]))
+    dtype = np.dtype(keras.backend.standardize_dtype(model.inputs[0].dtype))
+    rng = np.random.default_rng(0)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 256, shape).astype(dtype)
+    return rng.uniform(-1, 1, shape).astype(dtype)
+
+
+def check_export(
+    model: keras.Model, path: str | os.PathLike, *, exact: bool = True, input_signature=None, shown_as=None
+) -> float:
+    """Run the export at ``path`` once in its runtime (:func:`load`) on random inputs: a ``ValueError`` naming
+    the file when it does not run, gives outputs of another shape, non-finite ones, or (``exact``) outputs
+    further than ``TOLERANCE x max(1, largest |output|)`` from ``model``'s. Returns the largest difference."""
+    shown_as = shown_as or path
+    images = _sample(model, input_signature)
+    expected = keras.tree.flatten(model(images, training=False))[0]
+    expected = keras.ops.convert_to_numpy(expected).astype("float32")
+    try:
+        got = np.asarray(load(path)(images), dtype="float32")
+    except ImportError:
+        raise
+    except Exception as exc:  # whatever the runtime raises (onnxruntime's own types, LiteRT's RuntimeError)
+        raise ValueError(f"{shown_as}: the exported file does not run, so it was not kept: {exc}") from exc
+    if got.shape != expected.shape or not np.isfinite(got).all():
+        raise ValueError(
+            f"{shown_as}: the exported file gives outputs of shape {got.shape} (finite: {np.isfinite(got).all()}), "
+            f"the model {expected.shape}, so it was not kept."
+        )
+    difference = float(np.abs(got - expected).max())
+    bound = TOLERANCE * max(1.0, float(np.abs(expected).max()))
+    if exact and difference > bound:
+        raise ValueError(
+            f"{shown_as}: the exported file's outputs differ from the model's by up to {difference:.3g} "
+            f"(allowed {bound:.3g}), so it was not kept."
+        )
+    return difference
 
 
 def _saved_model_runner(path: Path) -> Runner:
@@ -245,7 +321,7 @@ def _export_and_compare(args: argparse.Namespace) -> None:
     try:
         model = keras_vit.model_from_checkpoint(args.weights)
     except (OSError, ValueError) as exc:
-        raise CommandError(f"weights {args.weights!r}: {exc}") from exc
+        raise CommandError(f"weights {args.weights!r}: {shown(exc)}") from exc
     preprocess = ImagePreprocessor(tuple(model.input_shape[1:3]))
     images = np.stack([np.asarray(preprocess(crop)) for crop in photo_crops(args.images)])
     out.mkdir(parents=True, exist_ok=True)

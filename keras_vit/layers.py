@@ -164,10 +164,10 @@ class ClassToken(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(layers.Layer):
-    """Pools encoded tokens ``(B, N, D) -> (B, D)``: the class token (``"token"``) or the mean of the
-    patch tokens after ``num_prefix_tokens`` (``"avg"``)."""
+    """Pools encoded tokens ``(B, N, D) -> (B, D)``: the class token (``"token"``), or the mean (``"avg"``) or
+    maximum (``"max"``, per channel) of the patch tokens after ``num_prefix_tokens``."""
 
-    MODES = ("token", "avg")
+    MODES = ("token", "avg", "max")
 
     def __init__(self, mode: str = "token", num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -180,7 +180,8 @@ class TokenPooling(layers.Layer):
     def call(self, tokens):
         if self.mode == "token":
             return tokens[:, 0]
-        return ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+        reduce = ops.mean if self.mode == "avg" else ops.max
+        return reduce(tokens[:, self.num_prefix_tokens :], axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
@@ -216,7 +217,7 @@ class MultiHeadSelfAttention(layers.Layer):
         super().__init__(**kwargs)
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.attention_dropout = check_fraction(attention_dropout, "attention_dropout")
-        self.dropout = layers.Dropout(self.attention_dropout, dtype=self.dtype_policy)
+        self.dropout = layers.Dropout(self.attention_dropout, name="dropout", dtype=self.dtype_policy)
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -262,7 +263,7 @@ class MlpBlock(layers.Layer):
         self.gelu = check_choice(gelu, GELU_VARIANTS, "gelu")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
         self.dropout_rate = check_fraction(dropout, "dropout")
-        self.dropout = layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+        self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=self.dtype_policy)
 
     def build(self, input_shape):
         init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
@@ -375,8 +376,8 @@ class TransformerBlock(layers.Layer):
         )
         self.norm2 = layer_norm("LayerNorm_2", dtype=policy, epsilon=self.layer_norm_epsilon)
         self.mlp = MlpBlock(mlp_dim, dropout, gelu, name="MlpBlock_3", dtype=policy)
-        self.dropout = layers.Dropout(self.dropout_rate, dtype=policy)
-        self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
+        self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=policy)
+        self.drop_path = DropPath(self.drop_path_rate, name="drop_path", dtype=policy)
         self.ls1, self.ls2 = (
             [LayerScale(self.layer_scale_init, name=name, dtype=policy) for name in ("ls1", "ls2")]
             if self.layer_scale_init is not None

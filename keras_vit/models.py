@@ -14,7 +14,7 @@ is :mod:`keras_vit.applications`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import keras
@@ -35,7 +35,10 @@ __all__ = [
     "encode",
     "head",
     "model_options",
+    "set_trainable_layers",
+    "trainable_layers",
     "uses_fc_norm",
+    "with_new_head",
 ]
 
 
@@ -48,7 +51,14 @@ class VisionTransformer(keras.Model):
     made around its layers (``keras.Model(inputs, outputs)``) is a plain functional model.
     """
 
-    def __init__(self, config: ViTConfig | Mapping[str, Any], **kwargs):
+    def __init__(
+        self,
+        config: ViTConfig | Mapping[str, Any],
+        *,
+        trainable: bool = True,
+        trainable_layers: Mapping[str, bool] | None = None,
+        **kwargs,
+    ):
         config = config if isinstance(config, ViTConfig) else ViTConfig.from_dict(config)
         policy = kwargs.pop("dtype", None)
         policy = None if policy is None else keras.dtype_policies.get(policy)
@@ -57,11 +67,14 @@ class VisionTransformer(keras.Model):
         kwargs["name"] = kwargs.get("name") or config.architecture.model_name
         super().__init__(inputs, outputs, dtype=policy, **kwargs)
         self.config = config
+        self.trainable = trainable  # the setter reaches every layer and variable (an __init__ argument does not)
+        set_trainable_layers(self, trainable_layers or {})
 
     def get_config(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "trainable": self.trainable,
+            "trainable_layers": trainable_layers(self),
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
             "config": self.config.to_dict(),
         }
@@ -69,6 +82,62 @@ class VisionTransformer(keras.Model):
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects=None) -> VisionTransformer:
         return cls(**config)
+
+
+def _layer_paths(layer: keras.Layer, prefix: str = "") -> Iterator[tuple[str, keras.Layer, keras.Layer]]:
+    """``(path, sublayer, its parent)`` for every layer inside ``layer``, parents first; a path joins the names
+    (``encoderblock_0/MlpBlock_3/Dense_0``), which keras-vit gives every layer it builds."""
+    for sublayer in layer._flatten_layers(include_self=False, recursive=False):
+        path = f"{prefix}{sublayer.name}"
+        yield path, sublayer, layer
+        yield from _layer_paths(sublayer, f"{path}/")
+
+
+def trainable_layers(model: keras.Layer) -> dict[str, bool]:
+    """``{path: trainable}`` of every layer inside ``model`` whose ``trainable`` differs from its parent's: what
+    :func:`set_trainable_layers` needs, after ``model.trainable`` is set, to restore them all."""
+    return {path: layer.trainable for path, layer, parent in _layer_paths(model) if layer.trainable != parent.trainable}
+
+
+def set_trainable_layers(model: keras.Layer, flags: Mapping[str, bool]) -> None:
+    """Set ``trainable`` of the layers :func:`trainable_layers` named (parents first, so a child's own flag wins)."""
+    layers_by_path = {path: layer for path, layer, _ in _layer_paths(model)}
+    unknown = sorted(set(flags) - set(layers_by_path))
+    if unknown:
+        raise ValueError(f"Model {model.name!r} has no layers {unknown} to set trainable.")
+    for path, layer in layers_by_path.items():
+        if path in flags:
+            layer.trainable = flags[path]
+
+
+def with_new_head(model: keras.Model, classes: int, *, classifier_activation: str | None = None) -> keras.Model:
+    """``model`` with a fresh classification head of ``classes`` (zero-initialised, as every keras-vit head; timm's
+    ``reset_classifier``): a new :class:`VisionTransformer` of the same config and dtype policy holding a copy of
+    ``model``'s backbone weights and ``trainable`` flags. The paper fine-tunes this way: the whole pre-training
+    head (``pre_logits`` too) is replaced by one zero-initialised layer. ``model`` may have a head or not
+    (``include_top=False``): the new head reads what the model's classifier reads (its class token or mean)."""
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(
+            f"with_new_head needs a keras_vit model (VisionTransformer); {model.name!r} is a "
+            f"{type(model).__name__}. Build it with keras_vit.ViT(..., classes={classes}) instead."
+        )
+    config = model.config.replace(
+        include_top=True,
+        num_classes=classes,
+        classifier_activation=classifier_activation,
+        pooling=None,
+        representation_size=None,
+    )
+    new = VisionTransformer(config, name=model.name, dtype=model.dtype_policy)
+    old_layers = {path: layer for path, layer, _ in _layer_paths(model)}
+    kept = {path: layer for path, layer, _ in _layer_paths(new) if path in old_layers and path != "head"}
+    for path, layer in kept.items():
+        store: dict = {}
+        old_layers[path].save_own_variables(store)
+        layer.load_own_variables({key: keras.ops.convert_to_numpy(value) for key, value in store.items()})
+    new.trainable = model.trainable
+    set_trainable_layers(new, {path: flag for path, flag in trainable_layers(model).items() if path in kept})
+    return new
 
 
 def build_vit(config: ViTConfig, *, name: str | None = None) -> VisionTransformer:
@@ -83,7 +152,9 @@ def _graph(config: ViTConfig) -> tuple:
     any_size = config.dynamic_image_size or config.include_preprocessing
     inputs = keras.Input((None, None, config.channels) if any_size else (height, width, config.channels), name="images")
     images = (
-        ImagePreprocessor(config.image_size, name="preprocessing")(inputs) if config.include_preprocessing else inputs
+        ImagePreprocessor(config.image_size, name="preprocessing", **config.layer_options("preprocessing"))(inputs)
+        if config.include_preprocessing
+        else inputs
     )
     x = encode(embed(images, config), config, images=inputs if config.dynamic_image_size else None)
     return inputs, head(x, config)

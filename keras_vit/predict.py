@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_vit.cli import CommandError, add_debug_flag, command_errors
+from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
 __all__ = ["classify", "load_image", "main"]
@@ -54,13 +54,23 @@ def _scores(logits: np.ndarray, kind: str) -> np.ndarray:
 
 
 def classify(
-    model, images: Sequence[np.ndarray], *, top: int = 5, labels: str | None = None, scores: str = "softmax"
+    model,
+    images: Sequence[np.ndarray],
+    *,
+    top: int = 5,
+    labels: str | None = None,
+    scores: str = "softmax",
+    weights: str | None = None,
 ) -> list[list[tuple[str, str, float]]]:
-    """The ``top`` ``(wnid, name, score)`` of each image (uint8 ``(H, W, 3)`` arrays of any size) under ``model``."""
+    """The ``top`` ``(wnid, name, score)`` of each image (uint8 ``(H, W, 3)`` arrays of any size) under ``model``,
+    preprocessed as the catalogue checkpoint ``weights`` was evaluated (its crop and resize), else resized whole."""
+    from keras_vit import zoo
     from keras_vit.labels import decode_predictions
     from keras_vit.preprocessing import ImagePreprocessor
 
-    preprocess = ImagePreprocessor(image_size=tuple(model.input_shape[1:3]))
+    size = tuple(model.input_shape[1:3])
+    in_catalogue = weights is not None and zoo.find(weights) is not None
+    preprocess = ImagePreprocessor.from_weights(weights, image_size=size) if in_catalogue else ImagePreprocessor(size)
     logits = []
     for start in range(0, len(images), _BATCH):
         batch = np.stack([np.asarray(preprocess(image)) for image in images[start : start + _BATCH]])
@@ -81,7 +91,7 @@ def _build_model(weights: str, mixed_precision: str, num_heads: int | None = Non
         with global_policy(policy):
             return keras_vit.model_from_checkpoint(weights, num_heads=num_heads)
     except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
-        raise CommandError(f"weights {weights!r}: {exc}") from exc
+        raise CommandError(f"weights {weights!r}: {shown(exc)}") from exc
 
 
 def _table(path: str, predictions: list[tuple[str, str, float]]) -> str:
@@ -129,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CommandError(f"--top must be at least 1, got {args.top}")
         images = [load_image(path) for path in args.images]
         model = _build_model(args.weights, args.mixed_precision, args.num_heads)
-        results = classify(model, images, top=args.top, labels=args.labels, scores=args.scores)
+        results = classify(model, images, top=args.top, labels=args.labels, scores=args.scores, weights=args.weights)
     if args.json:
         out = [
             {"image": path, "predictions": [{"wnid": w, "name": n, "score": s} for w, n, s in preds]}

@@ -54,10 +54,20 @@ def ops_for(images) -> types.SimpleNamespace:
     return KERAS_OPS
 
 
-def _to_model_range(images, xp):
-    """``(x - 127.5) / 127.5`` in float32 with the operations ``xp`` (numpy, Keras' or TensorFlow's)."""
+MEAN = STD = (0.5, 0.5, 0.5)  # every published checkpoint's, pixels in [0, 1]: (x - 127.5) / 127.5 in [0, 255]
+
+
+def _pixel_scale(values) -> np.ndarray:
+    """Per-channel ``mean`` / ``std`` (pixels in [0, 1]) in [0, 255] units, float32; one number when all agree."""
+    values = np.float32(255) * np.asarray(values, "float32")
+    return values[:1].reshape(()) if np.all(values == values.flat[0]) else values
+
+
+def _to_model_range(images, xp, mean=MEAN, std=STD):
+    """``(x - 255 mean) / (255 std)`` in float32 with the operations ``xp`` (numpy, Keras' or TensorFlow's):
+    ``(x - 127.5) / 127.5`` for the published checkpoints."""
     images = images.astype("float32") if xp is np else xp.cast(images, "float32")
-    return (images - np.float32(127.5)) / np.float32(127.5)
+    return (images - _pixel_scale(mean)) / _pixel_scale(std)
 
 
 DATA_FORMATS = ("channels_last", "channels_first")
@@ -102,7 +112,7 @@ def _central_square(images, fraction: float, xp):
     return xp.slice(images, [0, top, left, 0], [shape[0], side, side, shape[3]])
 
 
-def _preprocess(images, image_size, crop_fraction, interpolation, dtype, xp):
+def _preprocess(images, image_size, crop_fraction, interpolation, mean, std, dtype, xp):
     """Crop (optionally), resize and scale ``images`` (one image or a batch) with the operations ``xp``."""
     single = len(images.shape) == 3
     if single:
@@ -110,7 +120,7 @@ def _preprocess(images, image_size, crop_fraction, interpolation, dtype, xp):
     images = xp.cast(images, "float32")
     if crop_fraction is not None:
         images = _central_square(images, crop_fraction, xp)
-    images = _to_model_range(xp.resize(images, image_size, interpolation), xp)
+    images = _to_model_range(xp.resize(images, image_size, interpolation), xp, mean, std)
     if single:
         images = xp.squeeze(images, 0)
     return xp.cast(images, dtype)
@@ -127,6 +137,10 @@ class ImagePreprocessor(keras.layers.Layer):
             ``crop_fraction * min(H, W)`` (like "resize the short side to ``size / crop_fraction``, then
             centre crop ``size``"), then resize it.
         interpolation: resize method of ``keras.ops.image.resize`` (``"bilinear"``, as in training).
+        mean, std: per-channel, of pixels in [0, 1]: the output is ``(x / 255 - mean) / std`` (0.5 and 0.5, every
+            published checkpoint's, give ``(x - 127.5) / 127.5``).
+
+    :meth:`from_weights` takes all of these from a catalogue checkpoint's ``preprocessing`` record.
 
     Inputs: uint8 or float images with values in [0, 255], ``(B, H, W, 3)`` or one ``(H, W, 3)`` image, of
     any size (also unknown, e.g. in ``tf.data`` or behind ``keras.Input((None, None, 3))``).
@@ -140,6 +154,8 @@ class ImagePreprocessor(keras.layers.Layer):
         image_size: int | tuple[int, int] = 224,
         crop_fraction: float | None = None,
         interpolation: str = "bilinear",
+        mean: float | tuple[float, ...] = MEAN,
+        std: float | tuple[float, ...] = STD,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -148,11 +164,15 @@ class ImagePreprocessor(keras.layers.Layer):
             raise ValueError(f"crop_fraction must be None or in (0, 1], got {crop_fraction!r}.")
         self.crop_fraction = crop_fraction
         self.interpolation = interpolation
+        self.mean, self.std = (tuple(float(v) for v in np.atleast_1d(values)) for values in (mean, std))
+        if min(self.std) <= 0:
+            raise ValueError(f"std must be positive, got {std!r}.")
         self.supports_masking = False
 
     @classmethod
     def from_weights(cls, weights: str, **kwargs) -> ImagePreprocessor:
-        """The preprocessor of a zoo catalogue checkpoint (its ``image_size``); ``kwargs`` go to the constructor."""
+        """The preprocessor of a zoo catalogue checkpoint: its ``image_size`` and its ``preprocessing`` record (the
+        crop, interpolation, mean and std its top-1 was measured with); ``kwargs`` go to the constructor."""
         from keras_vit import zoo
 
         try:
@@ -161,6 +181,8 @@ class ImagePreprocessor(keras.layers.Layer):
             hint = "For another checkpoint pass its resolution: ImagePreprocessor(image_size=...)."
             raise ValueError(f"{exc} {hint}") from None
         kwargs.setdefault("image_size", entry.image_size)
+        for key in ("crop_fraction", "interpolation", "mean", "std"):
+            kwargs.setdefault(key, entry.preprocessing[key])
         return cls(**kwargs)
 
     def __call__(self, images, *args, **kwargs):
@@ -173,7 +195,9 @@ class ImagePreprocessor(keras.layers.Layer):
         return self._preprocess(images, KERAS_OPS)
 
     def _preprocess(self, images, xp):
-        return _preprocess(images, self.image_size, self.crop_fraction, self.interpolation, self.compute_dtype, xp)
+        return _preprocess(
+            images, self.image_size, self.crop_fraction, self.interpolation, self.mean, self.std, self.compute_dtype, xp
+        )
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-3], *self.image_size, input_shape[-1])
@@ -181,6 +205,10 @@ class ImagePreprocessor(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            image_size=list(self.image_size), crop_fraction=self.crop_fraction, interpolation=self.interpolation
+            image_size=list(self.image_size),
+            crop_fraction=self.crop_fraction,
+            interpolation=self.interpolation,
+            mean=list(self.mean),
+            std=list(self.std),
         )
         return config

@@ -25,6 +25,7 @@ __all__ = [
     "SIZES",
     "Architecture",
     "constructor_name",
+    "parse_timm_name",
     "parse_variant",
     "resnet_depth",
     "resnet_stride",
@@ -180,6 +181,30 @@ def parse_variant(name: str) -> Architecture:
         f"Unknown hybrid {name!r}: no R{layers} ResNet with total stride {stride} in the table ({', '.join(known)}). "
         "Build other hybrids with keras_vit.ViT(..., resnet=(units per stage)) and patch_size."
     )
+
+
+# timm's model names (timm/models/vision_transformer.py and vision_transformer_hybrid.py): vit_base_patch16_224,
+# vit_base_r50_s16_384, optionally with a pretrained tag after a dot (".augreg_in21k_ft_in1k").
+_TIMM_NAME = re.compile(
+    r"vit_(?P<size>tiny|small|base|large|huge)_(?:patch(?P<patch>\d+)|r(?P<resnet>\d+)_s(?P<stride>\d+))"
+    r"_(?P<image_size>\d+)(?:\.(?P<tag>\w+))?"
+)
+_TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
+
+
+def parse_timm_name(name: str) -> tuple[str, int, str | None] | None:
+    """A timm model name as ``(variant, image size, tag or None)``: ``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``
+    -> ``("B/16", 224, "augreg2_in21k_ft_in1k")``, ``"vit_base_r50_s16_384"`` -> ``("R50+B/16", 384, None)``; None
+    for any other name (timm's other ViTs, ``vit_base_patch16_clip_224``, are not these models)."""
+    match = _TIMM_NAME.fullmatch(str(name).strip())
+    if match is None:
+        return None
+    size = _TIMM_SIZES[match["size"]]
+    if match["patch"] is not None:
+        variant = f"{size}/{match['patch']}"
+    else:
+        variant = f"R{match['resnet']}+{size}/{match['stride']}"
+    return variant, int(match["image_size"]), match["tag"]
 
 
 def constructor_name(variant: str) -> str:

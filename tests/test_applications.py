@@ -123,3 +123,87 @@ def test_include_preprocessing_uses_the_checkpoint_resolution(tmp_path):
     np.testing.assert_allclose(
         model.predict(photo, verbose=0), to_numpy(plain(ImagePreprocessor(48)(photo))), atol=1e-5
     )
+
+
+SMALL = dict(image_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
+
+
+def test_pooling_max_is_the_channelwise_maximum_of_the_patch_tokens():
+    """keras.applications' pooling="max" (GlobalMaxPooling2D over the patches; the class token left out)."""
+    model = ViT(None, include_top=False, pooling="max", **SMALL)
+    assert model.output_shape == (None, 32)
+    tokens = keras.Model(model.input, model.get_layer("encoder_norm").output)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(to_numpy(model(images)), to_numpy(tokens(images))[:, 1:].max(axis=1), rtol=1e-6)
+    with pytest.raises(ValueError, match="pooling"):
+        ViT(None, include_top=False, pooling="min", **SMALL)
+
+
+def test_with_new_head_keeps_the_backbone_and_its_flags_and_starts_a_zero_head(tmp_path):
+    arrays = vit_checkpoint(
+        patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=10, representation_size=16
+    )
+    model = keras_vit.model_from_checkpoint(arrays)
+    model.get_layer("encoderblock_0").trainable = False
+    new = keras_vit.with_new_head(model, 3, classifier_activation="softmax")
+    assert isinstance(new, keras_vit.VisionTransformer) and new.output_shape == (None, 3)
+    assert new.config.representation_size is None and not to_numpy(new.get_layer("head").kernel).any()
+    assert model.output_shape == (None, 10)  # the model given is left as it was
+    assert not new.get_layer("encoderblock_0").trainable and new.get_layer("encoderblock_1").trainable
+    backbone = [w for w in model.weights if not w.path.split("/")[0].startswith(("head", "pre_logits"))]
+    assert len(new.weights) == len(backbone) + 2
+    for ours, theirs in zip(new.weights, backbone):
+        np.testing.assert_array_equal(to_numpy(ours), to_numpy(theirs))
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(to_numpy(new(images)), np.full((2, 3), 1 / 3), rtol=1e-6)  # zero logits
+    headless = keras_vit.with_new_head(ViT(None, include_top=False, **SMALL), 4)
+    assert headless.output_shape == (None, 4)
+    with pytest.raises(ValueError, match=r"with_new_head needs a keras_vit model.*keras_vit.ViT\(\.\.\., classes=3\)"):
+        keras_vit.with_new_head(keras.Model(model.input, model.output), 3)
+
+
+@pytest.mark.parametrize(
+    "name, variant, size",
+    [
+        ("vit_base_patch16_224", "B/16", 224),
+        ("vit_base_patch16_384.augreg2_in21k_ft_in1k", "B/16", 384),
+        ("vit_huge_patch14_224.orig_in21k", "H/14", 224),
+        ("vit_base_r50_s16_384", "R50+B/16", 384),
+        ("vit_small_r26_s32_224.augreg_in21k", "R26+S/32", 224),
+        ("B_16.augreg_in21k_ft_in1k_384", "B/16", 384),
+        ("R50_B_16.orig_in21k_ft_in1k", "R50+B/16", 384),
+        ("B/16", "B/16", None),
+    ],
+)
+def test_timm_and_catalogue_names_give_the_architecture_and_resolution(name, variant, size):
+    from keras_vit.applications import _name_parts
+
+    assert _name_parts(name)[:2] == (variant, size)
+
+
+def test_vit_takes_timm_and_catalogue_names():
+    model = ViT("vit_tiny_patch16_224.augreg2_in21k_ft_in1k", depth=1)  # timm's tag: the architecture only
+    assert model.config == keras_vit.ViTConfig.from_variant("Ti/16", image_size=224, depth=1)
+    assert model.name == "vit_ti16"
+    assert ViT("S_32.augreg_in21k_ft_in1k_384", depth=1).config.image_size == (384, 384)
+    assert ViT("vit_small_patch32_384", depth=1, image_size=64).config.image_size == (64, 64)  # given size wins
+    with pytest.raises(ValueError, match="Unknown ViT variant 'vit_base_patch16_clip_224'"):
+        ViT("vit_base_patch16_clip_224")
+
+
+def test_weights_take_timm_tags_to_their_catalogue_entry():
+    from keras_vit.applications import _checkpoint_name
+
+    assert _checkpoint_name("augreg_in21k_ft_in1k", "B/16", 384, None) == "B_16.augreg_in21k_ft_in1k_384"
+    assert _checkpoint_name("vit_base_patch16_224.augreg_in1k", None, None, None) == "B_16.augreg_in1k_224"
+    assert _checkpoint_name("orig_in21k", "ViT_H14", None, None) == "H_14.orig_in21k"
+    # weights="imagenet" with a tagged model name: that tag's checkpoint, not the alias's first choice
+    assert _checkpoint_name("imagenet", "B/16", 224, "orig_in21k_ft_in1k") == "B_16.orig_in21k_ft_in1k_224"
+    assert _checkpoint_name("imagenet", "B/16", 384, "orig_in21k_ft_in1k") == "B_16.orig_in21k_ft_in1k"
+    assert _checkpoint_name("imagenet", "B/16", 384, None) == "B_16.augreg_in21k_ft_in1k_384"
+    assert _checkpoint_name("imagenet", "B/16", 384, "B_16.orig_in21k_ft_in1k") == "B_16.orig_in21k_ft_in1k"
+    assert _checkpoint_name("runs/model.npz", "B/16", None, None) == "runs/model.npz"
+    with pytest.raises(ValueError, match=r"timm's tag 'augreg2_in21k_ft_in1k' of B/16 at 224 px has no checkpoint"):
+        _checkpoint_name("imagenet", "B/16", 224, "augreg2_in21k_ft_in1k")
+    with pytest.raises(ValueError, match=r"is timm's S/16; the model is B/16"):
+        _checkpoint_name("vit_small_patch16_224.augreg_in21k", "B/16", None, None)

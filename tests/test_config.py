@@ -29,6 +29,8 @@ CONFIGS = {
         image_size=(32, 48),
         channels=1,
         include_preprocessing=True,
+        crop_fraction=0.875,
+        interpolation="bicubic",
         num_classes=7,
         classifier_activation="softmax",
         classifier="gap",
@@ -77,6 +79,50 @@ def test_get_config_is_the_config_record_through_a_keras_file(name, tmp_path):
     size = (40, 24) if config.dynamic_image_size or config.include_preprocessing else config.image_size
     images = np.random.default_rng(0).uniform(-1, 1, (2, *size, config.channels)).astype("float32")
     np.testing.assert_array_equal(loaded.predict(images, verbose=0), model.predict(images, verbose=0))
+
+
+def _trainable(model):
+    """Every layer's and every variable's ``trainable``, by path."""
+    flags = {path: layer.trainable for path, layer, _ in keras_vit.models._layer_paths(model)}
+    return flags, [(variable.path, variable.trainable) for variable in model.weights]
+
+
+def test_trainable_survives_a_keras_file_layer_by_layer(tmp_path):
+    """Every third layer inside the model (each keras-vit layer, its sublayers) frozen or thawed against its
+    parent: every flag, and every variable's, is the same after a round trip."""
+    model = keras_vit.models.build_vit(CONFIGS["hybrid, every structure and numerics option"])  # every layer kind
+    for i, (_, layer, parent) in enumerate(keras_vit.models._layer_paths(model)):
+        layer.trainable = parent.trainable if i % 3 else not parent.trainable
+    before = _trainable(model)
+    assert 0 < len(model.trainable_weights) < len(model.weights)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert _trainable(loaded) == before
+    assert len(loaded.trainable_weights) == len(model.trainable_weights)
+
+
+def test_a_frozen_backbone_under_a_head_stays_frozen_through_a_keras_file_and_fit(tmp_path, recwarn):
+    """keras.applications' transfer-learning recipe: 2 trainable weights before and after; one fit of the reloaded
+    model moves the head and leaves the backbone bit-identical; no optimizer-state warning on load."""
+    backbone = keras_vit.ViT(None, **TINY, image_size=16, include_top=False, pooling="token")
+    backbone.trainable = False
+    inputs = keras.Input((16, 16, 3))
+    model = keras.Model(inputs, keras.layers.Dense(3)(backbone(inputs)))
+    model.compile("adam", "mse", run_eagerly=True)  # one step each: no graph to trace
+    images = np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3)).astype("float32")
+    targets = np.ones((4, 3), "float32")
+    model.fit(images, targets, verbose=0)
+    assert len(model.trainable_weights) == 2
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert len(loaded.trainable_weights) == 2 and not loaded.layers[1].trainable
+    assert not [w for w in recwarn if "optimizer" in str(w.message)]
+    frozen = [keras.ops.convert_to_numpy(w).copy() for w in loaded.layers[1].weights]
+    head = keras.ops.convert_to_numpy(loaded.layers[-1].kernel).copy()
+    loaded.fit(images, targets, verbose=0)
+    for before, variable in zip(frozen, loaded.layers[1].weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), before)
+    assert not np.array_equal(keras.ops.convert_to_numpy(loaded.layers[-1].kernel), head)
 
 
 def test_a_model_saved_under_a_policy_loads_under_it(tmp_path):

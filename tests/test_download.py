@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from npz_layout import TI_16, vit_checkpoint, write_checkpoint
 
 import keras_vit
 from keras_vit import zoo
+from keras_vit.zoo.__main__ import main as zoo_main
 from keras_vit.zoo.cache import record_path, recorded
 from keras_vit.zoo.download import CorruptCheckpointError, DownloadError, download, redact
 from keras_vit.zoo.validate import check_npz
@@ -204,6 +206,19 @@ def test_a_host_that_does_not_resolve_fails_at_once_naming_the_mirror_variable(t
     assert time.monotonic() - start < 20  # one try: a retry would have waited 30 s first
 
 
+def test_a_command_names_its_flag_and_python_its_argument_when_a_download_fails(tmp_path, monkeypatch, capsys):
+    """The same failure through ``python -m keras_vit.zoo convert`` (a command) and ``ViT_Ti16(weights=)`` (Python)."""
+    monkeypatch.setenv(zoo.MIRROR_ENV, "http://keras-vit-mirror.invalid/")  # fails at once (no retries)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        zoo_main(["convert", "Ti_16.augreg_in21k", str(tmp_path / "out.keras")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "KERAS_VIT_ZOO_URL" in err
+    assert "--weights /path/to/file.npz" in err and "weights='" not in err
+    with pytest.raises(DownloadError, match=r"instead of the catalogue name: weights='/path/to/file\.npz'"):
+        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k")
+
+
 def test_without_a_validator_a_partial_file_restarts_from_zero(tmp_path, payload, serve):
     server = serve({"/a.npz": payload}, faults=["drop"], etag=False)
     assert fetch_file(server, tmp_path).read_bytes() == payload
@@ -245,6 +260,8 @@ def test_unreachable_and_missing_urls_say_which_url_and_where_to_put_the_file(tm
     message = str(info.value)
     assert f"Could not download {url}" in message and "Connection refused" in message
     assert f"put it at {tmp_path / 'ViT-B_16.npz'}" in message and "weights='/path/to/file.npz'" in message
+    command_line = info.value.command_line  # what a command prints: its flag, not Python's argument
+    assert "--weights /path/to/file.npz" in command_line and "weights='" not in command_line
     server = serve({})
     with pytest.raises(DownloadError, match=r"HTTP 404"):
         download(server.url + "/absent.npz", tmp_path / "absent.npz", retries=3, backoff=0)
@@ -408,7 +425,8 @@ def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path
     assert model.output_shape == (None, 21843) and recorded(cached) == hashlib.sha256(data).hexdigest()
     np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
     requests = len(server.requests)
-    with pytest.warns(UserWarning, match="include_top=False"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the head was asked to be dropped: nothing to warn about
         keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", include_top=False, image_size=32)
     assert len(server.requests) == requests  # served from the cache
 
@@ -444,7 +462,7 @@ def test_a_file_of_another_architecture_is_neither_cached_nor_loaded_under_a_cat
     assert cached.read_bytes() == payload  # named, not deleted: the user put it there
 
 
-def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp_path, serve, monkeypatch):
+def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp_path, serve, monkeypatch, capsys):
     """keras.applications' ``weights="imagenet"``: the catalogue's recommended entry for the variant and size."""
     from keras_vit.applications import _alias_checkpoint
 
@@ -465,8 +483,19 @@ def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp
     monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
     model = keras_vit.ViT_Ti16(weights="imagenet")
     assert [r[0] for r in server.requests] == ["/" + entry.path]
+    bar = capsys.readouterr().err  # the Python API shows the command's progress bar while it downloads
+    assert re.search(rf"{entry.name} \[#+\] 100%  (\d+\.\d) / \1 MiB", bar), bar
     assert model.input_shape == (None, 224, 224, 3) and model.output_shape == (None, 1000)
     np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
+    # timm's name and tag: the same catalogue entry, from the cache
+    tagged = keras_vit.ViT("vit_tiny_patch16_224.augreg_in21k_ft_in1k", weights="imagenet")
+    np.testing.assert_array_equal(tagged.get_layer("head").bias.numpy(), arrays["head/bias"])
+    # include_preprocessing: the checkpoint's own (timm's crop_pct 0.9, bicubic)
+    raw = keras_vit.ViT_Ti16(weights="imagenet", include_preprocessing=True)
+    layer = raw.get_layer("preprocessing")
+    assert (layer.image_size, layer.crop_fraction, layer.interpolation) == ((224, 224), 0.9, "bicubic")
+    assert (raw.config.crop_fraction, raw.config.interpolation) == (0.9, "bicubic")
+    assert len(server.requests) == 1
 
 
 def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path, monkeypatch):

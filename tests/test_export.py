@@ -201,3 +201,54 @@ def test_the_command_writes_all_or_nothing_and_replaces_only_with_overwrite(chec
     assert export.main([*argv, "--overwrite"]) == 0
     assert sorted(os.listdir(out)) == ["model.tflite", "saved_model"]
     assert export.load(out / "model.tflite")(np.zeros((1, 32, 32, 3), "float32")).shape == (1, 5)
+
+
+# --- a mixed-precision model exports in float32, and every export is run before it is kept ----------------------
+
+
+@pytest.fixture(scope="module")
+def bfloat16_model(model, tmp_path_factory):
+    """``model`` saved and reloaded under mixed_bfloat16, as the fine-tune command saves it on a bfloat16 CPU."""
+    from keras_vit.precision import with_policy
+
+    path = tmp_path_factory.mktemp("bf16") / "model.keras"
+    with_policy(model, "mixed_bfloat16").save(path)
+    reloaded = keras.saving.load_model(path)
+    assert "mixed_bfloat16" in {layer.dtype_policy.name for layer in reloaded.layers}
+    return reloaded
+
+
+def test_a_bfloat16_model_has_a_float32_copy_with_the_same_weights(model, bfloat16_model, images):
+    copy = export.float32_model(bfloat16_model)
+    assert {layer.dtype_policy.name for layer in copy._flatten_layers()} == {"float32"}
+    for ours, theirs in zip(copy.weights, model.weights, strict=True):
+        assert ours.dtype == "float32"
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(theirs))
+    np.testing.assert_allclose(copy.predict_on_batch(images), model.predict_on_batch(images), atol=1e-5)
+    assert export.float32_model(model) is model
+
+
+BF16_FORMATS = [
+    pytest.param("saved_model", marks=pytest.mark.backends("tensorflow", "jax")),
+    pytest.param("litert", marks=pytest.mark.backends("tensorflow")),
+    pytest.param("onnx", marks=[pytest.mark.backends("tensorflow"), pytest.mark.requires("tf2onnx", "onnxruntime")]),
+]
+
+
+@pytest.mark.parametrize("fmt", BF16_FORMATS)
+def test_a_bfloat16_model_exports_in_float32_and_runs(model, bfloat16_model, images, tmp_path, fmt):
+    """tf.saved_model.load, onnxruntime and the LiteRT interpreter (no Select TF ops) run it; outputs equal the
+    float32 model's."""
+    filename, exporter = export.FORMATS[fmt]
+    run = export.load(exporter(bfloat16_model, tmp_path / filename))
+    np.testing.assert_allclose(run(images), model.predict_on_batch(images), atol=FLOAT_ATOL)
+
+
+@pytest.mark.parametrize("fmt", BF16_FORMATS[1:])  # a bfloat16 SavedModel runs in TensorFlow
+def test_an_export_that_does_not_run_is_removed_and_says_why(bfloat16_model, tmp_path, monkeypatch, fmt):
+    """Without the float32 copy the bfloat16 graph is written; its runtime refuses it, and the check removes it."""
+    monkeypatch.setattr(export, "float32_model", lambda model: model)
+    filename, exporter = export.FORMATS[fmt]
+    with pytest.raises(ValueError, match=rf"{filename}: the exported file does not run, so it was not kept"):
+        exporter(bfloat16_model, tmp_path / filename)
+    assert os.listdir(tmp_path) == []

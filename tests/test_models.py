@@ -198,7 +198,13 @@ NON_DEFAULT_ARGUMENTS = {
     "AddPositionEmbs2D": dict(grid_size=(3, 5), num_prefix_tokens=2),
     "DynamicPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=0, stride=8, method="bilinear"),
     "PatchTokenMap": dict(num_prefix_tokens=0, stride=8),
-    "ImagePreprocessor": dict(image_size=(48, 64), crop_fraction=0.875, interpolation="bicubic"),
+    "ImagePreprocessor": dict(
+        image_size=(48, 64),
+        crop_fraction=0.875,
+        interpolation="bicubic",
+        mean=[0.485, 0.456, 0.406],
+        std=[0.25, 0.25, 0.25],
+    ),
     "SinCosPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=0, temperature=100.0),
     "RelativePositionBias": dict(num_heads=3, grid_size=(3, 5), num_prefix_tokens=0),
     "RelativeTransformerBlock": dict(
@@ -237,11 +243,13 @@ NON_DEFAULT_ARGUMENTS = {
     "ResNetStem": dict(
         num_layers=(1, 2), width=96, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
     ),
-    # the model: its one argument is the config record (tests/test_config.py sets every field of it)
+    # the model: the config record (tests/test_config.py sets every field of it) and what was frozen or thawed
     "VisionTransformer": dict(
         config=keras_vit.ViTConfig.from_variant(
             None, image_size=16, patch_size=8, hidden_size=8, depth=1, num_heads=2, mlp_dim=8, gelu="exact"
-        ).to_dict()
+        ).to_dict(),
+        trainable=False,
+        trainable_layers={"encoderblock_0/MlpBlock_3": True},
     ),
 }
 
@@ -351,7 +359,7 @@ def test_drop_path_drops_whole_samples_and_rescales():
         (dict(image_size=30), "not divisible by the patch size 8"),
         (dict(image_size=(32, 36)), "32x36 is not divisible"),
         (dict(classifier="cls"), "Unknown classifier 'cls'"),
-        (dict(pooling="max", include_top=False), "Unknown pooling 'max'"),
+        (dict(pooling="min", include_top=False), "Unknown pooling 'min'"),
         (dict(classifier="gap", pooling="token", include_top=False), "needs classifier='token'"),
         (dict(gelu="relu"), "Unknown gelu 'relu'"),
         (dict(channels=1, weights="anything.npz"), "need 3 input channels"),

@@ -99,3 +99,21 @@ def test_module_entry_point(tmp_path):
     )
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'nope.jpg'}: no such file"
+
+
+def test_a_catalogue_checkpoint_is_preprocessed_as_it_was_evaluated():
+    """classify(weights=NAME) crops and resizes as the catalogue records (here timm's crop_pct 0.9, bicubic)."""
+    import keras_vit
+    from keras_vit.predict import classify
+    from keras_vit.preprocessing import ImagePreprocessor
+
+    arrays = vit_checkpoint(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=1000)
+    model = keras_vit.model_from_checkpoint(arrays)
+    photo = load_sample_image("china.jpg")
+    name = "Ti_16.augreg_in21k_ft_in1k_224"
+    (ours,) = classify(model, [photo], top=3, scores="logits", weights=name)
+    evaluated = ImagePreprocessor.from_weights(name, image_size=32)(photo)[None]
+    logits = np.asarray(model.predict_on_batch(evaluated))[0]
+    assert [score for _, _, score in ours] == pytest.approx(sorted(logits)[::-1][:3], rel=1e-5)
+    (whole,) = classify(model, [photo], top=3, scores="logits")  # no checkpoint named: the whole image, bilinear
+    assert [s for _, _, s in whole] != pytest.approx([s for _, _, s in ours], rel=1e-3)

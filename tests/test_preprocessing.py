@@ -116,11 +116,37 @@ def test_in_saved_and_reloaded_keras_model(photos, tmp_path):
 
 
 def test_from_weights_reads_the_catalogue():
-    assert ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_224").image_size == (224, 224)
-    assert ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_384").image_size == (384, 384)
+    timm_measured = ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_224")  # timm's crop_pct and bicubic
+    assert (timm_measured.image_size, timm_measured.crop_fraction, timm_measured.interpolation) == (
+        (224, 224),
+        0.9,
+        "bicubic",
+    )
+    assert ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_384").crop_fraction == 1.0
+    original = ImagePreprocessor.from_weights("B_16.orig_in21k_ft_in1k")  # the authors' 84.62: no crop, bilinear
+    assert (original.image_size, original.crop_fraction, original.interpolation) == ((384, 384), None, "bilinear")
     assert ImagePreprocessor.from_weights("B_16.orig_in21k", crop_fraction=0.875).crop_fraction == 0.875
+    photo = load_sample_image("china.jpg")
+    out = keras.ops.convert_to_numpy(
+        ImagePreprocessor.from_weights("Ti_16.augreg_in21k_ft_in1k_224", image_size=32)(photo)
+    )
+    side = int(427 * 0.9)
+    crop = photo[(427 - side) // 2 : (427 - side) // 2 + side, (640 - side) // 2 : (640 - side) // 2 + side]
+    by_hand = (tf.image.resize(crop.astype("float32"), (32, 32), method="bicubic").numpy() / 255 - 0.5) / 0.5
+    np.testing.assert_allclose(out, by_hand, atol=2e-5 if keras.backend.backend() == "tensorflow" else 1e-3)
     with pytest.raises(ValueError, match="image_size="):
         ImagePreprocessor.from_weights("B_16.no_such_checkpoint")
+
+
+def test_mean_and_std_per_channel():
+    """``(x / 255 - mean) / std`` per channel; 0.5 and 0.5 are (x - 127.5) / 127.5."""
+    pixels = np.array([[[[0, 127.5, 255], [51, 102, 204]]]], "float32")  # (1, 1, 2, 3)
+    layer = ImagePreprocessor((1, 2), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    by_hand = (pixels / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(pixels)), by_hand, rtol=1e-5, atol=1e-6)
+    same = keras.ops.convert_to_numpy(ImagePreprocessor((1, 2))(pixels))
+    # JAX's resize to the same size rounds in the last bit
+    np.testing.assert_allclose(same, keras.ops.convert_to_numpy(preprocess_input(pixels)), atol=1e-7)
 
 
 def test_rejects_bad_arguments():

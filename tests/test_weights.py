@@ -140,14 +140,18 @@ def test_a_deeper_checkpoint_reports_its_extra_blocks(token_ckpt):
         load_weights(model, arrays)
 
 
-def test_include_top_false_skips_the_head_on_purpose_and_says_so(token_ckpt):
+def test_include_top_false_skips_the_head_on_purpose_and_says_so_only_when_not_asked(token_ckpt):
+    """ViT(include_top=False) asked for no head: no warning; load_weights into a headless model says what it skips."""
     path, _ = token_ckpt
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        features = keras_vit.ViT(None, weights=path, include_top=False, pooling="token", **ARCH)
     with pytest.warns(
         UserWarning,
         match=r"without head/bias, head/kernel, pre_logits/bias, pre_logits/kernel: "
         r"the model has no classification head \(include_top=False\)",
     ):
-        features = keras_vit.ViT(None, weights=path, include_top=False, pooling="token", **ARCH)
+        load_weights(keras_vit.ViT(None, include_top=False, pooling="token", image_size=32, **ARCH), path)
     full = keras_vit.ViT(None, weights=path, **ARCH)
     expected = run(keras.Model(full.input, full.get_layer("token_pool").output), images())
     np.testing.assert_allclose(run(features, images()), expected, atol=1e-6)
@@ -155,8 +159,11 @@ def test_include_top_false_skips_the_head_on_purpose_and_says_so(token_ckpt):
 
 def test_another_num_classes_leaves_the_head_at_its_initialisation(token_ckpt):
     path, arrays = token_ckpt
-    with pytest.warns(UserWarning, match="the checkpoint's head has 10 classes, the model's 7"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a new head of 7 classes was asked for
         model = keras_vit.ViT(None, weights=path, num_classes=7, representation_size=16, **ARCH)
+    with pytest.warns(UserWarning, match="the checkpoint's head has 10 classes, the model's 7"):
+        load_weights(model, path)  # into a model built elsewhere: said
     assert not model.get_layer("head").kernel.numpy().any()
     np.testing.assert_array_equal(model.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
     np.testing.assert_array_equal(model.get_layer("embedding").kernel.numpy(), arrays["embedding/kernel"])
@@ -247,7 +254,8 @@ def test_convert_command_infers_the_architecture_and_writes_keras_files(tmp_path
     converted = keras.models.load_model(tmp_path / "out.keras")
     assert converted.input_shape == (None, 32, 32, 3) and converted.get_layer("pre_logits").units == 16
     np.testing.assert_allclose(run(converted, images()), flax_forward(arrays, images().astype("float64")), atol=1e-4)
-    with pytest.warns(UserWarning, match="include_top=False"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # --no-top asked for no head: no warning about skipping it
         zoo_main(
             [
                 "convert",

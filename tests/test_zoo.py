@@ -196,6 +196,24 @@ def test_every_entry_is_a_model_card():
     assert "no such number" in json.loads(zoo.CATALOGUE.read_text())["description"]
 
 
+def test_every_entry_carries_its_preprocessing_and_names_its_source():
+    """mean, std, crop fraction and interpolation: timm's pretrained_cfg where timm measured the top-1 (crop_pct 0.9
+    at 224, 1.0 at 384, bicubic), the original code's elsewhere ((x - 127.5) / 127.5, no crop, bilinear)."""
+    for e in zoo.catalogue():
+        p = e.preprocessing
+        assert set(p) == {"mean", "std", "crop_fraction", "interpolation", "source"}, e.name
+        assert p["mean"] == p["std"] == [0.5, 0.5, 0.5], e.name
+        if (e.top1_source or "").startswith("timm's own evaluation of "):
+            timm_name = e.top1_source.split()[4]
+            assert p["source"].startswith(f"timm 1.0.31 pretrained_cfg of {timm_name}:"), e.name
+            assert (p["crop_fraction"], p["interpolation"]) == ({224: 0.9, 384: 1.0}[e.image_size], "bicubic")
+        else:
+            assert p["source"].startswith("google-research/vision_transformer vit_jax/input_pipeline.py"), e.name
+            assert (p["crop_fraction"], p["interpolation"]) == (None, "bilinear"), e.name
+    timm_measured = [e for e in zoo.catalogue() if e.preprocessing["interpolation"] == "bicubic"]
+    assert len(timm_measured) == 21  # the 21 top-1 figures of timm's evaluation
+
+
 @pytest.mark.parametrize(
     "name", ["Ti_16.augreg_in21k_ft_in1k_224", "Ti_16.augreg_in21k", "S_32.augreg_in21k_ft_in1k_384"]
 )

@@ -68,6 +68,9 @@ class Checkpoint:
     parameters: int | None = None  # values in the file (the model at image_size with its head)
     paper: str | None = None  # the publication the checkpoint comes from
     licence: str | None = None  # SPDX identifier, e.g. "Apache-2.0"
+    # the evaluation's input pipeline: mean, std (pixels in [0, 1]), crop_fraction (None: no crop), interpolation
+    # and source (where these come from); keras_vit.preprocessing.ImagePreprocessor.from_weights applies them
+    preprocessing: dict = dataclasses.field(default_factory=dict)
 
     @property
     def url(self) -> str:

@@ -255,11 +255,14 @@ def _transfer(
             if proven:
                 raise
             failures.append(f"the connection closed at an unknown length and the file is not whole ({exc})")
-    raise DownloadError(
+    failed = (
         f"Could not download {redact(url)} ({'; '.join(failures)}). If this machine is offline or the URL moved, "
-        f"fetch the file elsewhere (e.g. `curl -L -o {dest.name} {redact(url)}`) and put it at {dest}, or pass "
-        "weights='/path/to/file.npz'."
-        + (f" The partial download {part} is kept and resumed next time." if part.exists() else "")
+        f"fetch the file elsewhere (e.g. `curl -L -o {dest.name} {redact(url)}`) and put it at {dest}, or give "
+        "its path instead of the catalogue name: "
+    )
+    kept = f" The partial download {part} is kept and resumed next time." if part.exists() else ""
+    raise DownloadError(
+        f"{failed}weights='/path/to/file.npz'.{kept}", command_line=f"{failed}--weights /path/to/file.npz.{kept}"
     )
 
 

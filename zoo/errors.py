@@ -6,7 +6,14 @@ __all__ = ["CorruptCheckpointError", "DownloadError"]
 
 
 class DownloadError(OSError):
-    """A download that failed (network error, incomplete transfer, hash mismatch) or a cache that cannot be written."""
+    """A download that failed (network error, incomplete transfer, hash mismatch) or a cache that cannot be written.
+
+    ``command_line``: the message as a command shows it (:mod:`keras_vit.cli`), where it differs from the Python
+    one: a flag (``--weights PATH``) where Python has an argument (``weights='PATH'``)."""
+
+    def __init__(self, message: str, *, command_line: str | None = None):
+        super().__init__(message)
+        self.command_line = command_line or message
 
 
 class CorruptCheckpointError(DownloadError):

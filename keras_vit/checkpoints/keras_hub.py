@@ -13,6 +13,11 @@ A preset folder holds ``config.json`` (``"registered_name": "keras_hub>ViTBackbo
 
 The backbone has no classifier: load it with ``include_top=False`` or into a new head. Its MLP uses exact
 GELU (``gelu="exact"``).
+
+:func:`save_preset` writes a keras-vit model as such a folder (through keras-hub's own ``save_to_preset``, then
+the model's arrays into the same groups), plus what keras-hub's backbone has no place for: ``keras-vit.json`` (the
+model's :class:`~keras_vit.config.ViTConfig`) and ``head.npz`` (its classifier, ``.npz`` keys). keras-hub reads the
+backbone (``keras_hub.models.Backbone.from_preset``); keras-vit reads it all back.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ import numpy as np
 
 from keras_vit.checkpoints.formats import read_json
 
-__all__ = ["read_keras_hub_preset"]
+__all__ = ["read_keras_hub_preset", "save_preset"]
 
 WEIGHTS_FILE = "model.weights.h5"
+CONFIG_FILE = "keras-vit.json"  # the keras-vit config of a preset save_preset wrote
+HEAD_FILE = "head.npz"  # its classifier
+_POSEMBED = "Transformer/posembed_input/pos_embedding"
 
 
 def _group(parent, part: str, path: Path):
@@ -37,22 +45,34 @@ def _group(parent, part: str, path: Path):
     return parent[names[0]]
 
 
-def _vars(group) -> list[np.ndarray]:
-    variables = group["vars"]
-    return [np.asarray(variables[str(i)]) for i in range(len(variables))]
-
-
 def _block_order(name: str) -> int:
     match = re.search(r"_(\d+)$", name)
     return int(match[1]) if match else -1
 
 
-def _dense(group, per_head: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """``(kernel, bias)`` of a (possibly bias-free) layer; a missing bias is zeros (``(heads, d_h)`` per head)."""
-    values = _vars(group)
-    kernel = values[0]
-    bias = values[1] if len(values) > 1 else np.zeros(kernel.shape[1:] if per_head else kernel.shape[-1:], kernel.dtype)
-    return kernel, bias
+def _dense(prefix: str, group) -> dict:
+    """The ``kernel`` and (where the layer has one) ``bias`` datasets of a layer, by ``.npz`` key."""
+    variables = group["vars"]
+    return {f"{prefix}/{name}": variables[str(i)] for i, name in enumerate(("kernel", "bias")[: len(variables)])}
+
+
+def _slots(f, settings: dict, weights: Path) -> dict:
+    """Every dataset of a keras-hub ViT weights file by its ``.npz`` key (the arrays have the ``.npz`` shapes, but
+    the position embedding's, ``(N, D)`` here, ``(1, N, D)`` there)."""
+    layers = f["layers"]
+    embedding = _group(layers, "patching_and_embedding", weights)
+    slots = {"cls": embedding["vars"]["0"]} if settings.get("use_class_token", True) else {}
+    slots.update(_dense("embedding", embedding["patch_embedding"]))
+    slots[_POSEMBED] = embedding["position_embedding"]["vars"]["0"]
+    encoder = _group(layers, "encoder", weights)
+    for i, name in enumerate(sorted(encoder["encoder_layers"], key=_block_order)):
+        slots.update(_block(encoder["encoder_layers"][name], i))
+    slots.update(_norm("Transformer/encoder_norm", encoder["layer_norm"]))
+    return slots
+
+
+def _norm(prefix: str, group) -> dict:
+    return {f"{prefix}/scale": group["vars"]["0"], f"{prefix}/bias": group["vars"]["1"]}
 
 
 def read_keras_hub_preset(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -68,38 +88,86 @@ def read_keras_hub_preset(path: str | Path) -> tuple[dict[str, np.ndarray], dict
     if not weights.is_file():
         raise FileNotFoundError(f"{path} is a keras-hub preset without its weights ({WEIGHTS_FILE}).")
     settings = config.get("config", {})
-    arrays: dict[str, np.ndarray] = {}
     try:
         with h5py.File(weights, "r") as f:
-            layers = f["layers"]
-            embedding = _group(layers, "patching_and_embedding", weights)
-            if settings.get("use_class_token", True):
-                arrays["cls"] = _vars(embedding)[0]
-            arrays["embedding/kernel"], arrays["embedding/bias"] = _dense(embedding["patch_embedding"])
-            arrays["Transformer/posembed_input/pos_embedding"] = _vars(embedding["position_embedding"])[0][None]
-            encoder = _group(layers, "encoder", weights)
-            blocks = sorted(encoder["encoder_layers"], key=_block_order)
-            for i, name in enumerate(blocks):
-                arrays.update(_block(encoder["encoder_layers"][name], i))
-            arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = _vars(
-                encoder["layer_norm"]
-            )
+            arrays = {key: np.asarray(dataset) for key, dataset in _slots(f, settings, weights).items()}
     except (OSError, KeyError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
         raise ValueError(f"{weights} is not a readable keras-hub ViT weights file ({problem}).") from exc
-    return arrays, {"gelu": "exact"}
+    arrays[_POSEMBED] = arrays[_POSEMBED][None]
+    for key in [key for key in arrays if key.endswith("/kernel")]:  # a bias-free layer (use_mha_bias=False): zeros
+        per_head = re.search(r"/(query|key|value)/kernel$", key) is not None
+        bias = key.removesuffix("kernel") + "bias"
+        arrays.setdefault(bias, np.zeros(arrays[key].shape[1:] if per_head else arrays[key].shape[-1:], "float32"))
+    options = {"gelu": "exact"}
+    if (path / CONFIG_FILE).is_file():  # written by save_preset: the model's own numerics and its head
+        options["gelu"] = read_json(path / CONFIG_FILE)["config"]["gelu"]
+        with np.load(path / HEAD_FILE) as head:
+            arrays.update({key: head[key] for key in head.files})
+    return arrays, options
 
 
-def _block(group, index: int) -> dict[str, np.ndarray]:
+def _block(group, index: int) -> dict:
     prefix = f"Transformer/encoderblock_{index}"
     attention = f"{prefix}/MultiHeadDotProductAttention_1"
-    arrays = {}
+    slots = {}
     for name, norm in (("LayerNorm_0", "layer_norm_1"), ("LayerNorm_2", "layer_norm_2")):
-        arrays[f"{prefix}/{name}/scale"], arrays[f"{prefix}/{name}/bias"] = _vars(group[norm])
+        slots.update(_norm(f"{prefix}/{name}", group[norm]))
     for name in ("query", "key", "value", "out"):
-        dense = group["mha"][f"{'output' if name == 'out' else name}_dense"]
-        arrays[f"{attention}/{name}/kernel"], arrays[f"{attention}/{name}/bias"] = _dense(dense, name != "out")
+        slots.update(_dense(f"{attention}/{name}", group["mha"][f"{'output' if name == 'out' else name}_dense"]))
     for name, dense in (("Dense_0", "dense_1"), ("Dense_1", "dense_2")):
-        mlp = f"{prefix}/MlpBlock_3/{name}"
-        arrays[f"{mlp}/kernel"], arrays[f"{mlp}/bias"] = _dense(group["mlp"][dense])
-    return arrays
+        slots.update(_dense(f"{prefix}/MlpBlock_3/{name}", group["mlp"][dense]))
+    return slots
+
+
+def save_preset(model, folder: str | Path) -> Path:
+    """Write ``model`` (a :class:`~keras_vit.models.VisionTransformer`) as a keras-hub ``ViTBackbone`` preset
+    folder plus its keras-vit config and head (module docstring). Needs keras-hub. keras-hub's backbone holds
+    a plain ViT only: a hybrid, another position embedding, ``fc_norm`` or layer scale is a ``ValueError``; its
+    MLP computes exact GELU (the published checkpoints' tanh approximation differs by ~1e-3 in keras-hub; keras-vit
+    reads the preset back with the model's own). ``folder`` must not exist; it appears whole or not at all."""
+    import json
+
+    import h5py
+
+    from keras_vit.checkpoints.timm import model_arrays
+    from keras_vit.files import atomic_path
+    from keras_vit.models import VisionTransformer
+    from keras_vit.optional import require
+
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"save_preset needs a keras_vit model (VisionTransformer); {model.name!r} is not one.")
+    config, architecture = model.config, model.config.architecture
+    limits = {
+        "resnet_stages": (architecture.resnet_stages, None),
+        "position_embedding": (config.position_embedding, "learned_1d"),
+        "fc_norm": (config.fc_norm, False),
+        "layer_scale_init": (config.layer_scale_init, None),
+        "dynamic_image_size": (config.dynamic_image_size, False),
+        "include_preprocessing": (config.include_preprocessing, False),
+    }
+    beyond = [f"{name}={value!r}" for name, (value, allowed) in limits.items() if value != allowed]
+    if beyond:
+        raise ValueError(f"keras-hub's ViTBackbone has no place for {model.name!r}'s {', '.join(beyond)}.")
+    if Path(folder).exists():
+        raise ValueError(f"{folder} exists; remove it or choose another folder for the preset.")
+    keras_hub = require("keras_hub", "Saving a keras-hub preset")
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(*config.image_size, config.channels),
+        patch_size=architecture.patch_size,
+        num_layers=architecture.depth,
+        num_heads=architecture.num_heads,
+        hidden_dim=architecture.hidden_size,
+        mlp_dim=architecture.mlp_dim,
+        use_class_token=config.classifier == "token",
+    )
+    arrays = model_arrays(model)
+    head = {key: value for key, value in arrays.items() if key.startswith(("head/", "pre_logits/"))}
+    with atomic_path(folder) as temporary:
+        backbone.save_to_preset(temporary)
+        with h5py.File(Path(temporary) / WEIGHTS_FILE, "r+") as f:
+            for key, dataset in _slots(f, {"use_class_token": config.classifier == "token"}, Path(folder)).items():
+                dataset[...] = arrays[key][0] if key == _POSEMBED else arrays[key]
+        (Path(temporary) / CONFIG_FILE).write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
+        np.savez(Path(temporary) / HEAD_FILE, **head)
+    return Path(folder)

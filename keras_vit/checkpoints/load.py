@@ -3,7 +3,8 @@
 :func:`load_weights` checks everything before it assigns anything: missing keys, unexpected keys and
 shape mismatches are listed, each by name, in one ``ValueError``, and the model is left untouched. A
 model without the checkpoint's classifier (``include_top=False``, another ``num_classes``, no
-``pre_logits`` layer) skips the head on purpose, with a warning that says what was skipped and why.
+``pre_logits`` layer) skips the head on purpose, with a warning that says what was skipped and why, unless the
+caller asked for that head to be dropped or replaced (``new_head``: ``ViT(include_top=False)``, ``num_classes=``).
 Every format :mod:`~keras_vit.checkpoints.read` reads arrives here in the ``.npz`` layout, so all of this
 holds for timm, Hugging Face and keras-hub checkpoints too; a Keras ``.weights.h5`` goes to
 ``keras.Model.load_weights``.
@@ -52,11 +53,14 @@ def _head_keys(arrays: Mapping, layer: str) -> list[str]:
     return [key for key in arrays if key.startswith(f"{layer}/")]
 
 
-def _skipped_head(key_map: KeyMap, arrays: Mapping) -> tuple[set[str], str | None]:
-    """The checkpoint's classifier keys the model does not take on purpose, and why (drop-head fine-tuning)."""
+def _skipped_head(key_map: KeyMap, arrays: Mapping, new_head: bool) -> tuple[set[str], str | None]:
+    """The checkpoint's classifier keys the model does not take on purpose (drop-head fine-tuning), and why: the
+    warning's text, or None when nothing is skipped or ``new_head`` says the head was dropped or replaced on request
+    (a missing ``pre_logits`` layer is still said)."""
     head, pre_logits = _head_keys(arrays, "head"), _head_keys(arrays, "pre_logits")
     if "head/kernel" not in key_map:
-        return set(head + pre_logits), "the model has no classification head (include_top=False)" if head else None
+        reason = "the model has no classification head (include_top=False)"
+        return set(head + pre_logits), reason if head and not new_head else None
     if pre_logits and "pre_logits/kernel" not in key_map:
         width = arrays["pre_logits/bias"].shape[0]
         return set(head + pre_logits), (
@@ -65,7 +69,9 @@ def _skipped_head(key_map: KeyMap, arrays: Mapping) -> tuple[set[str], str | Non
         )
     if head and arrays["head/bias"].shape[-1] != key_map["head/bias"][0].shape[-1]:
         classes, model_classes = arrays["head/bias"].shape[-1], key_map["head/bias"][0].shape[-1]
-        return set(head), f"the checkpoint's head has {classes} classes, the model's {model_classes}"
+        return set(
+            head
+        ), None if new_head else f"the checkpoint's head has {classes} classes, the model's {model_classes}"
     return set(), None
 
 
@@ -189,6 +195,7 @@ def load_weights(
     weights: str | os.PathLike | Mapping[str, np.ndarray],
     *,
     resize_method: str = "zoom_linear",
+    new_head: bool = False,
 ) -> LoadResult:
     """Load a checkpoint into ``model``: a Google ``.npz``, a timm or Hugging Face state dict or folder, a
     keras-hub preset, or a Keras ``.weights.h5`` (see :mod:`keras_vit.checkpoints.formats`).
@@ -199,6 +206,9 @@ def load_weights(
             arrays as a mapping (``.npz``, timm or Hugging Face keys).
         resize_method: how position embeddings of another grid size are resized (see
             :mod:`keras_vit.position`).
+        new_head: the caller asked for a model without the checkpoint's head (``ViT(include_top=False)``, another
+            ``num_classes``): a head that does not fit is skipped without the warning (that a model without the
+            checkpoint's ``pre_logits`` also drops its head is still said).
 
     Raises ``ValueError`` listing every missing key, unexpected key and shape mismatch; nothing is
     assigned then.
@@ -211,7 +221,7 @@ def load_weights(
         arrays = with_num_heads(arrays, blocks[0].num_heads)
     _check_model_options(model, arrays)
     key_map = npz_key_map(model, resize_method=resize_method)
-    skipped, reason = _skipped_head(key_map, arrays)
+    skipped, reason = _skipped_head(key_map, arrays, new_head)
     for key in skipped:
         key_map.pop(key, None)
     missing = [key for key in key_map if key not in arrays]
@@ -336,6 +346,7 @@ def model_from_checkpoint(
         _warn_heads_guessed(arrays)
     arrays = with_num_heads(arrays, num_heads or checkpoint_info(arrays).architecture.num_heads)
     overrides.update(resnet_fields(overrides.pop("resnet_options", None) or {}))
+    new_head = overrides.get("include_top") is False or overrides.get("num_classes") is not None  # asked for
     image_size, num_classes, representation_size = checkpoint_defaults(
         arrays,
         overrides.pop("image_size", None),
@@ -345,5 +356,5 @@ def model_from_checkpoint(
     given = dict(image_size=image_size, num_classes=num_classes)
     overrides.update({name: value for name, value in given.items() if value is not None})
     model = build_vit(checkpoint_config(arrays).replace(representation_size=representation_size, **overrides))
-    load_weights(model, arrays, resize_method=resize_method)
+    load_weights(model, arrays, resize_method=resize_method, new_head=new_head)
     return model

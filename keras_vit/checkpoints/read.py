@@ -131,7 +131,9 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
         if isinstance(weights, os.PathLike) or _PATH_LIKE.search(str(weights)):
             raise FileNotFoundError(f"No checkpoint file at {path} (nor a folder); expected {EXPECTED}.")
         zoo.get(str(weights))  # raises, suggesting close names
-    return zoo.fetch(str(weights), cache_dir=cache_dir, check=catalogue_check(zoo.get(str(weights))))
+    entry = zoo.get(str(weights))
+    # keras.applications shows its download too: the command's progress bar
+    return zoo.fetch(entry, cache_dir=cache_dir, check=catalogue_check(entry), progress=True)
 
 
 def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
