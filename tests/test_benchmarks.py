@@ -14,6 +14,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu.py")
 
 
+def _run_ok(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``command`` run from the checkout with ``env``; asserts it exited 0 (showing the end of its stderr)."""
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def _load_gpu():
     spec = importlib.util.spec_from_file_location("benchmarks_gpu", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -53,15 +60,9 @@ def test_the_device_script_runs_on_cpu_without_tensorflow(tmp_path):
     env["KERAS_VIT_WHEELS"] = str(tmp_path)  # none: this machine has Keras (the device's .whl/ is for Python 3.12)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])  # python3 is this interpreter
     out = tmp_path / "out" / "gpu.json"
-    done = subprocess.run(
-        ["bash", os.path.join(REPO, "benchmarks", "gpu_device.sh"), "--tiny", "--profile", "Ti/16"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
+    done = _run_ok(
+        ["bash", os.path.join(REPO, "benchmarks", "gpu_device.sh"), "--tiny", "--profile", "Ti/16"], env, 900
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["peak"]["peak_tflops"] > 0
     for framework in ("keras_vit", "timm"):
@@ -180,8 +181,7 @@ def test_onednn_kernels_reads_what_tensorflows_onednn_prints(bench_scripts):
         "f(tf.ones((64, 128)), tf.ones((128, 32)), tf.ones((32,)))\n"
     )
     env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run_ok([sys.executable, "-c", probe], env, 300)
     kernels = op_profile.onednn_kernels(done.stdout.splitlines())
     products = {k: v for k, v in kernels.items() if k.split()[0] in ("inner_product", "matmul")}
     assert products, done.stdout[-2000:]
@@ -212,15 +212,8 @@ def test_roofline_names_the_frameworks_it_knows(bench_scripts):
 def test_throughput_quick_prints_the_machine_peaks_and_ratios():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     script = os.path.join(REPO, "benchmarks", "throughput.py")
-    done = subprocess.run(
-        [sys.executable, script, "--quick", "--threads", "2", "--frameworks", "keras_vit+bf16", "timm+bf16"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    command = [sys.executable, script, "--quick", "--threads", "2", "--frameworks", "keras_vit+bf16", "timm+bf16"]
+    done = _run_ok(command, env, 1200)
     assert "oneDNN: tensorflow 3." in done.stdout and "torch 3." in done.stdout
     for row in ("| tensorflow |", "| torch |", "| jax |", "| numpy |", "| timm+bf16 |"):
         assert row in done.stdout
