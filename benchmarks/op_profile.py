@@ -11,6 +11,12 @@ calls, then ``--steps`` calls under ``tf.profiler.experimental`` (a host trace).
 ``Erf``, ...) and its duration. Printed: the wall time of a step, the op time by category and the
 top op types, each as a share of the summed op time (ops can overlap on two threads, so the sum can
 exceed the wall time), per framework side by side.
+
+``--onednn`` also runs each worker with ``ONEDNN_VERBOSE=1`` and reads the lines oneDNN prints for the
+profiled calls: every oneDNN primitive that ran, its implementation (``brg_matmul:avx10_1_512_amx`` is
+a matmul on the AMX tiles, ``x64:gemm:jit`` oneDNN's generic gemm), source data type, calls, time and,
+for matmuls and inner products, GFLOP/s. With ``--onednn`` a ``timm`` worker (torch's oneDNN, autocast
+with ``+bf16``) may run beside the TensorFlow ones: it has oneDNN's report and no TensorFlow trace.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import argparse
 import collections
 import glob
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 
-from throughput import KerasRunner, _split_spec, worker_env  # benchmarks/throughput.py, beside this script
+from throughput import KerasRunner, TimmRunner, _split_spec, worker_env  # benchmarks/throughput.py, beside this script
 
 # Op types to categories, by substring of the type, first match wins (oneDNN's ops carry an _Mkl prefix).
 CATEGORIES = (
@@ -70,18 +78,62 @@ def op_times(xplane_path: str) -> dict[str, float]:
     return dict(times)
 
 
+ONEDNN_MARK = "=== profiled calls ==="  # the worker's stdout: oneDNN's lines after it are the profiled calls'
+
+
+def onednn_flops(primitive: str, problem: str) -> int:
+    """FLOPs (``2*m*n*k``) of a oneDNN ``matmul`` (``"8x12x197x64:8x12x64x197"``, source:weights) or
+    ``inner_product`` (``"mb1576ic768oc3072"``) from its verbose problem description; 0 for other primitives."""
+    if primitive == "inner_product":
+        sizes = {key: int(value) for key, value in re.findall(r"([a-z]+)(\d+)", problem)}
+        reduced = math.prod(sizes.get(key, 1) for key in ("ic", "id", "ih", "iw"))
+        return 2 * sizes["mb"] * reduced * sizes["oc"]
+    if primitive == "matmul":
+        source, weights = ([int(v) for v in part.split("x")] for part in problem.split(":")[:2])
+        batch = math.prod(max(a, b) for a, b in zip(source[:-2], weights[:-2]))
+        return 2 * batch * source[-2] * source[-1] * weights[-1]
+    return 0
+
+
+def onednn_kernels(lines) -> dict[str, dict]:
+    """oneDNN's ``ONEDNN_VERBOSE=1`` execution lines summed by ``"primitive implementation dtype"``:
+    ``{"calls", "ms", "flops"}`` each (dtype: the source's, blank when the line has none)."""
+    kernels: dict[str, dict] = {}
+    for line in lines:
+        fields = line.strip().split(",")
+        if not fields[0].endswith("_verbose") or "exec" not in fields[:5]:
+            continue
+        at = fields.index("exec")
+        primitive, implementation = fields[at + 2], fields[at + 3]
+        dtype = re.search(r"src:(\w+)", line)
+        key = f"{primitive} {implementation} {dtype[1] if dtype else ''}".strip()
+        entry = kernels.setdefault(key, {"calls": 0, "ms": 0.0, "flops": 0})
+        entry["calls"] += 1
+        entry["ms"] += float(fields[-1])
+        entry["flops"] += onednn_flops(primitive, fields[-2])
+    return kernels
+
+
 def worker(spec: str, variant: str, image_size: int, phase: str, batch: int, steps: int) -> dict:
     """Profile ``steps`` calls of one phase in this process: ``{"wall_us", "ops"}`` per step."""
     name, options = _split_spec(spec)
-    if name == "keras_vit":
+    if name == "timm":
+        import torch  # noqa: F401  (before anything that might pull TensorFlow in)
+    elif name == "keras_vit":
         import keras_vit  # noqa: F401  (first: it picks TensorFlow's CPU kernels)
-    import tensorflow as tf
-
-    runner = KerasRunner(name, options, variant, image_size)
+    runner = (TimmRunner if name == "timm" else KerasRunner)(name, options, variant, image_size)
     x, y = runner.inputs(batch)
     step = runner.train if phase == "train" else runner.infer
     for _ in range(2):
         step(x, y)
+    print(ONEDNN_MARK, flush=True)
+    if name == "timm":
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(x, y)
+        return {"wall_us": (time.perf_counter() - start) / steps * 1e6, "ops": {}}
+    import tensorflow as tf
+
     logdir = tempfile.mkdtemp(prefix="vit-profile-")
     tf.profiler.experimental.start(logdir)
     start = time.perf_counter()
@@ -100,17 +152,28 @@ def run(args) -> dict[str, dict]:
         command = [sys.executable, os.path.abspath(__file__), "--worker", spec, "--phase", args.phase]
         command += ["--batch", str(args.batch), "--steps", str(args.steps), "--variant", args.variant]
         command += ["--image-size", str(args.image_size)]
-        done = subprocess.run(command, capture_output=True, text=True, env=worker_env(spec, args.threads))
+        env = worker_env(spec, args.threads)
+        if args.onednn:
+            env["ONEDNN_VERBOSE"] = "1"
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode:
             raise RuntimeError(f"worker {spec} failed:\n{done.stderr[-3000:]}")
-        results[spec] = json.loads(done.stdout.strip().splitlines()[-1])
+        *printed, last = done.stdout.strip().splitlines()
+        results[spec] = json.loads(last)
+        if args.onednn:
+            profiled = printed[printed.index(ONEDNN_MARK) + 1 :]
+            kernels = onednn_kernels(profiled)
+            for entry in kernels.values():
+                entry.update(calls=entry["calls"] / args.steps, ms=entry["ms"] / args.steps)
+            results[spec]["onednn"] = kernels
         print(f"  {spec}: {results[spec]['wall_us'] / 1e6:.2f} s per step", file=sys.stderr)
     return results
 
 
 def report(results: dict[str, dict], top: int) -> str:
-    specs = list(results)
-    totals = {s: sum(r["ops"].values()) for s, r in results.items()}
+    """TensorFlow's op time by category and the top op types (the TensorFlow workers), then oneDNN's kernels."""
+    specs = [s for s, r in results.items() if r["ops"]]
+    totals = {s: sum(results[s]["ops"].values()) for s in specs}
     lines = [
         "| | " + " | ".join(specs) + " |",
         "|---" * (1 + len(specs)) + "|",
@@ -130,6 +193,40 @@ def report(results: dict[str, dict], top: int) -> str:
         ranked.update({op: us / totals[s] for op, us in results[s]["ops"].items()})
     for op, _ in ranked.most_common(top):
         lines.append(f"| {op} | " + " | ".join(_cell(results[s]["ops"].get(op, 0.0), totals[s]) for s in specs) + " |")
+    walls = ", ".join(f"{s} {r['wall_us'] / 1e3:.0f} ms" for s, r in results.items() if not r["ops"])
+    if walls:
+        lines += ["", f"Wall time per step, no TensorFlow trace: {walls}"]
+    if any("onednn" in r for r in results.values()):
+        lines += ["", onednn_report(results)]
+    return "\n".join(lines)
+
+
+def onednn_report(results: dict[str, dict]) -> str:
+    """oneDNN's primitives per step, side by side: calls, time, GFLOP/s; and the AMX kernels' share of the time."""
+    specs = [s for s in results if "onednn" in results[s]]
+    totals = {s: sum(e["ms"] for e in results[s]["onednn"].values()) for s in specs}
+    lines = [
+        "oneDNN primitives per step (ONEDNN_VERBOSE=1): calls, ms and share of oneDNN's time, GFLOP/s:",
+        "",
+        "| primitive implementation dtype | " + " | ".join(specs) + " |",
+        "|---" * (1 + len(specs)) + "|",
+    ]
+    keys = collections.Counter()
+    for s in specs:
+        keys.update({k: e["ms"] / totals[s] for k, e in results[s]["onednn"].items()})
+    for key, _ in keys.most_common():
+        cells = []
+        for s in specs:
+            e = results[s]["onednn"].get(key)
+            rate = f", {e['flops'] / e['ms'] / 1e6:.0f} GFLOP/s" if e and e["flops"] and e["ms"] else ""
+            cells.append(f"{e['calls']:g} x, {e['ms']:.0f} ms ({e['ms'] / totals[s]:.0%}){rate}" if e else "-")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    amx = {s: sum(e["ms"] for k, e in results[s]["onednn"].items() if "amx" in k) for s in specs}
+    lines.append(
+        "| on AMX kernels (`amx` in the name) | "
+        + " | ".join(_cell(amx[s] * 1e3, totals[s] * 1e3) for s in specs)
+        + " |"
+    )
     return "\n".join(lines)
 
 
@@ -147,11 +244,12 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=1, help="profiled calls (after two untimed ones)")
     parser.add_argument("--threads", type=int, default=2, help="threads per framework")
     parser.add_argument("--top", type=int, default=15, help="op types listed")
+    parser.add_argument("--onednn", action="store_true", help="also oneDNN's kernels, from ONEDNN_VERBOSE=1")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for spec in args.frameworks:
-        if _split_spec(spec)[0] == "timm":
-            parser.error("timm is torch: this script profiles TensorFlow workers only")
+        if _split_spec(spec)[0] == "timm" and not args.onednn:
+            parser.error("timm is torch: it has oneDNN's report only (--onednn), no TensorFlow trace")
     return args
 
 

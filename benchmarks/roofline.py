@@ -9,7 +9,11 @@
   AVX2 kernels on an AVX-512 CPU), once with the environment as it is; each with the kernel OpenBLAS
   picked (threadpoolctl's ``architecture``, when installed).
 
-``benchmarks/throughput.py`` divides each path's FLOP/s by the TensorFlow peak of its precision.
+* torch (``torch.matmul``) and JAX (jitted ``jnp.dot``), float32 and bfloat16, each in its own process
+  (``--framework``; :func:`framework_peaks` runs them all): every framework's own peak.
+
+``benchmarks/throughput.py`` divides each path's FLOP/s by the TensorFlow peak of its precision and prints
+every framework's peak beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import subprocess
 import sys
 import time
 
-__all__ = ["THROTTLE_VARIABLES", "numpy_matmul", "tf_matmul_gflops"]
+__all__ = ["FRAMEWORKS", "THROTTLE_VARIABLES", "framework_peaks", "matmul_gflops", "numpy_matmul", "tf_matmul_gflops"]
+
+FRAMEWORKS = ("tensorflow", "torch", "jax")
 
 THROTTLE_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _NUMPY_PROBE = """
@@ -49,13 +55,57 @@ def tf_matmul_gflops(dtype: str = "float32", size: int = 4096, repeats: int = 5)
 
     a = tf.cast(tf.random.stateless_normal((size, size), seed=(0, 0)), dtype)
     product = tf.function(lambda x: tf.linalg.matmul(x, x)[:1, :1])  # the slice: no 64 MB copy to host
-    product(a).numpy()
+    return _best_gflops(lambda: product(a).numpy(), size, repeats)
+
+
+def _best_gflops(product, size: int, repeats: int) -> float:
+    """GFLOP/s of the best of ``repeats`` calls of ``product()`` (a ``size``-square matmul, one untimed call first)."""
+    product()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        product(a).numpy()
+        product()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
+
+
+def matmul_gflops(framework: str, dtype: str = "float32", size: int = 4096, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GFLOP/s of ``framework``'s own ``size``-square matmul in ``dtype`` (:data:`FRAMEWORKS`)."""
+    if framework == "tensorflow":
+        return tf_matmul_gflops(dtype, size, repeats)
+    if framework == "torch":
+        import torch
+
+        a = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
+        with torch.inference_mode():
+            return _best_gflops(lambda: torch.matmul(a, a), size, repeats)
+    if framework == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        a = jax.random.normal(jax.random.key(0), (size, size)).astype(dtype)
+        product = jax.jit(lambda x: jnp.dot(x, x))
+        return _best_gflops(lambda: product(a).block_until_ready(), size, repeats)
+    raise ValueError(f"Unknown framework {framework!r}; expected one of {FRAMEWORKS}.")
+
+
+def framework_peaks(size: int = 4096, repeats: int = 3, env: dict | None = None) -> dict[str, dict]:
+    """``{framework: {"float32": GFLOP/s, "bfloat16": GFLOP/s}}`` for each of :data:`FRAMEWORKS` that is
+    installed, each measured in a fresh process (``env``: its environment, e.g. the thread count), and numpy's
+    float32 (OPENBLAS_CORETYPE/L2_SIZE unset) as ``{"numpy": {"float32": ...}}``; a framework that fails to run
+    gets ``{"error": its last line}``."""
+    peaks = {}
+    for framework in FRAMEWORKS:
+        command = [sys.executable, os.path.abspath(__file__), "--framework", framework, "--size", str(size)]
+        command += ["--repeats", str(repeats), "--json"]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode or not lines:
+            peaks[framework] = {"error": (done.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+        else:
+            peaks[framework] = json.loads(lines[-1])
+    peaks["numpy"] = {"float32": numpy_matmul(size, repeats, unthrottled=True)["gflops"]}
+    return peaks
 
 
 def numpy_matmul(size: int = 4096, repeats: int = 3, unthrottled: bool = True) -> dict:
@@ -84,10 +134,23 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--framework", choices=FRAMEWORKS, help="only this framework's float32 and bfloat16 peaks")
+    parser.add_argument("--json", action="store_true", help="with --framework: one JSON line")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import keras_vit  # noqa: F401  (first: its TensorFlow CPU kernels, oneDNN)
+    if args.framework in (None, "tensorflow"):
+        import keras_vit  # noqa: F401  (first: its TensorFlow CPU kernels, oneDNN)
+    if args.framework:
+        peaks = {
+            dtype: matmul_gflops(args.framework, dtype, args.size, args.repeats) for dtype in ("float32", "bfloat16")
+        }
+        print(
+            json.dumps(peaks)
+            if args.json
+            else f"{args.framework}: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items())
+        )
+        return
 
     print(f"| matmul {args.size}x{args.size} | GFLOP/s (best of {args.repeats}) |\n|---|---|")
     for dtype in ("float32", "bfloat16"):

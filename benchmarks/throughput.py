@@ -26,6 +26,12 @@ so a later phase's peak includes what the earlier ones kept. FLOPs are counted a
 ``2*m*n*k`` for every matmul of the patch embedding, qkv, attention (q k^T and probs v), output
 projection, MLP and head; a training step counts 3x the forward pass.
 
+The machine. The report opens with the CPU model, the flags that decide which kernels run (AMX,
+AVX-512, bfloat16), the oneDNN versions TensorFlow and torch carry, and every framework's own matmul peak
+(``benchmarks/roofline.py``: TensorFlow, torch, JAX in float32 and bfloat16, numpy float32), measured
+once before the rounds, each in a fresh process with ``--threads``. ``--quick`` is a smoke run: Ti/16 at
+64 px, batches 2, one short round, 512-square peaks.
+
 The roofline. Every round a ``peak`` worker (TensorFlow with keras_vit's kernels) times a
 4096x4096 ``tf.linalg.matmul`` under ``tf.function`` in float32 and in bfloat16 (best of
 ``--peak-repeats``), and numpy's float32 matmul runs in a subprocess with ``OPENBLAS_CORETYPE`` and
@@ -44,7 +50,8 @@ which ran. A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_c
 ``+remat`` (keras_vit only: ``ViT(remat=True)``, blocks recomputed in the backward pass), ``+jax`` /
 ``+torch`` (the Keras backend, TensorFlow by default: the tables' backend column; ``+xla`` is JAX's default),
 e.g. ``--frameworks keras_vit keras_hub keras_hub+onednn keras_vit+eigen timm`` (the same kernels
-side by side); ``timm+bf16`` runs timm under ``torch.autocast("cpu", torch.bfloat16)``. Workers get
+side by side); ``timm+bf16`` runs timm under ``torch.autocast("cpu", torch.bfloat16)``, ``timm+compile``
+its model through ``torch.compile`` (inductor; the compilation is the untimed first call). Workers get
 ``OMP_WAIT_POLICY=PASSIVE`` (unless set): on a shared, oversubscribed machine torch's spinning
 OpenMP threads otherwise lose 3-5x; ``--threads N`` pins every framework to N threads. Keras models run
 ``predict_on_batch`` / ``train_on_batch`` after ``compile(SGD(0.01, momentum=0.9),
@@ -69,13 +76,13 @@ import sys
 import tempfile
 import time
 
-from roofline import numpy_matmul  # benchmarks/roofline.py, beside this script
+from roofline import framework_peaks, numpy_matmul  # benchmarks/roofline.py, beside this script
 
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"  # as keras_vit.runtime; not imported: that loads keras_vit
 FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
 BACKENDS = ("jax", "torch")  # Keras backends a Keras worker may take instead of TensorFlow
 TF_OPTIONS = ("xla", "onednn", "eigen", "bf16", "remat", *BACKENDS)
-TIMM_OPTIONS = ("bf16",)
+TIMM_OPTIONS = ("bf16", "compile")
 PEAK = "peak"  # the worker that measures the matmul peaks
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
 NUM_CLASSES = 1000
@@ -229,7 +236,8 @@ class KerasRunner:
 
 
 class TimmRunner:
-    """timm on torch CPU, eager: ``model(x)`` for inference, one SGD step for training; ``+bf16``: autocast."""
+    """timm on torch CPU: ``model(x)`` for inference, one SGD step for training; ``+bf16``: autocast;
+    ``+compile``: the model through ``torch.compile`` (eager otherwise)."""
 
     def __init__(self, name: str, options: set[str], variant: str, image_size: int):
         import timm
@@ -244,6 +252,7 @@ class TimmRunner:
             img_size=image_size,
         )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.forward = torch.compile(self.model) if "compile" in options else self.model
         self.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled="bf16" in options)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.image_size = image_size
@@ -256,12 +265,12 @@ class TimmRunner:
     def infer(self, x, _):
         self.model.eval()
         with self.torch.inference_mode(), self.autocast():
-            self.model(x)
+            self.forward(x)
 
     def train(self, x, y):
         self.model.train()
         with self.autocast():
-            loss = self.torch.nn.functional.cross_entropy(self.model(x), y)
+            loss = self.torch.nn.functional.cross_entropy(self.forward(x), y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -337,8 +346,9 @@ def peak_worker_main(reply) -> None:
 
     reply.write(json.dumps({"params": 0, "info": _thread_info("keras_vit")}) + "\n")
     for line in sys.stdin:
-        repeats = json.loads(line)["batch"]
-        reply.write(json.dumps({p: tf_matmul_gflops(p, repeats=repeats) for p in ("float32", "bfloat16")}) + "\n")
+        request = json.loads(line)
+        peaks = {p: tf_matmul_gflops(p, request["size"], request["batch"]) for p in ("float32", "bfloat16")}
+        reply.write(json.dumps(peaks) + "\n")
 
 
 class Worker:
@@ -375,8 +385,9 @@ class Worker:
             raise RuntimeError(f"worker {self.spec} died (exit {self.process.wait()}):\n{tail}")
         return json.loads(line)
 
-    def measure(self, phase: str, batch: int, min_time: float) -> dict:
-        self.process.stdin.write(json.dumps({"phase": phase, "batch": batch, "min_time": min_time}) + "\n")
+    def measure(self, phase: str, batch: int, min_time: float, **extra) -> dict:
+        request = {"phase": phase, "batch": batch, "min_time": min_time, **extra}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         return self._read()
 
@@ -404,9 +415,11 @@ def compare(args) -> dict:
         try:
             for phase in phases:
                 for round_ in range(args.rounds):
-                    for precision, gflops in peak_worker.measure(PEAK, args.peak_repeats, 0).items():
+                    for precision, gflops in peak_worker.measure(
+                        PEAK, args.peak_repeats, 0, size=args.peak_size
+                    ).items():
                         peaks[precision].append(gflops)
-                    numpy_peaks.append(numpy_matmul(unthrottled=True))
+                    numpy_peaks.append(numpy_matmul(args.peak_size, unthrottled=True))
                     shift = round_ % len(workers)
                     for worker in workers[shift:] + workers[:shift]:
                         out = worker.measure(*phase, args.min_time)
@@ -429,10 +442,11 @@ def compare(args) -> dict:
             memory=memory,
             peaks=peaks,
             numpy_peaks=numpy_peaks,
-            numpy_as_is=numpy_matmul(unthrottled=False),
+            numpy_as_is=numpy_matmul(args.peak_size, unthrottled=False),
             precision={w.spec: precision_of(w.spec) for w in workers},
             info={w.spec: w.hello for w in workers},
             flops=forward_flops(variant, args.image_size),
+            peak_size=args.peak_size,
         )
     return results
 
@@ -512,7 +526,7 @@ def roofline_lines(r: dict) -> list[str]:
     as_is = r["numpy_as_is"]
     env = ", ".join(f"{k}={v}" for k, v in as_is["env"].items()) or "no OPENBLAS_CORETYPE/L2_SIZE set"
     lines = [
-        f"Matmul peaks, 4096x4096, best over {rounds} rounds:",
+        f"Matmul peaks, {r['peak_size']}-square, best over {rounds} rounds:",
         "",
         "| matmul | GFLOP/s (best) | median |",
         "|---|---|---|",
@@ -590,7 +604,69 @@ def predict_benchmark(args) -> str:
 
 
 # The CPU flags that decide which kernels run (lscpu's names): vector width, bfloat16 and int8 units.
-KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+KERNEL_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
+# How each framework's oneDNN names its version: TensorFlow's in its verbose output, torch's in its build config.
+_ONEDNN_PROBES = {
+    "tensorflow": "import tensorflow as tf; tf.linalg.matmul(tf.ones((8, 8)), tf.ones((8, 8)))",
+    "torch": "import torch; print(torch.__config__.show())",
+}
+
+
+def onednn_versions() -> dict[str, str]:
+    """``{"tensorflow": "3.7.3", "torch": "3.12.0"}``: the oneDNN each framework carries (each asked in a fresh
+    process; ``"not installed"`` or ``"unknown"`` where it cannot say)."""
+    import re
+
+    versions = {}
+    for framework, probe in _ONEDNN_PROBES.items():
+        env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="3")
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False)
+        found = re.search(r"(?:oneDNN|MKL-DNN) v(\d[\w.]*)", done.stdout + done.stderr)
+        versions[framework] = found[1] if found else ("unknown" if done.returncode == 0 else "not installed")
+    return versions
+
+
+def machine(args) -> dict:
+    """The facts a measurement needs beside it: CPU and flags, oneDNN versions, every framework's matmul peak."""
+    env = worker_env(PEAK, args.threads)
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "onednn": onednn_versions(),
+        "peaks": framework_peaks(args.peak_size, args.peak_repeats, env),
+        "peak_size": args.peak_size,
+        "threads": args.threads,
+    }
+
+
+def machine_lines(facts: dict) -> list[str]:
+    """Markdown: the machine, and every framework's own matmul peak (float32, bfloat16)."""
+    versions = ", ".join(f"{k} {v}" for k, v in facts["onednn"].items())
+    size = facts["peak_size"]
+    lines = [
+        f"Machine: {facts['cpu']}, {facts['cores']} cores; oneDNN: {versions}; "
+        f"{facts['threads'] or 'all'} threads per framework",
+        "",
+        f"| framework's own matmul, {size}x{size} | float32 GFLOP/s | bfloat16 GFLOP/s |",
+        "|---|---|---|",
+    ]
+    for framework, peak in facts["peaks"].items():
+        if "error" in peak:
+            lines.append(f"| {framework} | not run: {peak['error']} | |")
+            continue
+        bf16 = f"{peak['bfloat16']:.0f}" if "bfloat16" in peak else "-"
+        lines.append(f"| {framework} | {peak['float32']:.0f} | {bf16} |")
+    return [*lines, ""]
 
 
 def cpu_name() -> str:
@@ -640,10 +716,17 @@ def parse_args(argv=None):
     parser.add_argument("--min-time", type=float, default=2.0, help="seconds of calls per measurement")
     parser.add_argument("--threads", type=int, help="threads per framework (default: all cores)")
     parser.add_argument("--peak-repeats", type=int, default=3, help="matmuls per precision per round (best kept)")
+    parser.add_argument("--peak-size", type=int, default=4096, help="side of the square matmuls of the peaks")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: Ti/16 at 64 px, batches 2, one short round, small peaks"
+    )
     parser.add_argument("--predict", action="store_true", help="the simple predict benchmark instead")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.variants, args.image_size, args.batch, args.train_batch = ["Ti/16"], 64, 2, 2
+        args.rounds, args.min_time, args.peak_size, args.peak_repeats = 1, 0.0, 512, 1
     if args.batch is None:
         args.batch = 8 if args.predict else 32
     for spec in args.frameworks:
@@ -660,7 +743,11 @@ def main(argv=None) -> None:
         print(conditions())
         print(predict_benchmark(args))
         return
-    measure_and_report(lambda: compare(args), lambda results: report(results, args), args.json)
+    measure_and_report(
+        lambda: {"machine": machine(args), "variants": compare(args)},
+        lambda results: "\n".join(machine_lines(results["machine"])) + "\n" + report(results["variants"], args),
+        args.json,
+    )
 
 
 if __name__ == "__main__":

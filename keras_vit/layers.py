@@ -93,6 +93,22 @@ def unrows(y, like):
     return ops.reshape(y, (*ops.shape(like)[:-1], y.shape[-1]))
 
 
+def project(dense: layers.Layer, x, training=None):
+    """``dense`` (a bias-carrying, activation-free ``Dense``) applied to the last axis of ``x`` ``(B, N, D)``.
+
+    Inference in bfloat16 on TensorFlow runs ``x @ kernel[None] + bias``: a batched matmul whose bias TensorFlow
+    fuses into oneDNN's brgemm matmul, which uses AMX; the 2-D ``MatMul`` + ``BiasAdd`` of :func:`rows` runs
+    oneDNN's inner product there, whose bfloat16 gemm took 1.4x the time on an AMX Xeon
+    (docs/performance.md). Everywhere else, and for quantised or LoRA layers, the ``Dense`` runs on rows.
+    """
+    plain = dense.quantization_mode is None and not dense.lora_enabled and dense.use_bias
+    bfloat16 = keras.backend.standardize_dtype(x.dtype) == "bfloat16"
+    if training or not (plain and bfloat16) or keras.backend.backend() != "tensorflow":
+        return unrows(dense(rows(x)), x)
+    kernel = ops.expand_dims(ops.cast(dense.kernel, x.dtype), 0)  # (1, D, E): a batched matmul, not tensordot
+    return ops.matmul(x, kernel) + ops.cast(dense.bias, x.dtype)
+
+
 def draw_keep_mask(layer: layers.Layer, shape, dtype):
     """The keep mask (bool) that ``layer`` (a ``Dropout`` or :class:`DropPath`) draws for an input of ``shape``
     while training, or ``None`` when it drops nothing. Draws from the layer's own seed generator, as its call does."""
@@ -231,7 +247,7 @@ class MultiHeadSelfAttention(layers.Layer):
 
     def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None, dropout_keep=None):
         batch, length, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
-        qkv = ops.reshape(self.qkv(rows(x)), (batch, length, 3, self.num_heads, self.head_dim))
+        qkv = ops.reshape(project(self.qkv, x, training), (batch, length, 3, self.num_heads, self.head_dim))
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = None if attention_bias is None else ops.cast(attention_bias, x.dtype)
         needs_probs = return_attention_scores or dropout_keep is not None or (training and self.attention_dropout > 0)
@@ -246,7 +262,7 @@ class MultiHeadSelfAttention(layers.Layer):
             probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
             dropped = _dropped(self.dropout, probs, training, dropout_keep)
             context = ops.transpose(ops.matmul(dropped, v), (0, 2, 1, 3))
-        y = unrows(self.out(rows(ops.reshape(context, (batch, length, width)))), x)
+        y = project(self.out, ops.reshape(context, (batch, length, width)), training)
         return (y, probs) if return_attention_scores else y
 
     def get_config(self):
@@ -277,7 +293,7 @@ class MlpBlock(layers.Layer):
         hidden_keep, out_keep = (None, None) if dropout_keep is None else dropout_keep
         h = gelu(self.fc1(rows(x)), approximate=self.gelu == "tanh")  # on rows: one fused kernel on TensorFlow
         h = _dropped(self.dropout, unrows(h, x), training, hidden_keep)
-        return _dropped(self.dropout, unrows(self.fc2(rows(h)), x), training, out_keep)
+        return _dropped(self.dropout, project(self.fc2, h, training), training, out_keep)
 
     def get_config(self):
         return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout_rate, "gelu": self.gelu}

@@ -14,6 +14,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu.py")
 
 
+def _run_ok(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``command`` run from the checkout with ``env``; asserts it exited 0 (showing the end of its stderr)."""
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def _load_gpu():
     spec = importlib.util.spec_from_file_location("benchmarks_gpu", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -53,15 +60,9 @@ def test_the_device_script_runs_on_cpu_without_tensorflow(tmp_path):
     env["KERAS_VIT_WHEELS"] = str(tmp_path)  # none: this machine has Keras (the device's .whl/ is for Python 3.12)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])  # python3 is this interpreter
     out = tmp_path / "out" / "gpu.json"
-    done = subprocess.run(
-        ["bash", os.path.join(REPO, "benchmarks", "gpu_device.sh"), "--tiny", "--profile", "Ti/16"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
+    done = _run_ok(
+        ["bash", os.path.join(REPO, "benchmarks", "gpu_device.sh"), "--tiny", "--profile", "Ti/16"], env, 900
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["peak"]["peak_tflops"] > 0
     for framework in ("keras_vit", "timm"):
@@ -136,6 +137,87 @@ def test_profile_reads_op_times_from_a_real_trace(bench_scripts, tmp_path):
     matmuls = [op for op in times if "MatMul" in op]
     assert matmuls and all(times[op] > 0 for op in matmuls)
     assert any("Softmax" in op for op in times)
+
+
+# Lines oneDNN printed on the AMX Xeon (2026-12-04) for a keras_vit layer (TensorFlow's oneDNN 3.7.3) and an
+# attention product (torch's oneDNN 3.12), cut after their shape and time.
+ONEDNN_LINES = [
+    "onednn_verbose,v1,primitive,exec,cpu,inner_product,x64:gemm:jit,forward_training,src:bf16::blocked:ab::f0 "
+    "wei:bf16::blocked:ba::f0 bia:bf16:a:blocked:a::f0 dst:bf16::blocked:ab::f0,attr-scratchpad:user,,"
+    "mb1576ic768oc3072,12.5",
+    "onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx10_1_512_amx,undef,src:bf16::blocked:abcd::f0 "
+    "wei:bf16::blocked:abdc::f0 dst:bf16::blocked:abcd::f0,attr-scratchpad:user,,8x12x197x64:8x12x64x197,1.5",
+    "onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx10_1_512_amx,undef,src:bf16::blocked:abcd::f0 "
+    "wei:bf16::blocked:abdc::f0 dst:bf16::blocked:abcd::f0,attr-scratchpad:user,,8x12x197x64:8x12x64x197,0.5",
+    "onednn_verbose,v1,primitive,exec,cpu,softmax,jit:avx10_1_512,forward_inference,src:f32::blocked:abcd::f0 "
+    "dst:f32::blocked:abcd::f0,,alg:softmax_accurate axis:3,8x12x197x197,3",
+    "onednn_verbose,v1,info,oneDNN v3.7.3 (commit N/A)",  # not an execution: skipped
+    "some other output",
+]
+
+
+def test_onednn_kernels_sums_time_and_flops_per_implementation(bench_scripts):
+    _, op_profile = bench_scripts
+    kernels = op_profile.onednn_kernels(ONEDNN_LINES)
+    assert kernels == {
+        "inner_product x64:gemm:jit bf16": {"calls": 1, "ms": 12.5, "flops": 2 * 1576 * 768 * 3072},
+        "matmul brg_matmul:avx10_1_512_amx bf16": {"calls": 2, "ms": 2.0, "flops": 2 * (2 * 96 * 197 * 64 * 197)},
+        "softmax jit:avx10_1_512 f32": {"calls": 1, "ms": 3.0, "flops": 0},
+    }
+    results = {"keras_vit": {"wall_us": 20e3, "ops": {"_MklBatchMatMulV2": 2e3}, "onednn": kernels}}
+    table = op_profile.onednn_report(results)
+    assert "| matmul brg_matmul:avx10_1_512_amx bf16 | 2 x, 2 ms (11%), 477 GFLOP/s |" in table
+    assert "| on AMX kernels (`amx` in the name) | 2 ms (11%) |" in table  # 2.0 of 17.5 ms
+
+
+@pytest.mark.backends("tensorflow")
+def test_onednn_kernels_reads_what_tensorflows_onednn_prints(bench_scripts):
+    """A real process with ``ONEDNN_VERBOSE=1``: a 2-D matmul with a bias (oneDNN's inner product) is found
+    with its FLOPs, whichever implementation this CPU gets."""
+    _, op_profile = bench_scripts
+    probe = (
+        "import keras_vit, tensorflow as tf\n"
+        "f = tf.function(lambda a, w, b: tf.nn.bias_add(tf.matmul(a, w), b))\n"
+        "f(tf.ones((64, 128)), tf.ones((128, 32)), tf.ones((32,)))\n"
+    )
+    env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1")
+    done = _run_ok([sys.executable, "-c", probe], env, 300)
+    kernels = op_profile.onednn_kernels(done.stdout.splitlines())
+    products = {k: v for k, v in kernels.items() if k.split()[0] in ("inner_product", "matmul")}
+    assert products, done.stdout[-2000:]
+    assert sum(v["flops"] for v in products.values()) == 2 * 64 * 128 * 32
+    assert all(v["ms"] > 0 for v in products.values())
+
+
+def test_throughput_quick_is_a_small_smoke_run(bench_scripts):
+    import throughput
+
+    args = throughput.parse_args(["--quick", "--frameworks", "keras_vit", "timm+bf16+compile"])
+    assert (args.variants, args.image_size, args.batch, args.train_batch, args.rounds) == (["Ti/16"], 64, 2, 2, 1)
+    assert args.peak_size == 512
+    assert throughput._split_spec("timm+bf16+compile") == ("timm", {"bf16", "compile"})
+    with pytest.raises(ValueError, match="Bad options"):
+        throughput._split_spec("keras_vit+compile")
+
+
+def test_roofline_names_the_frameworks_it_knows(bench_scripts):
+    import roofline
+
+    with pytest.raises(ValueError, match="Unknown framework 'mxnet'"):
+        roofline.matmul_gflops("mxnet")
+
+
+@pytest.mark.slow  # a few minutes on 2 shared cores: every worker and peak process imports its framework
+@pytest.mark.requires("torch", "timm")
+def test_throughput_quick_prints_the_machine_peaks_and_ratios():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    script = os.path.join(REPO, "benchmarks", "throughput.py")
+    command = [sys.executable, script, "--quick", "--threads", "2", "--frameworks", "keras_vit+bf16", "timm+bf16"]
+    done = _run_ok(command, env, 1200)
+    assert "oneDNN: tensorflow 3." in done.stdout and "torch 3." in done.stdout
+    for row in ("| tensorflow |", "| torch |", "| jax |", "| numpy |", "| timm+bf16 |"):
+        assert row in done.stdout
+    assert "Ratio keras_vit+bf16 / peer" in done.stdout
 
 
 def test_throughput_remat_option_is_keras_vit_only(bench_scripts):

@@ -147,10 +147,12 @@ def tiny_checkpoint(tmp_path_factory):
     return str(write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_in1k.npz", arrays))
 
 
-@pytest.mark.parametrize("features", [{"avx512f", "avx512_bf16"}, {"avx2", "fma"}])
+@pytest.mark.parametrize("features", [{"avx512f", "avx512_bf16"}, SAPPHIRE_RAPIDS, {"avx2", "fma"}])
 def test_predict_builds_the_hardwares_precision_and_agrees_with_float32(monkeypatch, tiny_checkpoint, features):
     """``python -m keras_vit.predict --mixed-precision auto`` (its default) on a CPU with and without bfloat16 units
-    (probe mocked): bfloat16 where the table says, with the float32 model's top class and logits (3-4 here) within
+    (probe mocked; with AMX, SAPPHIRE_RAPIDS, bfloat16 inference runs the batched-matmul projections of
+    ``keras_vit.layers.project`` on TensorFlow): bfloat16 where the table says, with the float32 model's top class
+    and logits (3-4 here) within
     0.05 (measured on this random tiny checkpoint: 0.014; its 5th and 6th classes are a near tie, so only the
     classes both lists hold are compared)."""
     from sklearn.datasets import load_sample_image
