@@ -31,6 +31,7 @@ from keras_vit.checkpoints.formats import (
 )
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
 from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
+from keras_vit.checkpoints.huggingface_towers import looks_like_tower, tower_to_npz
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
 from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
 from keras_vit.variants import parse_variant
@@ -176,8 +177,9 @@ def from_state_dict(
             arrays, options = timm_to_npz(state, num_heads=num_heads, source=source)
             fields = dict(format="timm", model_options=options, heads_known=num_heads is not None)
             return CheckpointArrays(arrays, source, **fields)
-        if looks_like_huggingface(state):
-            arrays, options, known = huggingface_to_npz(state, config, source=source)
+        if looks_like_huggingface(state) or looks_like_tower(state):
+            convert = tower_to_npz if looks_like_tower(state) else huggingface_to_npz
+            arrays, options, known = convert(state, config, source=source)
             return CheckpointArrays(arrays, source, format="huggingface", model_options=options, heads_known=known)
     except (KeyError, TypeError, AttributeError) as exc:  # a tensor a whole layer needs is absent
         raise ValueError(f"{source} is an incomplete ViT state dict: a layer lacks {exc}.") from exc
@@ -217,7 +219,10 @@ def read_path(path: str | os.PathLike) -> CheckpointArrays:
     return from_state_dict(read_state_dict(path, fmt), str(path), config, fmt, heads)
 
 
-_ATTENTION_KEY = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1/(query|key|value|out)/kernel")
+_ATTENTION_KEY = re.compile(
+    r"(?:Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1|MAPHead_0/MultiHeadDotProductAttention_0)"
+    r"/(query|key|value|out)/kernel"
+)
 
 
 def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays:
