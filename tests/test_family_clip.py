@@ -16,7 +16,10 @@ from sklearn.datasets import load_sample_images
 from test_foreign_weights import TIMM_SCRIPT, run_reference, write_timm_files
 
 import keras_vit
+from keras_vit import zoo
 from keras_vit.analysis.fewshot import extract_features, few_shot_evaluation
+from keras_vit.checkpoints import checkpoint_config
+from keras_vit.checkpoints.read import read_checkpoint
 from keras_vit.datasets import load_digits, stratified_split
 from keras_vit.heads import MAPHead
 from keras_vit.variants import FAMILY_VARIANTS
@@ -136,6 +139,9 @@ def test_tower_timm_files_round_trip_without_torch(tmp_path):
             again = keras_vit.model_from_checkpoint(tmp_path / "m.safetensors", num_heads=2, gelu=model.config.gelu)
         assert (again.config.norm_pre, again.config.classifier) == (model.config.norm_pre, model.config.classifier)
         np.testing.assert_allclose(to_numpy(again(photos(32))), to_numpy(model(photos(32))), atol=1e-5)
+    with pytest.warns(UserWarning, match="MAPHead_0/probe.*the model pools otherwise"):  # SigLIP's tokens
+        tokens = keras_vit.model_from_checkpoint(tmp_path / "m.safetensors", num_heads=2, include_top=False)
+    assert tokens.output_shape == (None, 16, 32)
 
 
 @pytest.mark.reference
@@ -221,3 +227,63 @@ def test_few_shot_probe_on_tower_embeddings(variant):
     assert train.shape == (300, 16 if variant.startswith("CLIP") else 32)
     accuracy = few_shot_evaluation(train, labels[kept[:300]], test, labels[held[:200]], shots=(10,))
     assert accuracy[10].mean() > 0.3, accuracy  # 0.39 for CLIP here
+
+
+# --- the catalogue ---------------------------------------------------------------------------------
+
+TOWER_ENTRIES = {e.name: e for e in zoo.catalogue() if e.family in ("clip", "siglip")}
+SHAPES_SCRIPT = """
+import json, sys
+import timm, torch
+shapes = {}
+for name in sys.argv[2:]:
+    with torch.device("meta"):  # shapes only: nothing allocated
+        model = timm.create_model(name, pretrained=False)
+    shapes[name] = {key: list(value.shape) for key, value in model.state_dict().items()}
+json.dump(shapes, open(sys.argv[1], "w"))
+"""
+
+
+def test_tower_entries_are_model_cards():
+    assert set(TOWER_ENTRIES) == {
+        "CLIP_B_32.openai",
+        "CLIP_B_16.openai",
+        "CLIP_L_14.openai",
+        "SigLIP_B_16.webli_224",
+        "SigLIP_B_16.webli_384",
+    }
+    for e in TOWER_ENTRIES.values():
+        (timm_name,) = e.aliases
+        clip = e.family == "clip"
+        assert zoo.find(timm_name) is e and zoo.get(e.name).url == e.source_url
+        assert e.url == f"https://huggingface.co/timm/{timm_name}/resolve/main/model.safetensors"
+        assert e.path == f"timm/{timm_name}/model.safetensors" and e.finetune is None and e.top1 is None
+        assert e.licence == ("MIT" if clip else "Apache-2.0")
+        assert ("arXiv:2103.00020" if clip else "arXiv:2303.15343") in e.paper
+        assert e.mean == ((0.48145466, 0.4578275, 0.40821073) if clip else (0.5, 0.5, 0.5))
+        assert e.std == ((0.26862954, 0.26130258, 0.27577711) if clip else (0.5, 0.5, 0.5))
+        assert e.interpolation == "bicubic" and 0.5 < e.crop_fraction <= 1.0
+        assert e.num_classes == (e.embedding_width if clip else 0)
+        assert f"_{e.image_size}" in timm_name
+
+
+@pytest.mark.requires("timm", "torch")
+def test_tower_entries_architectures_match_their_names(tmp_path):
+    """timm builds each entry's model (its alias) on the meta device: a state dict with the published file's keys
+    and shapes (uint8 zeros: only shapes count), whose architecture, read by keras-vit, is the entry's variant at
+    its resolution, with the entry's embedding and parameter count."""
+    aliases = [e.aliases[0] for e in TOWER_ENTRIES.values()]
+    run_reference(SHAPES_SCRIPT, tmp_path / "shapes.json", *aliases)
+    shapes = json.loads((tmp_path / "shapes.json").read_text())
+    for e in TOWER_ENTRIES.values():
+        state = {key: np.zeros(shape, "uint8") for key, shape in shapes[e.aliases[0]].items()}
+        assert sum(array.size for array in state.values()) == e.parameters
+        config = checkpoint_config(read_checkpoint(state))
+        expected = keras_vit.ViTConfig.from_variant(e.variant, image_size=e.image_size)
+        assert config.architecture == expected.architecture and config.image_size == expected.image_size
+        assert (config.classifier, config.norm_pre) == (expected.classifier, expected.norm_pre), e.name
+        assert config.layer_norm_epsilon == expected.layer_norm_epsilon
+        if e.family == "clip":
+            assert config.num_classes == expected.num_classes == e.embedding_width
+        else:
+            assert state["attn_pool.latent"].shape[-1] == e.embedding_width and "head.weight" not in state

@@ -30,13 +30,13 @@ from keras_vit.checkpoints.formats import (
     recorded_num_heads,
 )
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
-from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
 from keras_vit.checkpoints.huggingface_towers import looks_like_tower, tower_to_npz
+from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
-from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
-from keras_vit.variants import parse_variant
+from keras_vit.checkpoints.timm import looks_like_timm, timm_checkpoint_info, timm_to_npz
+from keras_vit.variants import family_variant, parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
-from keras_vit.zoo.validate import check_members, npz_shapes
+from keras_vit.zoo.validate import check_members, npz_shapes, safetensors_shapes
 
 __all__ = [
     "CheckpointArrays",
@@ -136,20 +136,30 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
 
 
 def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
-    """A check that an ``.npz`` is ``entry``'s model: its variant's patch, width, depth, heads and MLP, its
-    ResNet, grid (image size), classes and ``pre_logits``, read from the array headers; a
-    ``CorruptCheckpointError`` naming the file, the entry and what differs (a mirror's toy file is not
+    """A check that an ``.npz`` (a tower's timm ``.safetensors``) is ``entry``'s model: its variant's patch, width,
+    depth, heads and MLP, its ResNet, classifier, grid (image size), classes and ``pre_logits``, read from the array
+    headers; a ``CorruptCheckpointError`` naming the file, the entry and what differs (a mirror's toy file is not
     ``B_16.orig_in21k``)."""
     architecture = parse_variant(entry.variant)
     side = entry.image_size // architecture.stride
+    family = family_variant(entry.variant)
     expected = CheckpointInfo(
-        architecture, "token", (side, side), entry.num_classes, architecture.hidden_size if entry.pre_logits else None
+        architecture,
+        family[2].get("classifier", "token") if family else "token",
+        (side, side),
+        entry.num_classes or None,  # 0: no head (SigLIP)
+        architecture.hidden_size if entry.pre_logits else None,
     )
 
-    def check(path: Path) -> None:
+    def info(path: Path) -> CheckpointInfo:
+        if entry.path.endswith(".safetensors"):
+            return timm_checkpoint_info(safetensors_shapes(path), architecture.num_heads)
         shapes = {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
+        return checkpoint_info(shapes_only(shapes))
+
+    def check(path: Path) -> None:
         try:
-            found = checkpoint_info(shapes_only(shapes))
+            found = info(path)
         except ValueError as exc:
             raise CorruptCheckpointError(f"{path} is not the checkpoint {entry.name}: {exc}") from None
         differ = differences(found, expected, entry.name)

@@ -33,12 +33,14 @@ import keras
 import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
+from keras_vit.checkpoints.inspect import CheckpointInfo
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.files import atomic_path
 from keras_vit.layers import TransformerBlock
 from keras_vit.models import uses_fc_norm
+from keras_vit.position import square_grid
 from keras_vit.resnet import TIMM_RESNET, ResNetStem
-from keras_vit.variants import SIZES
+from keras_vit.variants import SIZES, Architecture
 
 __all__ = [
     "TIMM_UNSUPPORTED",
@@ -51,6 +53,7 @@ __all__ = [
     "model_arrays",
     "npz_to_timm",
     "save_timm_safetensors",
+    "timm_checkpoint_info",
     "timm_model_kwargs",
     "timm_to_npz",
     "to_timm_state_dict",
@@ -172,6 +175,32 @@ def block_arrays(
 def looks_like_timm(keys) -> bool:
     """Whether a state dict's keys are timm's ViT layout."""
     return "patch_embed.proj.weight" in keys and any(key.startswith("blocks.") for key in keys)
+
+
+def timm_checkpoint_info(shapes: Mapping[str, tuple[int, ...]], num_heads: int) -> CheckpointInfo:
+    """The :class:`~keras_vit.checkpoints.inspect.CheckpointInfo` of a plain timm ViT state dict from its shapes
+    alone (a file's header: no tensor read); ``num_heads`` as given (timm does not record them). A ``ValueError``
+    names a missing key."""
+    try:
+        width, _, patch, _ = shapes["patch_embed.proj.weight"]
+        mlp_dim = shapes["blocks.0.mlp.fc1.weight"][0]
+        tokens = shapes["pos_embed"][1]
+    except (KeyError, ValueError, IndexError) as exc:
+        raise ValueError(f"Not a timm ViT state dict: cannot read {exc}.") from exc
+    depth = len({key.split(".")[1] for key in shapes if key.startswith("blocks.")})
+    prefix = int("cls_token" in shapes)
+    try:
+        grid = square_grid(tokens - prefix)
+    except ValueError:
+        grid = None
+    head = shapes.get("head.weight")
+    return CheckpointInfo(
+        Architecture(patch_size=patch, hidden_size=width, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim),
+        classifier="token" if prefix else "map" if "attn_pool.latent" in shapes else "gap",
+        grid_size=grid,
+        num_classes=None if head is None else head[0],
+        representation_size=None,
+    )
 
 
 def _resnet_key_to_npz(key: str) -> str | None:
