@@ -19,10 +19,11 @@ import keras_vit
 from keras_vit import zoo
 from keras_vit.analysis.fewshot import extract_features, few_shot_evaluation
 from keras_vit.checkpoints import checkpoint_config
-from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit.checkpoints.read import catalogue_check, read_checkpoint
 from keras_vit.datasets import load_digits, stratified_split
 from keras_vit.heads import MAPHead
 from keras_vit.variants import FAMILY_VARIANTS
+from keras_vit.zoo.errors import CorruptCheckpointError
 
 TOLERANCE = 1e-4
 TINY = dict(embed_dim=32, depth=1, num_heads=2)  # timm's names
@@ -271,7 +272,8 @@ def test_tower_entries_are_model_cards():
 def test_tower_entries_architectures_match_their_names(tmp_path):
     """timm builds each entry's model (its alias) on the meta device: a state dict with the published file's keys
     and shapes (uint8 zeros: only shapes count), whose architecture, read by keras-vit, is the entry's variant at
-    its resolution, with the entry's embedding and parameter count."""
+    its resolution, with the entry's embedding and parameter count; a sparse file of these shapes passes the
+    entry's download check and fails every other entry's."""
     aliases = [e.aliases[0] for e in TOWER_ENTRIES.values()]
     run_reference(SHAPES_SCRIPT, tmp_path / "shapes.json", *aliases)
     shapes = json.loads((tmp_path / "shapes.json").read_text())
@@ -287,3 +289,24 @@ def test_tower_entries_architectures_match_their_names(tmp_path):
             assert config.num_classes == expected.num_classes == e.embedding_width
         else:
             assert state["attn_pool.latent"].shape[-1] == e.embedding_width and "head.weight" not in state
+        path = tmp_path / f"{e.name}.safetensors"
+        sparse_safetensors(path, shapes[e.aliases[0]])
+        catalogue_check(e)(path)  # what a download under this name must pass (its header only is read)
+        for other in TOWER_ENTRIES.values():
+            if other.name != e.name:
+                with pytest.raises(CorruptCheckpointError, match=f"not the checkpoint {other.name}.*another arch"):
+                    catalogue_check(other)(path)
+
+
+def sparse_safetensors(path, shapes: dict) -> None:
+    """A float32 ``.safetensors`` file of ``shapes`` whose data are a hole (zeros taking no disk)."""
+    header, offset = {}, 0
+    for key, shape in shapes.items():
+        size = 4 * int(np.prod(shape))
+        header[key] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + offset)

@@ -153,7 +153,7 @@ def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
 
     def info(path: Path) -> CheckpointInfo:
         if entry.path.endswith(".safetensors"):
-            return timm_checkpoint_info(safetensors_shapes(path), architecture.num_heads)
+            return timm_checkpoint_info(safetensors_shapes(path))
         shapes = {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
         return checkpoint_info(shapes_only(shapes))
 

@@ -177,10 +177,10 @@ def looks_like_timm(keys) -> bool:
     return "patch_embed.proj.weight" in keys and any(key.startswith("blocks.") for key in keys)
 
 
-def timm_checkpoint_info(shapes: Mapping[str, tuple[int, ...]], num_heads: int) -> CheckpointInfo:
+def timm_checkpoint_info(shapes: Mapping[str, tuple[int, ...]], num_heads: int | None = None) -> CheckpointInfo:
     """The :class:`~keras_vit.checkpoints.inspect.CheckpointInfo` of a plain timm ViT state dict from its shapes
-    alone (a file's header: no tensor read); ``num_heads`` as given (timm does not record them). A ``ValueError``
-    names a missing key."""
+    alone (a file's header: no tensor read); ``num_heads`` as given, else guessed from the width (timm does not
+    record them). A ``ValueError`` names a missing key."""
     try:
         width, _, patch, _ = shapes["patch_embed.proj.weight"]
         mlp_dim = shapes["blocks.0.mlp.fc1.weight"][0]
@@ -195,7 +195,7 @@ def timm_checkpoint_info(shapes: Mapping[str, tuple[int, ...]], num_heads: int) 
         grid = None
     head = shapes.get("head.weight")
     return CheckpointInfo(
-        Architecture(patch_size=patch, hidden_size=width, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim),
+        Architecture(patch, width, depth, num_heads or guess_num_heads(width), mlp_dim),
         classifier="token" if prefix else "map" if "attn_pool.latent" in shapes else "gap",
         grid_size=grid,
         num_classes=None if head is None else head[0],
