@@ -310,3 +310,21 @@ def sparse_safetensors(path, shapes: dict) -> None:
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text)
         f.truncate(8 + len(text) + offset)
+
+
+def test_a_damaged_safetensors_download_is_named(tmp_path):
+    from keras_vit.zoo.validate import check_safetensors, validator
+
+    path = tmp_path / "m.safetensors"
+    keras_vit.save_timm_safetensors(tiny_tower("SigLIP-B/16", num_classes=3), path)
+    assert validator(TOWER_ENTRIES["SigLIP_B_16.webli_224"].path) is check_safetensors
+    check_safetensors(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-100])
+    with pytest.raises(
+        CorruptCheckpointError, match=r"m.safetensors is not a valid .safetensors file: its tensors end"
+    ):
+        check_safetensors(path)
+    path.write_bytes(b"<html>not found</html>")
+    with pytest.raises(CorruptCheckpointError, match=r"m.safetensors is not a valid .safetensors file"):
+        check_safetensors(path)
