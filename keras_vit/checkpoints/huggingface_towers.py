@@ -27,6 +27,7 @@ import numpy as np
 
 from keras_vit.checkpoints.huggingface import HIDDEN_ACTS
 from keras_vit.checkpoints.timm import block_arrays, conv_kernel, guess_num_heads, linear_kernel
+from keras_vit.checks import check_positive_number
 
 __all__ = ["TOWER_TYPES", "looks_like_tower", "tower_to_npz"]
 
@@ -43,16 +44,17 @@ def looks_like_tower(keys) -> bool:
 
 def _options(config: Mapping, source: str) -> dict:
     model_type = config.get("model_type", TOWER_TYPES[0])
-    if model_type not in TOWER_TYPES:
+    if not isinstance(model_type, str) or model_type not in TOWER_TYPES:
         raise ValueError(
             f"{source} is a Hugging Face {model_type!r} model; keras-vit reads the image towers {TOWER_TYPES} "
             "(CLIPVisionModel, CLIPVisionModelWithProjection, SiglipVisionModel) of this layout."
         )
     act = config.get("hidden_act", "quick_gelu" if model_type == TOWER_TYPES[0] else "gelu_pytorch_tanh")
-    if act not in HIDDEN_ACTS:
+    if not isinstance(act, str) or act not in HIDDEN_ACTS:
         raise ValueError(f"{source} uses hidden_act={act!r}; keras-vit has {sorted(HIDDEN_ACTS)}.")
     epsilon = config.get("layer_norm_eps", 1e-5 if model_type == TOWER_TYPES[0] else 1e-6)
-    return {"gelu": HIDDEN_ACTS[act], "layer_norm_epsilon": float(epsilon)}
+    epsilon = check_positive_number(epsilon, f"{source}: config.json's layer_norm_eps")
+    return {"gelu": HIDDEN_ACTS[act], "layer_norm_epsilon": epsilon}
 
 
 def _attention(take, prefix: str, width: int, heads: int) -> dict[str, np.ndarray]:
