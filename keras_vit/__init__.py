@@ -7,6 +7,7 @@ Where things are (each module imports only the ones above it, never this package
     config          ViTConfig: the architecture and every model option, each declared once (default, check, flag)
     zoo             the catalogue of published checkpoints and their download cache (no Keras)
     layers          the encoder's layers: PatchEmbed, ClassToken, TransformerBlock, ...
+    heads           pooling heads beyond the class token: MAPHead (SigLIP's attention pooling)
     position        position embeddings of every kind, and resizing them for another image size
     resnet          the BiT ResNet of the hybrids
     models          the graph builder: ViTConfig -> VisionTransformer, a keras.Model (no files, no checkpoints)
@@ -33,6 +34,11 @@ __version__ = "0.1.0"
 # The public names, by the module that defines them.
 _EXPORTS = {
     "keras_vit.applications": (
+        "CLIP_B16",
+        "CLIP_B32",
+        "CLIP_L14",
+        "SigLIP_B16",
+        "SigLIP_B16_384",
         "ViT",
         "ViT_B8",
         "ViT_B16",
@@ -56,6 +62,7 @@ _EXPORTS = {
     "keras_vit.config": ("ViTConfig",),
     "keras_vit.features": ("feature_model",),
     "keras_vit.labels": ("decode_predictions",),
+    "keras_vit.heads": ("MAPHead",),
     "keras_vit.layers": (
         "ClassToken",
         "DropPath",
@@ -99,6 +106,7 @@ _SUBMODULES = (
     "features",
     "fields",
     "files",
+    "heads",
     "labels",
     "layers",
     "lazy",

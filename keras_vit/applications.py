@@ -16,7 +16,9 @@ with ``ViT``'s arguments.
     ViT_R26_S32   R26+S/32    (2, 2, 2, 2)         32       S: 384 wide, 12 blocks
     ViT_R26_B32   R26+B/32    (2, 2, 2, 2)         32       B: 768 wide, 12 blocks
 
-(and ``ViT_S16``, ``ViT_S32``, ``ViT_B8``, ``ViT_B32``, ``ViT_L16``, ``ViT_L32``, ``ViT_H14``). A hybrid's
+(and ``ViT_S16``, ``ViT_S32``, ``ViT_B8``, ``ViT_B32``, ``ViT_L16``, ``ViT_L32``, ``ViT_H14``). The image towers of the
+ViT family (:data:`~keras_vit.variants.FAMILY_VARIANTS`, docs/family.md) have theirs: ``CLIP_B32``, ``CLIP_B16``,
+``CLIP_L14``, ``SigLIP_B16``, ``SigLIP_B16_384``. A hybrid's
 ``/16`` or ``/32`` is its total stride; the embedding's patch size is 1 (``vit_jax/configs/models.py``;
 timm's ``vit_base_r50_s16_224``, ``vit_large_r50_s32_224`` and ``vit_small_r26_s32_224`` agree).
 """
@@ -34,7 +36,15 @@ from keras_vit.checkpoints.load import checkpoint_defaults, load_weights, model_
 from keras_vit.checkpoints.read import read_checkpoint
 from keras_vit.config import DEFAULT_IMAGE_SIZE, GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
 from keras_vit.models import build_vit
-from keras_vit.variants import NAMED_VARIANTS, Architecture, constructor_name, parse_timm_name, parse_variant
+from keras_vit.variants import (
+    FAMILY_VARIANTS,
+    NAMED_VARIANTS,
+    Architecture,
+    constructor_name,
+    family_variant,
+    parse_timm_name,
+    parse_variant,
+)
 
 
 def _config_fields(function: str, variant: str | None, resnet, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,6 +71,8 @@ def _model_name(variant: str | None, architecture: Architecture) -> str:
     """The variant's name with the patch and ResNet actually built (``ViT_S32(depth=1)`` is still ``vit_s32``)."""
     if variant is None:
         return architecture.model_name
+    if family_variant(variant) is not None:
+        return constructor_name(variant).lower()  # clip_b16, siglip_b16_384
     named = parse_variant(variant).replace(patch_size=architecture.patch_size, resnet_stages=architecture.resnet_stages)
     return named.model_name
 
@@ -625,6 +637,126 @@ def ViT_R26_B32(
     return _named("R26+B/32", locals())
 
 
-NAMED_CONSTRUCTORS = {name: globals()[name] for name in map(constructor_name, NAMED_VARIANTS)}
+def CLIP_B32(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """CLIP's ViT-B/32 image tower (OpenAI): B/32 with ``norm_pre``, QuickGELU, LayerNorm epsilon 1e-5 and the
+    512-wide image projection as its head (``num_classes=512``): the image embedding.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("CLIP-B/32", locals())
+
+
+def CLIP_B16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """CLIP's ViT-B/16 image tower (OpenAI): B/16 with ``norm_pre``, QuickGELU, LayerNorm epsilon 1e-5 and the
+    512-wide image projection as its head (``num_classes=512``): the image embedding.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("CLIP-B/16", locals())
+
+
+def CLIP_L14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """CLIP's ViT-L/14 image tower (OpenAI): L/14 with ``norm_pre``, QuickGELU, LayerNorm epsilon 1e-5 and the
+    768-wide image projection as its head (``num_classes=768``): the image embedding.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("CLIP-L/14", locals())
+
+
+def SigLIP_B16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """SigLIP's ViT-B/16 image tower at 224: B/16 without class token, pooled by the MAP head
+    (``classifier="map"``); its embedding is ``include_top=False, pooling="map"``.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("SigLIP-B/16", locals())
+
+
+def SigLIP_B16_384(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """SigLIP's ViT-B/16 image tower at 384: B/16 without class token, pooled by the MAP head
+    (``classifier="map"``, ``image_size=384``); its embedding is ``include_top=False, pooling="map"``.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("SigLIP-B/16-384", locals())
+
+
+NAMED_CONSTRUCTORS = {name: globals()[name] for name in map(constructor_name, (*NAMED_VARIANTS, *FAMILY_VARIANTS))}
 
 __all__ = ["NAMED_CONSTRUCTORS", "ViT", *NAMED_CONSTRUCTORS]

@@ -34,7 +34,7 @@ from keras_vit.checks import (
     optional,
 )
 from keras_vit.fields import option, option_fields
-from keras_vit.variants import Architecture, parse_variant
+from keras_vit.variants import Architecture, family_variant, parse_variant
 
 __all__ = [
     "CLASSIFIERS",
@@ -54,9 +54,9 @@ __all__ = [
     "resnet_fields",
 ]
 
-CLASSIFIERS = ("token", "gap")
-POOLINGS = (None, "token", "avg", "max")
-GELUS = ("tanh", "exact")
+CLASSIFIERS = ("token", "gap", "map")
+POOLINGS = (None, "token", "avg", "max", "map")
+GELUS = ("tanh", "exact", "quick")
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "relative", "none")
 WEIGHT_STANDARDIZATIONS = ("flax", "timm")
 # keras.ops.image.resize's methods that tf.image.resize has too (ImagePreprocessor runs either).
@@ -145,14 +145,15 @@ class ViTConfig:
     num_classes: int = _field("classes of the head", DEFAULT_NUM_CLASSES, "output", check=check_positive_int)
     pooling: str | None = _field(
         "features without the head: none (all tokens), token (the class token), avg or max (the patch tokens' mean "
-        "or maximum, as keras.applications' pooling)",
+        "or maximum, as keras.applications' pooling) or map (the attention-pooling head of classifier map)",
         None,
         "output",
         choices=POOLINGS,
     )
     classifier_activation: str | None = _field("activation of the head", None, "output", unset="none: logits")
     classifier: str = _field(
-        "token: the class token (the paper's); gap: the mean of the patch tokens, no class token",
+        "token: the class token (the paper's); gap: the mean of the patch tokens, no class token; map: a learned "
+        "probe attends over the patch tokens, no class token (SigLIP's multihead attention pooling, timm's 'map')",
         "token",
         "structure",
         choices=CLASSIFIERS,
@@ -185,6 +186,19 @@ class ViTConfig:
         layer="block",
         unset="off",
     )
+    norm_pre: bool = _field(
+        "a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre, timm's norm_pre)",
+        False,
+        "structure",
+        check=check_bool,
+    )
+    qk_norm: bool = _field(
+        "LayerNorm on every head's queries and keys before their product (timm's qk_norm)",
+        False,
+        "structure",
+        check=check_bool,
+        layer="block",
+    )
     resnet_width: int = _field(
         "a hybrid's ResNet: channels of its root convolution, a multiple of 32",
         ROOT_WIDTH,
@@ -194,14 +208,16 @@ class ViTConfig:
         argument="width",
     )
     gelu: str = _field(
-        "tanh: the approximation the published Flax models use; exact: timm's, keras-hub's, vit-keras'",
+        "tanh: the approximation the published Flax models use; exact: timm's, keras-hub's, vit-keras'; quick: "
+        "x * sigmoid(1.702 x), OpenAI CLIP's QuickGELU",
         "tanh",
         "numerics",
         choices=GELUS,
         layer="block",
     )
     layer_norm_epsilon: float = _field(
-        "epsilon of the encoder's LayerNorms (the published models': 1e-6; Hugging Face's files: their layer_norm_eps)",
+        "epsilon of every LayerNorm of the encoder and head (the published models': 1e-6; CLIP: 1e-5; Hugging Face's "
+        "files: their layer_norm_eps)",
         LAYER_NORM_EPSILON,
         "numerics",
         check=check_positive_number,
@@ -262,7 +278,11 @@ class ViTConfig:
     def _check_together(self) -> None:
         """The checks of several fields at once."""
         if self.pooling == "token" and self.classifier != "token":
-            raise ValueError("pooling='token' needs classifier='token' (a 'gap' model has no class token).")
+            raise ValueError(
+                f"pooling='token' needs classifier='token' (a {self.classifier!r} model has no class token)."
+            )
+        if self.pooling == "map" and self.classifier != "map":
+            raise ValueError(f"pooling='map' needs classifier='map' (a {self.classifier!r} model has no MAP head).")
         if self.include_preprocessing and self.dynamic_image_size:
             raise ValueError("include_preprocessing resizes every image to image_size: leave dynamic_image_size off.")
         arch, (height, width) = self.architecture, self.image_size
@@ -283,9 +303,11 @@ class ViTConfig:
 
     @classmethod
     def from_variant(cls, variant: str | None, **fields: Any) -> ViTConfig:
-        """The config of ``variant`` (a name of :mod:`keras_vit.variants`) with ``fields`` replaced; ``None``
-        takes the whole architecture from ``fields``. Unknown names are a ``TypeError``."""
-        architecture, own = _split(fields)
+        """The config of ``variant`` (a name of :mod:`keras_vit.variants`; a tower of ``FAMILY_VARIANTS`` brings its
+        fields, ``"CLIP-B/16"`` ``norm_pre=True`` ...) with ``fields`` replaced; ``None`` takes the whole architecture
+        from ``fields``. Unknown names are a ``TypeError``."""
+        family = None if variant is None else family_variant(variant)
+        architecture, own = _split({**(family[2] if family else {}), **fields})
         if variant is not None:
             return cls(parse_variant(variant).replace(**architecture), **own)
         required = [f.name for f in dataclasses.fields(Architecture) if f.default is dataclasses.MISSING]

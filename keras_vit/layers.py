@@ -39,13 +39,14 @@ __all__ = [
     "PatchEmbed",
     "TokenPooling",
     "TransformerBlock",
+    "activation",
     "fused_attention_available",
     "layer_norm",
 ]
 
 
 def layer_norm(name: str, dtype=None, epsilon: float = LAYER_NORM_EPSILON) -> layers.LayerNormalization:
-    """LayerNorm with the published models' epsilon (or another)."""
+    """LayerNorm with the published models' epsilon (CLIP's: 1e-5)."""
     return layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
 
 
@@ -74,8 +75,12 @@ def conv_nhwc(x, kernel, strides: tuple[int, int], padding: str):
     return ops.reshape(y, (ops.shape(x)[0], *sizes, kernel.shape[-1]))
 
 
-def gelu(x, approximate: bool):
-    return keras.activations.gelu(x, approximate=approximate)
+def activation(x, gelu: str):
+    """The MLP's GELU of kind ``gelu`` (:data:`GELU_VARIANTS`): ``"tanh"`` or ``"exact"``, or OpenAI CLIP's
+    QuickGELU ``x * sigmoid(1.702 x)`` (``"quick"``)."""
+    if gelu == "quick":
+        return x * ops.sigmoid(ops.cast(1.702, x.dtype) * x)
+    return keras.activations.gelu(x, approximate=gelu == "tanh")
 
 
 def rows(x):
@@ -226,14 +231,30 @@ class MultiHeadSelfAttention(layers.Layer):
     (broadcastable to ``(B, heads, N, N)``) is added to the logits before the softmax (relative
     position biases). ``dropout_keep``, a bool ``(B, heads, N, N)`` mask drawn beforehand
     (:func:`draw_keep_mask`), replaces the attention dropout's own draw (a rematerialised block's recomputation
-    must drop what its forward pass dropped).
+    must drop what its forward pass dropped). ``qk_norm=True`` normalises every head's queries and keys with
+    LayerNorms over ``d_h`` (sub-layers ``q_norm``, ``k_norm``, epsilon ``layer_norm_epsilon``) before their
+    product, as timm's ``Attention(qk_norm=True)``.
     """
 
-    def __init__(self, num_heads: int, attention_dropout: float = 0.0, **kwargs):
+    def __init__(
+        self,
+        num_heads: int,
+        attention_dropout: float = 0.0,
+        qk_norm: bool = False,
+        layer_norm_epsilon: float = LAYER_NORM_EPSILON,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.attention_dropout = check_fraction(attention_dropout, "attention_dropout")
+        self.qk_norm = check_bool(qk_norm, "qk_norm")
+        self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         self.dropout = layers.Dropout(self.attention_dropout, name="dropout", dtype=self.dtype_policy)
+        self.q_norm, self.k_norm = (
+            [layer_norm(name, self.dtype_policy, self.layer_norm_epsilon) for name in ("q_norm", "k_norm")]
+            if self.qk_norm
+            else (None, None)
+        )
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -244,6 +265,13 @@ class MultiHeadSelfAttention(layers.Layer):
         self.out = layers.Dense(width, kernel_initializer="glorot_uniform", name="out", dtype=self.dtype_policy)
         self.qkv.build(input_shape)
         self.out.build(input_shape)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.build((None, None, self.head_dim))
+
+    def _normed(self, q, k):
+        """``q`` and ``k`` (heads on any axis, ``d_h`` last) through ``q_norm`` / ``k_norm`` where qk-norm is on."""
+        return (q, k) if self.q_norm is None else (self.q_norm(q), self.k_norm(k))
 
     def call(self, x, training=None, return_attention_scores: bool = False, attention_bias=None, dropout_keep=None):
         batch, length, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
@@ -253,9 +281,11 @@ class MultiHeadSelfAttention(layers.Layer):
         needs_probs = return_attention_scores or dropout_keep is not None or (training and self.attention_dropout > 0)
         if fused_attention_available() and not needs_probs:
             q, k, v = ops.unstack(qkv, 3, axis=2)  # each (B, N, heads, d_h), the layout it expects
+            q, k = self._normed(q, k)
             context = ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
         else:
             q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)  # each (B, heads, N, d_h)
+            q, k = self._normed(q, k)
             logits = ops.matmul(q * ops.cast(scale, q.dtype), ops.swapaxes(k, -1, -2))
             if bias is not None:
                 logits = logits + bias
@@ -266,7 +296,13 @@ class MultiHeadSelfAttention(layers.Layer):
         return (y, probs) if return_attention_scores else y
 
     def get_config(self):
-        return {**super().get_config(), "num_heads": self.num_heads, "attention_dropout": self.attention_dropout}
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "attention_dropout": self.attention_dropout,
+            "qk_norm": self.qk_norm,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -291,7 +327,7 @@ class MlpBlock(layers.Layer):
     def call(self, x, training=None, dropout_keep=None):
         """``dropout_keep``: ``(hidden, output)`` bool masks drawn beforehand, used instead of the dropout's draws."""
         hidden_keep, out_keep = (None, None) if dropout_keep is None else dropout_keep
-        h = gelu(self.fc1(rows(x)), approximate=self.gelu == "tanh")  # on rows: one fused kernel on TensorFlow
+        h = activation(self.fc1(rows(x)), self.gelu)  # on rows: one fused kernel on TensorFlow
         h = _dropped(self.dropout, unrows(h, x), training, hidden_keep)
         return _dropped(self.dropout, project(self.fc2, h, training), training, out_keep)
 
@@ -359,7 +395,8 @@ class TransformerBlock(layers.Layer):
     block for memory. Every dropout mask is drawn before the rematerialised function, so the recomputation
     drops what the forward pass dropped and the results equal the plain path's. ``layer_scale_init`` (default
     ``None``: off) scales the attention and MLP outputs by :class:`LayerScale` sub-layers ``ls1`` and ``ls2``
-    before their residual additions, as timm's ``Block(init_values=...)``.
+    before their residual additions, as timm's ``Block(init_values=...)``. ``qk_norm`` and ``layer_norm_epsilon``
+    (every LayerNorm's, the qk-norms' too) are the attention's and the norms'.
     """
 
     def __init__(
@@ -372,12 +409,14 @@ class TransformerBlock(layers.Layer):
         gelu: str = "tanh",
         remat: bool = False,
         layer_scale_init: float | None = None,
+        qk_norm: bool = False,
         layer_norm_epsilon: float = LAYER_NORM_EPSILON,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.remat = check_bool(remat, "remat")
+        self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
+        self.remat = check_bool(remat, "remat")
         self.layer_scale_init = optional(check_positive_number)(layer_scale_init, "layer_scale_init")
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
@@ -386,11 +425,17 @@ class TransformerBlock(layers.Layer):
         self.drop_path_rate = check_fraction(drop_path, "drop_path")
         self.gelu = gelu
         policy = self.dtype_policy
-        self.norm1 = layer_norm("LayerNorm_0", dtype=policy, epsilon=self.layer_norm_epsilon)
+        epsilon = self.layer_norm_epsilon
+        self.norm1 = layer_norm("LayerNorm_0", policy, epsilon)
         self.attn = MultiHeadSelfAttention(
-            num_heads, attention_dropout, name="MultiHeadDotProductAttention_1", dtype=policy
+            num_heads,
+            attention_dropout,
+            qk_norm=self.qk_norm,
+            layer_norm_epsilon=epsilon,
+            name="MultiHeadDotProductAttention_1",
+            dtype=policy,
         )
-        self.norm2 = layer_norm("LayerNorm_2", dtype=policy, epsilon=self.layer_norm_epsilon)
+        self.norm2 = layer_norm("LayerNorm_2", policy, epsilon)
         self.mlp = MlpBlock(mlp_dim, dropout, gelu, name="MlpBlock_3", dtype=policy)
         self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, name="drop_path", dtype=policy)
@@ -459,5 +504,6 @@ class TransformerBlock(layers.Layer):
             "gelu": self.gelu,
             "remat": self.remat,
             "layer_scale_init": self.layer_scale_init,
+            "qk_norm": self.qk_norm,
             "layer_norm_epsilon": self.layer_norm_epsilon,
         }

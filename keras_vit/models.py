@@ -2,7 +2,8 @@
 
     z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos     embed: [ResNet], PatchEmbed, ClassToken, E_pos
     z_l = TransformerBlock(z_{l-1}),  l = 1 ... L      encode
-    y = LN(z_L^0)                                      encode: encoder_norm
+    y = LN(z_L^0)                                      encode: encoder_norm; head: pooling (class token,
+                                                       mean, or the MAP head of keras_vit.heads)
     logits = head(y)                                   head: [pre_logits], head
 
 :class:`VisionTransformer` is the functional ``keras.Model`` of a config: its ``get_config()`` holds the config
@@ -21,6 +22,7 @@ import keras
 from keras import layers
 
 from keras_vit.config import ViTConfig, options_of_layer
+from keras_vit.heads import MAPHead
 from keras_vit.layers import ClassToken, PatchEmbed, TokenPooling, TransformerBlock, layer_norm
 from keras_vit.position import dynamic_position_embedding_layer, position_embedding_layer, transformer_block
 from keras_vit.precision import global_policy
@@ -169,9 +171,9 @@ def embed(images, config: ViTConfig):
 
 
 def encode(x, config: ViTConfig, images=None):
-    """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, L blocks, final LN (unless
-    ``fc_norm`` moves it after the pooling). With ``images`` the position embeddings are interpolated in the
-    graph to the images' patch grid."""
+    """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, [``norm_pre``], L blocks, final LN
+    (unless ``fc_norm`` moves it after the pooling). With ``images`` the position embeddings are interpolated in
+    the graph to the images' patch grid."""
     architecture, prefix = config.architecture, int(config.classifier == "token")
     if prefix:
         x = ClassToken(name="class_token")(x)
@@ -184,6 +186,8 @@ def encode(x, config: ViTConfig, images=None):
         )
         x = x if position is None else position(x, images)
     x = layers.Dropout(config.dropout, name="posembed_dropout")(x)
+    if config.norm_pre:
+        x = layer_norm("norm_pre", epsilon=config.layer_norm_epsilon)(x)
     depth = architecture.depth
     for i in range(depth):
         x = transformer_block(
@@ -204,8 +208,12 @@ def head(x, config: ViTConfig):
     LayerNorm to the pooled features (the tokens stay unnormalised)."""
     if not config.include_top and config.pooling is None:
         return x
-    pooling = config.pooling if not config.include_top else ("token" if config.classifier == "token" else "avg")
-    x = TokenPooling(pooling, num_prefix_tokens=int(config.classifier == "token"), name=f"{pooling}_pool")(x)
+    pooling = config.pooling if not config.include_top else {"token": "token", "gap": "avg"}.get(config.classifier)
+    if pooling in (None, "map"):  # classifier "map": its head pools
+        arch = config.architecture
+        x = MAPHead(arch.num_heads, arch.mlp_dim, config.gelu, config.layer_norm_epsilon, name="map_head")(x)
+    else:
+        x = TokenPooling(pooling, num_prefix_tokens=int(config.classifier == "token"), name=f"{pooling}_pool")(x)
     if config.fc_norm:
         x = layer_norm("encoder_norm", epsilon=config.layer_norm_epsilon)(x)
     if not config.include_top:

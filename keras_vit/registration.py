@@ -21,6 +21,7 @@ __all__ = ["LAYER_MODULES", "import_layer_modules", "register_when_keras_loads"]
 # The modules that register layers with Keras (keras.saving.register_keras_serializable).
 LAYER_MODULES = (
     "keras_vit.layers",
+    "keras_vit.heads",
     "keras_vit.position",
     "keras_vit.resnet",
     "keras_vit.models",

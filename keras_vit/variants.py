@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from keras_vit.fields import option
 
 __all__ = [
+    "FAMILY_VARIANTS",
     "HYBRID_RESNETS",
     "NAMED_VARIANTS",
     "SIZES",
     "Architecture",
     "constructor_name",
+    "family_variant",
     "parse_timm_name",
     "parse_variant",
     "resnet_depth",
@@ -51,6 +53,19 @@ NAMED_VARIANTS = (
     "Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14",
     "R50+B/16", "R50+L/32", "R26+S/32", "R26+B/32",
 )  # fmt: skip
+
+# Image towers of the ViT family: the variant each builds on and the ViTConfig fields it sets (docs/family.md).
+# CLIP (Radford et al., 2021; openai/CLIP model.py): ln_pre, QuickGELU, LayerNorm epsilon 1e-5, the image
+# projection to the joint embedding as the head (512 wide for B, 768 for L/14; timm's num_classes). SigLIP (Zhai et
+# al., 2023; big_vision): no class token, the MAP head, no projection.
+_CLIP = dict(norm_pre=True, gelu="quick", layer_norm_epsilon=1e-5)
+FAMILY_VARIANTS: dict[str, tuple[str, dict]] = {
+    "CLIP-B/32": ("B/32", dict(_CLIP, num_classes=512)),
+    "CLIP-B/16": ("B/16", dict(_CLIP, num_classes=512)),
+    "CLIP-L/14": ("L/14", dict(_CLIP, num_classes=768)),
+    "SigLIP-B/16": ("B/16", dict(classifier="map")),
+    "SigLIP-B/16-384": ("B/16", dict(classifier="map", image_size=384)),
+}
 
 _NAME = re.compile(
     r"(?:vit[-_ ]?)?"  # optional "ViT-" prefix
@@ -156,17 +171,34 @@ def _field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Architecture)]
 
 
+def _squeezed(name: str) -> str:
+    return re.sub(r"[-_/+ ]|vit", "", str(name).strip().lower())
+
+
+def family_variant(name: str) -> tuple[str, str, dict] | None:
+    """``(name, variant, fields)`` of a :data:`FAMILY_VARIANTS` tower (``"CLIP-B/16"``, ``"CLIP_B16"``,
+    ``"siglip-b16-384"``), else ``None``."""
+    for known, (variant, fields) in FAMILY_VARIANTS.items():
+        if _squeezed(name) == _squeezed(known):
+            return known, variant, dict(fields)
+    return None
+
+
 def parse_variant(name: str) -> Architecture:
-    """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ``"ViT_R26_S32"``, ...).
+    """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ``"ViT_R26_S32"``, a tower of
+    :data:`FAMILY_VARIANTS` such as ``"CLIP-B/16"``: its encoder's, ...).
 
     A ``ValueError`` names the accepted forms for anything else.
     """
+    family = family_variant(name)
+    if family is not None:
+        return parse_variant(family[1])
     match = _NAME.fullmatch(str(name).strip())
     if match is None or int(match["stride"]) < 1:
         raise ValueError(
             f"Unknown ViT variant {name!r}: expected '<size>/<patch>' (size one of {list(SIZES)}), e.g. 'B/16' "
             f"or 'ViT_B16', or a hybrid '<ResNet>+<size>/<stride>' such as 'R50+B/16' or 'ViT_R50_B16'. "
-            f"Named variants: {', '.join(NAMED_VARIANTS)}."
+            f"Named variants: {', '.join(NAMED_VARIANTS)}; image towers: {', '.join(FAMILY_VARIANTS)}."
         )
     size = next(s for s in SIZES if s.lower() == match["size"].lower())
     stride = int(match["stride"])
@@ -208,7 +240,13 @@ def parse_timm_name(name: str) -> tuple[str, int, str | None] | None:
 
 
 def constructor_name(variant: str) -> str:
-    """The named constructor of a variant: ``"B/16"`` -> ``"ViT_B16"``, ``"R50+B/16"`` -> ``"ViT_R50_B16"``."""
+    """The named constructor of a variant: ``"B/16"`` -> ``"ViT_B16"``, ``"R50+B/16"`` -> ``"ViT_R50_B16"``,
+    ``"CLIP-B/16"`` -> ``"CLIP_B16"``, ``"SigLIP-B/16-384"`` -> ``"SigLIP_B16_384"``."""
+    family = family_variant(variant)
+    if family is not None:
+        known, base, _ = family
+        family_name, _, rest = known.partition("-")  # "SigLIP", "B/16-384"
+        return f"{family_name}_{constructor_name(base)[len('ViT_') :]}{rest[len(base) :].replace('-', '_')}"
     arch = parse_variant(variant)
     size = arch.size or "custom"
     if arch.resnet_stages is None:

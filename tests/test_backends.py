@@ -52,7 +52,10 @@ CHECKPOINT_CASES = {
     "hybrid": ("hybrid.npz", dict(resnet_options=dict(width=32)), 32),
     "hybrid_resized_zoom_linear": ("hybrid.npz", dict(image_size=64, resnet_options=dict(width=32)), 64),
     "timm_safetensors": ("timm.safetensors", dict(num_heads=2), 32),
+    "clip_tower": ("clip.safetensors", dict(num_heads=2, gelu="quick"), 32),  # norm_pre, QuickGELU, qk-norm
+    "siglip_tower": ("siglip.safetensors", dict(num_heads=2), 32),  # the MAP head
 }
+TOWERS = {"clip": ("CLIP-B/16", dict(qk_norm=True)), "siglip": ("SigLIP-B/16", dict(num_classes=5))}
 KERAS_FILES = ("plain_with_preprocessing", "hybrid")
 ANALYSES = ("rollout", "distances", "position_similarity", "features")
 VIT_SHAPE = dict(patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)  # TINY, as ViT() options
@@ -241,6 +244,12 @@ def _write_inputs(folder: Path) -> None:
     write_checkpoint(folder / "hybrid.npz", flax_hybrid_checkpoint(5, **HYBRID))
     timm_source = keras_vit.model_from_checkpoint(vit_checkpoint(**dict(TINY, seed=1)), gelu="exact")
     keras_vit.save_timm_safetensors(timm_source, folder / "timm.safetensors")
+    rng = np.random.default_rng(2)
+    for name, (variant, options) in TOWERS.items():  # the image towers, written to timm's layout by keras-vit
+        tower = keras_vit.ViT(variant, **VIT_SHAPE, image_size=32, **options)
+        for variable in tower.weights:
+            variable.assign(rng.normal(0, 0.2, variable.shape))
+        keras_vit.save_timm_safetensors(tower, folder / f"{name}.safetensors")
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

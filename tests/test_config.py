@@ -49,6 +49,18 @@ CONFIGS = {
         drop_path=0.3,
         remat=True,
     ),
+    "CLIP / SigLIP options: norm_pre, qk-norm, QuickGELU, epsilon, the MAP head": ViTConfig.from_variant(
+        None,
+        **TINY,
+        image_size=32,
+        classifier="map",
+        norm_pre=True,
+        qk_norm=True,
+        gelu="quick",
+        layer_norm_epsilon=1e-5,
+        include_top=False,
+        pooling="map",
+    ),
     "features of images of any size": ViTConfig.from_variant(
         None, **TINY, image_size=32, dynamic_image_size=True, include_top=False, pooling="avg"
     ),

@@ -126,10 +126,15 @@ TIMM_CASES = {
 
 @pytest.fixture(scope="module")
 def timm_files(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("timm")
+    return write_timm_files(tmp_path_factory.mktemp("timm"), TIMM_CASES)
+
+
+def write_timm_files(tmp, cases: dict, images=photos):
+    """timm's files of ``cases`` (name: (model, kwargs, image size, suffix)) in ``tmp``, with its outputs on
+    ``images(size)`` (``{name}.npy``): one subprocess for all."""
     jobs = []
-    for name, (model, kwargs, size, suffix) in TIMM_CASES.items():
-        np.save(tmp / f"images{size}.npy", photos(size))
+    for name, (model, kwargs, size, suffix) in cases.items():
+        np.save(tmp / f"images{size}.npy", images(size))
         jobs.append(
             dict(
                 model=model,
@@ -354,8 +359,8 @@ def test_timm_keys_mismatch_lists_names(tmp_path):
     [
         ("reg_token", "register tokens"),
         ("dist_token", "distillation token"),
-        ("norm_pre.weight", "norm_pre"),
-        ("blocks.0.attn.q_norm.weight", "qk-norm"),
+        ("blocks.0.attn.q_bias", "split q/k/v projections"),
+        ("attn_pool.pos_embed", "an attention pool other than a MAP head"),
     ],
 )
 def test_unsupported_timm_variants_are_named(tmp_path, extra, feature):

@@ -26,7 +26,7 @@ from . import download
 from .cache import CORRUPT, check_file
 from .download import DEFAULT_TIMEOUT, CorruptCheckpointError, DownloadError
 from .progress import ProgressBar
-from .validate import check_npz
+from .validate import validator
 
 CATALOGUE = Path(__file__).with_name("catalogue.json")
 MIRROR_ENV = "KERAS_VIT_ZOO_URL"
@@ -71,10 +71,14 @@ class Checkpoint:
     # the evaluation's input pipeline: mean, std (pixels in [0, 1]), crop_fraction (None: no crop), interpolation
     # and source (where these come from); keras_vit.preprocessing.ImagePreprocessor.from_weights applies them
     preprocessing: dict = dataclasses.field(default_factory=dict)
+    # the image towers of the ViT family (CLIP, SigLIP), from elsewhere than the bucket
+    source_url: str | None = None  # where the file is, when not at base_url + path (the Hugging Face Hub)
+    aliases: tuple[str, ...] = ()  # other names of the checkpoint: timm's
+    embedding_width: int | None = None  # width of the image embedding (CLIP: its projection, the head)
 
     @property
     def url(self) -> str:
-        return base_url() + self.path
+        return self.source_url or base_url() + self.path
 
     @property
     def pre_logits(self) -> bool:
@@ -87,7 +91,8 @@ def _load() -> tuple[str, tuple[Checkpoint, ...], dict[str, tuple[str, ...]]]:
     with open(CATALOGUE) as f:
         data = json.load(f)
     aliases = {name: tuple(tags) for name, tags in data["aliases"].items() if name != "description"}
-    return data["base_url"], tuple(Checkpoint(**row) for row in data["checkpoints"]), aliases
+    rows = ({key: tuple(v) if isinstance(v, list) else v for key, v in row.items()} for row in data["checkpoints"])
+    return data["base_url"], tuple(Checkpoint(**row) for row in rows), aliases
 
 
 def aliases() -> tuple[str, ...]:
@@ -126,9 +131,10 @@ def names(pattern: str | None = None) -> list[str]:
 
 
 def find(name: str) -> Checkpoint | None:
-    """The entry called ``name``, or whose bucket path is ``name`` (with or without ``.npz``); else None."""
+    """The entry called ``name`` (or one of its ``aliases``: timm's names), or whose bucket path is ``name`` (with or
+    without ``.npz``); else None."""
     for entry in catalogue():
-        if name in (entry.name, entry.path, entry.path.removesuffix(".npz")):
+        if name in (entry.name, entry.path, entry.path.removesuffix(".npz"), *entry.aliases):
             return entry
     return None
 
@@ -182,7 +188,7 @@ def fetch(
     entry = get(name) if isinstance(name, str) else name
 
     def validate(path: Path) -> None:
-        check_npz(path)
+        validator(entry.path)(path)
         if check is not None:
             check(path)
 
@@ -214,7 +220,7 @@ def check_cached(
     path = cache_path(entry, cache_dir)
     if not path.is_file():
         return None
-    status, detail, _ = check_file(path, sha256=entry.sha256, validate=check_npz)
+    status, detail, _ = check_file(path, sha256=entry.sha256, validate=validator(entry.path))
     if status != CORRUPT and check is not None:
         try:
             check(path)

@@ -20,7 +20,16 @@ from .errors import CorruptCheckpointError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MAX_MEMBER_BYTES", "REQUIRED_KEYS", "check_members", "check_npz", "npz_shapes"]
+__all__ = [
+    "MAX_MEMBER_BYTES",
+    "REQUIRED_KEYS",
+    "check_members",
+    "check_npz",
+    "check_safetensors",
+    "npz_shapes",
+    "safetensors_shapes",
+    "validator",
+]
 
 REQUIRED_KEYS = ("embedding/kernel", "Transformer/posembed_input/pos_embedding")
 # What a member may unpack to. The largest published tensor, H/14's ImageNet-21k head (1280 x 21843 float32), is
@@ -162,3 +171,50 @@ def npz_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     except _BROKEN as exc:
         raise CorruptCheckpointError(f"{path} is not a valid .npz checkpoint ({type(exc).__name__}: {exc})") from exc
     return shapes
+
+
+def _safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
+    """The JSON header of a ``.safetensors`` file (its tensors without ``__metadata__``) and where their data ends;
+    a ``CorruptCheckpointError`` naming the file and the fault."""
+    import json
+
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise CorruptCheckpointError(f"its header claims {length} bytes, the file has {size}")
+            header = {name: t for name, t in json.loads(f.read(length)).items() if name != "__metadata__"}
+        end = 8 + length + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+        if end != size:
+            raise CorruptCheckpointError(f"its tensors end at byte {end}, the file has {size} (truncated?)")
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{os.fspath(path)} is not a valid .safetensors file: {exc}") from None
+    except (struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise CorruptCheckpointError(
+            f"{os.fspath(path)} is not a valid .safetensors file ({type(exc).__name__}: {exc})"
+        ) from exc
+    return header, end
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Raise ``CorruptCheckpointError`` (naming ``path`` and the fault) unless it is a whole ``.safetensors`` file:
+    an 8-byte header length, a JSON header of tensors, and exactly the bytes their offsets end at. Reads the header
+    only."""
+    _safetensors_header(path)
+
+
+def safetensors_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """``{key: shape}`` of a whole ``.safetensors`` file from its header, reading no tensor."""
+    header, _ = _safetensors_header(path)
+    try:
+        return {name: tuple(int(n) for n in t["shape"]) for name, t in header.items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(
+            f"{os.fspath(path)} is not a valid .safetensors file (a bad shape: {exc})"
+        ) from exc
+
+
+def validator(path: str):
+    """The structural check of a catalogue file, by its suffix: :func:`check_npz` or :func:`check_safetensors`."""
+    return check_safetensors if path.endswith(".safetensors") else check_npz

@@ -30,7 +30,7 @@ from keras_vit.checkpoints.formats import reject_unsupported
 from keras_vit.checkpoints.timm import block_arrays, block_indices, conv_kernel, guess_num_heads, linear_kernel
 from keras_vit.checks import check_fraction, check_positive_number
 
-__all__ = ["HUGGINGFACE_UNSUPPORTED", "huggingface_to_npz", "looks_like_huggingface"]
+__all__ = ["HIDDEN_ACTS", "HUGGINGFACE_UNSUPPORTED", "huggingface_to_npz", "looks_like_huggingface"]
 
 HUGGINGFACE_UNSUPPORTED = {
     r"distillation_token": "DeiT's distillation token (distillation_token)",
@@ -39,7 +39,14 @@ HUGGINGFACE_UNSUPPORTED = {
 }
 _LAYER_NORM_EPS = 1e-12  # transformers' ViTConfig default, for a state dict without its config.json
 _QUERY = r"encoder\.layer\.(\d+)\.attention\.attention\.query\.weight"
-_GELUS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+# transformers' hidden_act -> keras-vit's gelu
+HIDDEN_ACTS = {
+    "gelu": "exact",
+    "gelu_new": "tanh",
+    "gelu_pytorch_tanh": "tanh",
+    "gelu_fast": "tanh",
+    "quick_gelu": "quick",
+}
 
 
 def looks_like_huggingface(keys) -> bool:
@@ -112,8 +119,8 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
     if unknown:
         raise ValueError(f"{source}: config.json sets fields keras-vit does not know, so cannot honour: {unknown}.")
     act = config.get("hidden_act", "gelu")
-    if not isinstance(act, str) or act not in _GELUS:
-        raise ValueError(f"{source} uses hidden_act={act!r}; keras-vit has GELU only ({sorted(_GELUS)}).")
+    if not isinstance(act, str) or act not in HIDDEN_ACTS:
+        raise ValueError(f"{source} uses hidden_act={act!r}; keras-vit has GELU only ({sorted(HIDDEN_ACTS)}).")
     if config.get("pooler_act", "tanh") != "tanh":
         raise ValueError(f"{source} uses pooler_act={config['pooler_act']!r}; keras-vit's pre_logits is tanh.")
     shapes = _shapes(state)
@@ -135,7 +142,7 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
         raise ValueError(f"{source}: config.json disagrees with the weights: {'; '.join(differ)}.")
     field = f"{source}: config.json's {{}}".format
     epsilon = check_positive_number(config.get("layer_norm_eps", _LAYER_NORM_EPS), field("layer_norm_eps"))
-    options = {"gelu": _GELUS[act], "layer_norm_epsilon": epsilon}
+    options = {"gelu": HIDDEN_ACTS[act], "layer_norm_epsilon": epsilon}
     options.update(
         {option: check_fraction(config[name], field(name)) for name, option in _DROPOUTS.items() if name in config}
     )

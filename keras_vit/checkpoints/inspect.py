@@ -25,7 +25,7 @@ class CheckpointInfo:
     """The model a checkpoint's shapes imply: its architecture and its classifier."""
 
     architecture: Architecture
-    classifier: str  # "token" or "gap"
+    classifier: str  # "token", "gap" or "map"
     grid_size: tuple[int, int] | None  # None when the grid is not square
     num_classes: int | None  # None without a head
     representation_size: int | None  # width of pre_logits, None without
@@ -95,7 +95,7 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
     )
     return CheckpointInfo(
         architecture=architecture,
-        classifier="token" if prefix else "gap",
+        classifier="token" if prefix else "map" if "MAPHead_0/probe" in arrays else "gap",
         grid_size=grid,
         num_classes=None if head is None else int(head.shape[0]),
         representation_size=None if pre_logits is None else int(pre_logits.shape[0]),
@@ -104,10 +104,13 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
 
 def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
     """The config of the model a checkpoint holds: :func:`checkpoint_info`'s architecture, classifier, image size
-    and head (classes and ``pre_logits``), a hybrid's ResNet width (its root convolution's channels), and the
-    options its format records (``CheckpointArrays.model_options``: timm's ``gelu="exact"``, ``fc_norm``, ...)."""
+    and head (classes and ``pre_logits``), a hybrid's ResNet width (its root convolution's channels), ``norm_pre``
+    and ``qk_norm`` where their keys are there, and the options its format records
+    (``CheckpointArrays.model_options``: timm's ``gelu="exact"``, ``fc_norm``, ...)."""
     info = checkpoint_info(arrays)
     fields = dict(getattr(arrays, "model_options", {}), classifier=info.classifier)
+    fields["norm_pre"] = "Transformer/norm_pre/scale" in arrays
+    fields["qk_norm"] = any(key.endswith("MultiHeadDotProductAttention_1/q_norm/scale") for key in arrays)
     if info.image_size is not None:
         fields["image_size"] = info.image_size
     if info.num_classes is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
+from keras_vit.heads import MAP_PREFIX, MAPHead
 from keras_vit.layers import ClassToken, PatchEmbed, TransformerBlock
 from keras_vit.position import AddPositionEmbs, check_method, resample_position_embeddings, square_grid
 
@@ -59,9 +60,9 @@ def _block_map(prefix: str, block: TransformerBlock) -> KeyMap:
     attn = f"{prefix}/MultiHeadDotProductAttention_1"
     heads = block.num_heads
     entries = _norm(f"{prefix}/LayerNorm_0", block.norm1)
-    for name in ("query", "key", "value"):  # concatenated, in this order, into the fused qkv projection
-        entries.update(_dense(f"{attn}/{name}", block.attn.qkv, _merge_heads(heads, 1), _merge_heads(heads, 0)))
-    entries.update(_dense(f"{attn}/out", block.attn.out, kernel=_merge_heads(heads, 0)))
+    entries.update(_attention_map(attn, heads, ((block.attn.qkv, ("query", "key", "value")),), block.attn.out))
+    if block.attn.qk_norm:
+        entries.update(_norm(f"{attn}/q_norm", block.attn.q_norm) | _norm(f"{attn}/k_norm", block.attn.k_norm))
     entries.update(_norm(f"{prefix}/LayerNorm_2", block.norm2))
     entries.update(_dense(f"{prefix}/MlpBlock_3/Dense_0", block.mlp.fc1))
     entries.update(_dense(f"{prefix}/MlpBlock_3/Dense_1", block.mlp.fc2))
@@ -69,6 +70,28 @@ def _block_map(prefix: str, block: TransformerBlock) -> KeyMap:
         if scale is not None:
             entries[f"{prefix}/{name}/gamma"] = (scale.gamma, identity)
     return entries
+
+
+def _attention_map(prefix: str, heads: int, projections, out) -> KeyMap:
+    """q/k/v as ``(D, heads, d_h)`` arrays into their (fused) projections, each ``(layer, names)`` concatenated in
+    this order, and ``out`` from ``(heads, d_h, D)``."""
+    entries: KeyMap = {}
+    for layer, names in projections:
+        for name in names:
+            entries.update(_dense(f"{prefix}/{name}", layer, _merge_heads(heads, 1), _merge_heads(heads, 0)))
+    return entries | _dense(f"{prefix}/out", out, kernel=_merge_heads(heads, 0))
+
+
+def _map_head_map(head: MAPHead) -> KeyMap:
+    """big_vision's ``MAPHead_0`` keys: the probe, its attention (k and v into the fused ``key_value``), norm, MLP."""
+    projections = ((head.query, ("query",)), (head.key_value, ("key", "value")))
+    entries = {f"{MAP_PREFIX}/probe": (head.probe, identity)}
+    entries.update(
+        _attention_map(f"{MAP_PREFIX}/MultiHeadDotProductAttention_0", head.num_heads, projections, head.out)
+    )
+    entries.update(_norm(f"{MAP_PREFIX}/LayerNorm_0", head.norm))
+    entries.update(_dense(f"{MAP_PREFIX}/MlpBlock_0/Dense_0", head.mlp.fc1))
+    return entries | _dense(f"{MAP_PREFIX}/MlpBlock_0/Dense_1", head.mlp.fc2)
 
 
 def _posemb_map(layer: AddPositionEmbs, method: str) -> KeyMap:
@@ -115,8 +138,10 @@ def npz_key_map(model: keras.Model, *, resize_method: str = "zoom_linear") -> Ke
             part = {"cls": (layer.cls, identity)}
         elif isinstance(layer, AddPositionEmbs) and isinstance(layer.pos_embedding, keras.Variable):
             part = _posemb_map(layer, resize_method)  # learned 1-D, as published (not the 2-D/sin-cos variants)
-        elif isinstance(layer, keras.layers.LayerNormalization) and layer.name == "encoder_norm":
-            part = _norm("Transformer/encoder_norm", layer)
+        elif isinstance(layer, MAPHead):
+            part = _map_head_map(layer)
+        elif isinstance(layer, keras.layers.LayerNormalization) and layer.name in ("encoder_norm", "norm_pre"):
+            part = _norm(f"Transformer/{layer.name}", layer)
         elif isinstance(layer, keras.layers.Dense) and layer.name in HEAD_LAYERS:
             part = _dense(layer.name, layer)
         else:

@@ -32,6 +32,7 @@ from keras_vit.checkpoints.keymap import KeyMap, npz_key_map
 from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, with_num_heads
 from keras_vit.checkpoints.timm import model_arrays
 from keras_vit.config import field_names, resnet_fields
+from keras_vit.heads import MAP_PREFIX
 from keras_vit.layers import PatchEmbed, TransformerBlock
 from keras_vit.models import build_vit, model_options
 from keras_vit.position import AddPositionEmbs
@@ -93,6 +94,13 @@ def _check_values(arrays: CheckpointArrays, keys: list[str]) -> None:
         raise ValueError(
             f"{arrays.source} holds NaN or infinite values in {len(non_finite)} arrays: {_shown(non_finite)}."
         )
+
+
+def _skipped_map_head(key_map: KeyMap, arrays: Mapping) -> set[str]:
+    """The checkpoint's MAP head keys where the model has no MAP head (``pooling=None`` or ``"avg"`` on SigLIP)."""
+    if f"{MAP_PREFIX}/probe" in key_map:
+        return set()
+    return {key for key in arrays if key.startswith(f"{MAP_PREFIX}/")}
 
 
 def _listing(title: str, items: list[str]) -> str:
@@ -222,6 +230,12 @@ def load_weights(
     _check_model_options(model, arrays)
     key_map = npz_key_map(model, resize_method=resize_method)
     skipped, reason = _skipped_head(key_map, arrays, new_head)
+    unused_pool = _skipped_map_head(key_map, arrays)
+    if unused_pool:
+        skipped |= unused_pool
+        why = "the model pools otherwise (the MAP head is classifier='map' with pooling='map' or a head)"
+        if not new_head:  # a head dropped or replaced on request takes its pooling with it, unsaid
+            reason = f"{reason}; {why}" if reason else why
     for key in skipped:
         key_map.pop(key, None)
     missing = [key for key in key_map if key not in arrays]

@@ -30,12 +30,13 @@ from keras_vit.checkpoints.formats import (
     recorded_num_heads,
 )
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
+from keras_vit.checkpoints.huggingface_towers import looks_like_tower, tower_to_npz
 from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
-from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
-from keras_vit.variants import parse_variant
+from keras_vit.checkpoints.timm import looks_like_timm, timm_checkpoint_info, timm_to_npz
+from keras_vit.variants import family_variant, parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
-from keras_vit.zoo.validate import check_members, npz_shapes
+from keras_vit.zoo.validate import check_members, npz_shapes, safetensors_shapes
 
 __all__ = [
     "CheckpointArrays",
@@ -137,26 +138,34 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
 
 
 def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
-    """A check that an ``.npz`` is ``entry``'s model: its variant's patch, width, depth, heads and MLP, its
-    ResNet, grid (image size), classes and ``pre_logits``, read from the array headers; a
-    ``CorruptCheckpointError`` naming the file, the entry and what differs (a mirror's toy file is not
+    """A check that an ``.npz`` (a tower's timm ``.safetensors``) is ``entry``'s model: its variant's patch, width,
+    depth, heads and MLP, its ResNet, classifier, grid (image size), classes and ``pre_logits``, read from the array
+    headers; a ``CorruptCheckpointError`` naming the file, the entry and what differs (a mirror's toy file is not
     ``B_16.orig_in21k``). A variant the table does not build (AugReg's ``R+Ti/16``) is held to its head only."""
     try:
         architecture = parse_variant(entry.variant)
     except ValueError:
         architecture = None
+    family = family_variant(entry.variant)
+    classifier = family[2].get("classifier", "token") if family else "token"
+
+    def info(path: Path) -> CheckpointInfo:
+        if entry.path.endswith(".safetensors"):
+            return timm_checkpoint_info(safetensors_shapes(path))
+        shapes = {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
+        return checkpoint_info(shapes_only(shapes))
 
     def check(path: Path) -> None:
-        shapes = {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
         try:
-            found = checkpoint_info(shapes_only(shapes))
+            found = info(path)
         except ValueError as exc:
             raise CorruptCheckpointError(f"{path} is not the checkpoint {entry.name}: {exc}") from None
         model = architecture or found.architecture
         side = entry.image_size // model.stride
         grid = (side, side) if architecture else found.grid_size
         pre_logits = model.hidden_size if entry.pre_logits else None
-        differ = differences(found, CheckpointInfo(model, "token", grid, entry.num_classes, pre_logits), entry.name)
+        expected = CheckpointInfo(model, classifier, grid, entry.num_classes or None, pre_logits)  # 0: no head (SigLIP)
+        differ = differences(found, expected, entry.name)
         if differ:
             raise CorruptCheckpointError(
                 f"{path} is not the checkpoint {entry.name} ({entry.variant} at {entry.image_size} px): another "
@@ -181,8 +190,9 @@ def from_state_dict(
             arrays, options = timm_to_npz(state, num_heads=num_heads, source=source)
             fields = dict(format="timm", model_options=options, heads_known=num_heads is not None)
             return CheckpointArrays(arrays, source, **fields)
-        if looks_like_huggingface(state):
-            arrays, options, known = huggingface_to_npz(state, config, source=source)
+        if looks_like_huggingface(state) or looks_like_tower(state):
+            convert = tower_to_npz if looks_like_tower(state) else huggingface_to_npz
+            arrays, options, known = convert(state, config, source=source)
             return CheckpointArrays(arrays, source, format="huggingface", model_options=options, heads_known=known)
     except (KeyError, TypeError, AttributeError) as exc:  # a tensor a whole layer needs is absent
         raise ValueError(f"{source} is an incomplete ViT state dict: a layer lacks {exc}.") from exc
@@ -222,7 +232,10 @@ def read_path(path: str | os.PathLike) -> CheckpointArrays:
     return from_state_dict(read_state_dict(path, fmt), str(path), config, fmt, heads)
 
 
-_ATTENTION_KEY = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1/(query|key|value|out)/kernel")
+_ATTENTION_KEY = re.compile(
+    r"(?:Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1|MAPHead_0/MultiHeadDotProductAttention_0)"
+    r"/(query|key|value|out)/kernel"
+)
 
 
 def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays:

@@ -7,7 +7,10 @@ loader of :mod:`keras_vit.checkpoints.load` does the rest: torch ``Linear`` ``(o
 (``patch_embed.backbone.stem...``, ``...stages.{s}.blocks.{u}...``) -> ``conv_root``, ``block{s+1}/unit{u+1}``.
 A GAP model's ``fc_norm`` (LayerNorm after the pooling) becomes ``encoder_norm`` of a model built with
 ``fc_norm=True``; layer scale (``blocks.{i}.ls1.gamma``, ``ls2.gamma``) becomes ``encoderblock_{i}/ls1/gamma``,
-``ls2/gamma`` of a model built with ``layer_scale_init``.
+``ls2/gamma`` of a model built with ``layer_scale_init``. CLIP's ``norm_pre`` becomes ``Transformer/norm_pre`` (and
+``layer_norm_epsilon=1e-5``, timm's CLIP towers'), qk-norm (``blocks.{i}.attn.q_norm``, ``k_norm``) ``.../q_norm``,
+``k_norm``, and the attention-pooling head (``attn_pool``: ``latent``, ``q``, ``kv``, ``proj``, ``norm``, ``mlp``,
+timm's ``global_pool="map"``) big_vision's ``MAPHead_0`` keys (:mod:`keras_vit.heads`).
 
 Writing (:func:`to_timm_state_dict`, :func:`save_timm_safetensors`) inverts it for a keras-vit model,
 so a model fine-tuned here loads with ``timm.create_model(**timm_model_kwargs(model))`` and
@@ -30,12 +33,14 @@ import keras
 import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
+from keras_vit.checkpoints.inspect import CheckpointInfo
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.files import atomic_path
 from keras_vit.layers import TransformerBlock
 from keras_vit.models import uses_fc_norm
+from keras_vit.position import square_grid
 from keras_vit.resnet import TIMM_RESNET, ResNetStem
-from keras_vit.variants import SIZES
+from keras_vit.variants import SIZES, Architecture
 
 __all__ = [
     "TIMM_UNSUPPORTED",
@@ -48,6 +53,7 @@ __all__ = [
     "model_arrays",
     "npz_to_timm",
     "save_timm_safetensors",
+    "timm_checkpoint_info",
     "timm_model_kwargs",
     "timm_to_npz",
     "to_timm_state_dict",
@@ -57,10 +63,9 @@ __all__ = [
 TIMM_UNSUPPORTED = {
     r"^reg_token$": "register tokens (reg_token)",
     r"^dist_token$|^head_dist\.": "DeiT's distillation token (dist_token, head_dist)",
-    r"^norm_pre\.": "a norm before the encoder (norm_pre, CLIP-style)",
-    r"\.attn\.[qk]_norm\.": "qk-norm (attn.q_norm / attn.k_norm)",
     r"\.attn\.norm\.|\.mlp\.norm\.": "extra norms inside attention or MLP (scale_attn_norm / scale_mlp_norm)",
-    r"^attn_pool\.": "an attention-pooling head (attn_pool, MAP)",
+    r"^attn_pool\.(?!latent$|q\.|kv\.|proj\.|norm\.|mlp\.fc[12]\.)": "an attention pool other than a MAP head "
+    "(attn_pool with qk-norm or position embeddings)",
     r"\.attn\.[qkv]_bias$|\.attn\.(q|k|v)_proj\.": "split q/k/v projections (BEiT / EVA style)",
     r"\.mlp\.fc1_[gx]\.|\.mlp\.w12\.": "a gated MLP (SwiGLU)",
     r"^patch_embed\.norm\.": "a norm after the patch embedding",
@@ -72,7 +77,12 @@ _ATTENTION = _BLOCK + "/MultiHeadDotProductAttention_1"
 _ATTENTION_ARRAY = re.compile(r"Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/(\w+)/(kernel|bias)")
 _BACKBONE = "patch_embed.backbone."
 _LAYER_SCALES = ("ls1", "ls2")
+_QK_NORMS = ("q_norm", "k_norm")
 _LAYER_SCALE_INIT = 1e-5  # what a file with layer scale reads as: any value turns it on, the file's gammas replace it
+_MAP = "MAPHead_0"
+_MAP_ATTENTION = _MAP + "/MultiHeadDotProductAttention_0"
+_CLIP_EPSILON = 1e-5  # the LayerNorm epsilon of timm's CLIP towers (pre_norm=True), 1e-6 elsewhere
+_TIMM_EPSILONS = {1e-6: "vit_base_patch16_224", _CLIP_EPSILON: "vit_base_patch16_clip_224"}  # a constructor of each
 # timm's hybrid constructors by (ResNet units per stage, total stride); their widths are overridable.
 _TIMM_HYBRIDS = {
     ((2, 2, 2, 2), 32): "vit_small_r26_s32_224",
@@ -167,6 +177,32 @@ def looks_like_timm(keys) -> bool:
     return "patch_embed.proj.weight" in keys and any(key.startswith("blocks.") for key in keys)
 
 
+def timm_checkpoint_info(shapes: Mapping[str, tuple[int, ...]], num_heads: int | None = None) -> CheckpointInfo:
+    """The :class:`~keras_vit.checkpoints.inspect.CheckpointInfo` of a plain timm ViT state dict from its shapes
+    alone (a file's header: no tensor read); ``num_heads`` as given, else guessed from the width (timm does not
+    record them). A ``ValueError`` names a missing key."""
+    try:
+        width, _, patch, _ = shapes["patch_embed.proj.weight"]
+        mlp_dim = shapes["blocks.0.mlp.fc1.weight"][0]
+        tokens = shapes["pos_embed"][1]
+    except (KeyError, ValueError, IndexError) as exc:
+        raise ValueError(f"Not a timm ViT state dict: cannot read {exc}.") from exc
+    depth = len({key.split(".")[1] for key in shapes if key.startswith("blocks.")})
+    prefix = int("cls_token" in shapes)
+    try:
+        grid = square_grid(tokens - prefix)
+    except ValueError:
+        grid = None
+    head = shapes.get("head.weight")
+    return CheckpointInfo(
+        Architecture(patch, width, depth, num_heads or guess_num_heads(width), mlp_dim),
+        classifier="token" if prefix else "map" if "attn_pool.latent" in shapes else "gap",
+        grid_size=grid,
+        num_classes=None if head is None else head[0],
+        representation_size=None,
+    )
+
+
 def _resnet_key_to_npz(key: str) -> str | None:
     """``stem.conv.weight`` -> ``conv_root/kernel``, ``stages.0.blocks.1.norm2.bias`` -> ``block1/unit2/gn2/bias``."""
     match = re.fullmatch(r"stem\.(conv|norm)\.(weight|bias)", key)
@@ -232,6 +268,12 @@ def timm_to_npz(
     for i in block_indices(rest, r"blocks\.(\d+)\.attn\.qkv\.weight"):
         arrays.update(_block_from_timm(rest, f"blocks.{i}.", i, heads))
     options: dict = {"gelu": "exact"}
+    if "norm_pre.weight" in rest:
+        arrays["Transformer/norm_pre/scale"] = take("norm_pre.weight")
+        arrays["Transformer/norm_pre/bias"] = take("norm_pre.bias")
+        options["layer_norm_epsilon"] = _CLIP_EPSILON
+    if "attn_pool.latent" in rest:
+        arrays.update(_map_head_from_timm(rest, heads))
     for norm, fc_norm in (("norm", False), ("fc_norm", True)):
         if f"{norm}.weight" in rest:
             arrays["Transformer/encoder_norm/scale"] = take(f"{norm}.weight")
@@ -254,6 +296,51 @@ def timm_to_npz(
     return arrays, options
 
 
+def _map_head_from_timm(rest: dict, heads: int) -> dict[str, np.ndarray]:
+    """timm's ``attn_pool`` (``AttentionPoolLatent``) as big_vision's ``MAPHead_0`` arrays."""
+    take = rest.pop
+    width = rest["attn_pool.latent"].shape[-1]
+    query = linear_kernel(take("attn_pool.q.weight")), take("attn_pool.q.bias")
+    key, value = np.split(linear_kernel(take("attn_pool.kv.weight")), 2, axis=1)
+    key_bias, value_bias = np.split(take("attn_pool.kv.bias"), 2)
+    out = linear_kernel(take("attn_pool.proj.weight"))
+    arrays = {f"{_MAP}/probe": take("attn_pool.latent").reshape(1, 1, width)}
+    for name, (kernel, bias) in (("query", query), ("key", (key, key_bias)), ("value", (value, value_bias))):
+        arrays[f"{_MAP_ATTENTION}/{name}/kernel"] = kernel.reshape(width, heads, -1)
+        arrays[f"{_MAP_ATTENTION}/{name}/bias"] = bias.reshape(heads, -1)
+    arrays[f"{_MAP_ATTENTION}/out/kernel"] = out.reshape(heads, -1, out.shape[-1])
+    arrays[f"{_MAP_ATTENTION}/out/bias"] = take("attn_pool.proj.bias")
+    arrays[f"{_MAP}/LayerNorm_0/scale"] = take("attn_pool.norm.weight")
+    arrays[f"{_MAP}/LayerNorm_0/bias"] = take("attn_pool.norm.bias")
+    for timm_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+        arrays[f"{_MAP}/MlpBlock_0/{name}/kernel"] = linear_kernel(take(f"attn_pool.mlp.{timm_name}.weight"))
+        arrays[f"{_MAP}/MlpBlock_0/{name}/bias"] = take(f"attn_pool.mlp.{timm_name}.bias")
+    return arrays
+
+
+def _map_head_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inverse of :func:`_map_head_from_timm`."""
+    kernels = {n: arrays[f"{_MAP_ATTENTION}/{n}/kernel"] for n in ("query", "key", "value", "out")}
+    width = kernels["query"].shape[0]
+    state = {"attn_pool.latent": arrays[f"{_MAP}/probe"].reshape(1, 1, width)}
+    state["attn_pool.q.weight"] = linear_kernel(kernels["query"].reshape(width, -1))
+    state["attn_pool.q.bias"] = arrays[f"{_MAP_ATTENTION}/query/bias"].reshape(-1)
+    state["attn_pool.kv.weight"] = linear_kernel(
+        np.concatenate([kernels[n].reshape(width, -1) for n in ("key", "value")], axis=1)
+    )
+    state["attn_pool.kv.bias"] = np.concatenate(
+        [arrays[f"{_MAP_ATTENTION}/{n}/bias"].reshape(-1) for n in ("key", "value")]
+    )
+    state["attn_pool.proj.weight"] = linear_kernel(kernels["out"].reshape(-1, kernels["out"].shape[-1]))
+    state["attn_pool.proj.bias"] = arrays[f"{_MAP_ATTENTION}/out/bias"]
+    state["attn_pool.norm.weight"] = arrays[f"{_MAP}/LayerNorm_0/scale"]
+    state["attn_pool.norm.bias"] = arrays[f"{_MAP}/LayerNorm_0/bias"]
+    for timm_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+        state[f"attn_pool.mlp.{timm_name}.weight"] = linear_kernel(arrays[f"{_MAP}/MlpBlock_0/{name}/kernel"])
+        state[f"attn_pool.mlp.{timm_name}.bias"] = arrays[f"{_MAP}/MlpBlock_0/{name}/bias"]
+    return state
+
+
 def _block_from_timm(rest: dict, prefix: str, index: int, heads: int) -> dict[str, np.ndarray]:
     def dense(name):
         weight = rest.pop(f"{prefix}{name}.weight", None)
@@ -272,6 +359,10 @@ def _block_from_timm(rest: dict, prefix: str, index: int, heads: int) -> dict[st
         for name in _LAYER_SCALES
         if f"{prefix}{name}.gamma" in rest
     }
+    for name in _QK_NORMS:  # qk-norm, where the block has it
+        if f"{prefix}attn.{name}.weight" in rest:
+            key = f"{_ATTENTION.format(index)}/{name}"
+            scales[f"{key}/scale"], scales[f"{key}/bias"] = norm(f"attn.{name}")
     return scales | block_arrays(
         index,
         num_heads=heads,
@@ -342,6 +433,16 @@ def npz_to_timm(arrays: Mapping[str, np.ndarray], *, fc_norm: bool = False) -> d
         for name in _LAYER_SCALES:
             if f"{block}/{name}/gamma" in arrays:
                 state[f"{prefix}{name}.gamma"] = arrays[f"{block}/{name}/gamma"]
+        for name in _QK_NORMS:
+            if f"{attention}/{name}/scale" in arrays:
+                state[f"{prefix}attn.{name}.weight"] = arrays[f"{attention}/{name}/scale"]
+                state[f"{prefix}attn.{name}.bias"] = arrays[f"{attention}/{name}/bias"]
+    if "Transformer/norm_pre/scale" in arrays:
+        state["norm_pre.weight"] = arrays["Transformer/norm_pre/scale"]
+        state["norm_pre.bias"] = arrays["Transformer/norm_pre/bias"]
+        _fold_patch_bias(state, prefix_tokens=int("cls" in arrays))
+    if f"{_MAP}/probe" in arrays:
+        state.update(_map_head_to_timm(arrays))
     norm = "fc_norm" if fc_norm else "norm"
     state[f"{norm}.weight"] = arrays["Transformer/encoder_norm/scale"]
     state[f"{norm}.bias"] = arrays["Transformer/encoder_norm/bias"]
@@ -354,6 +455,18 @@ def npz_to_timm(arrays: Mapping[str, np.ndarray], *, fc_norm: bool = False) -> d
         if timm_key is not None:
             state[_BACKBONE + timm_key] = torch_conv_weight(value) if key.endswith("/kernel") else value.reshape(-1)
     return {key: np.ascontiguousarray(value, dtype="float32") for key, value in state.items()}
+
+
+def _fold_patch_bias(state: dict[str, np.ndarray], prefix_tokens: int) -> None:
+    """timm's ``pre_norm`` models have no patch-embedding bias: add it to the patch tokens' position embeddings
+    (``x E + b + E_pos`` = ``x E + (E_pos + b)``), exactly the same sum."""
+    bias = state.pop("patch_embed.proj.bias")
+    if "pos_embed" in state:
+        pos = np.array(state["pos_embed"], dtype="float32")
+        pos[:, prefix_tokens:] += bias
+        state["pos_embed"] = pos
+    elif np.any(bias):
+        raise ValueError("timm's norm_pre models have no patch-embedding bias, and this model no position embedding.")
 
 
 def to_timm_state_dict(model: keras.Model) -> dict[str, np.ndarray]:
@@ -382,11 +495,20 @@ def timm_model_kwargs(model: keras.Model) -> dict:
         mlp_ratio=blocks[0].mlp_dim / hidden,
         num_classes=int(arrays["head/bias"].shape[0]) if "head/bias" in arrays else 0,
         class_token="cls" in arrays,
-        global_pool="token" if "cls" in arrays else "avg",
+        global_pool="token" if "cls" in arrays else "map" if f"{_MAP}/probe" in arrays else "avg",
         fc_norm=uses_fc_norm(model),
     )
     if blocks[0].layer_scale_init is not None:
         kwargs["init_values"] = blocks[0].layer_scale_init
+    epsilon = blocks[0].layer_norm_epsilon
+    if epsilon not in _TIMM_EPSILONS:
+        raise ValueError(f"timm's ViTs have LayerNorm epsilon 1e-6 or (CLIP) 1e-5, this model {epsilon:g}.")
+    kwargs["model_name"] = _TIMM_EPSILONS[epsilon]
+    kwargs["pre_norm"] = "Transformer/norm_pre/scale" in arrays
+    if blocks[0].qk_norm:
+        kwargs["qk_norm"] = True
+    if blocks[0].gelu == "quick":
+        kwargs["act_layer"] = "quick_gelu"
     if stems:
         name = _TIMM_HYBRIDS.get((stems[0].num_layers, stems[0].stride * int(patch)))
         if name is None:

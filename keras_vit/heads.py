@@ -1,0 +1,92 @@
+"""Pooling heads beyond the paper's class token and mean: multihead attention pooling (MAP).
+
+    a = MHA(probe, z_L)        a learned probe ``(1, 1, D)`` attends over the encoded tokens
+    y = a + MLP(LN(a))         then a residual MLP, as in an encoder block (the probe has no LN before it)
+
+The MAP head of SigLIP (Zhai et al., 2023) and of big_vision's ``MAPHead`` ("Scaling Vision Transformers",
+Zhai et al., 2022); timm's ``AttentionPoolLatent`` (``global_pool="map"``) and transformers'
+``SiglipMultiheadAttentionPoolingHead`` compute the same. Its weights map to big_vision's keys
+(``MAPHead_0/probe``, ``MAPHead_0/MultiHeadDotProductAttention_0/{query,key,value,out}``, ``MAPHead_0/LayerNorm_0``,
+``MAPHead_0/MlpBlock_0/Dense_{0,1}``; :mod:`keras_vit.checkpoints.keymap`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import layers, ops
+
+from keras_vit.checks import check_choice, check_positive_int, check_positive_number
+from keras_vit.config import GELUS, LAYER_NORM_EPSILON
+from keras_vit.layers import MlpBlock, layer_norm, rows, unrows
+
+__all__ = ["MAP_PREFIX", "MAPHead"]
+
+MAP_PREFIX = "MAPHead_0"  # big_vision's module name, the head's key prefix in the .npz layout
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MAPHead(layers.Layer):
+    """Multihead attention pooling: tokens ``(B, N, D)`` -> ``(B, D)``.
+
+    Sub-layers: ``query`` (on the probe), ``key_value`` (one fused projection of the tokens, kernel ``[W_k | W_v]``),
+    ``out``, ``LayerNorm_0`` (epsilon ``layer_norm_epsilon``) and ``MlpBlock_0`` (width ``mlp_dim``, GELU
+    ``gelu``). ``call(..., return_attention_scores=True)`` also returns the probe's attention ``(B, heads, 1, N)``.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_dim: int,
+        gelu: str = "tanh",
+        layer_norm_epsilon: float = LAYER_NORM_EPSILON,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int(num_heads, "num_heads")
+        self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
+        self.gelu = check_choice(gelu, GELUS, "gelu")
+        self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
+        policy = self.dtype_policy
+        self.norm = layer_norm("LayerNorm_0", policy, self.layer_norm_epsilon)
+        self.mlp = MlpBlock(mlp_dim, gelu=gelu, name="MlpBlock_0", dtype=policy)
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
+        self.head_dim = width // self.num_heads
+        self.probe = self.add_weight(name="probe", shape=(1, 1, width), initializer="glorot_uniform")
+        dense = dict(kernel_initializer="glorot_uniform", dtype=self.dtype_policy)
+        self.query = layers.Dense(width, name="query", **dense)
+        self.key_value = layers.Dense(2 * width, name="key_value", **dense)
+        self.out = layers.Dense(width, name="out", **dense)
+        for layer in (self.query, self.key_value, self.out, self.norm, self.mlp):
+            layer.build((None, width))
+
+    def call(self, tokens, return_attention_scores: bool = False):
+        batch, length, width = ops.shape(tokens)[0], ops.shape(tokens)[1], tokens.shape[-1]
+        heads, head_dim = self.num_heads, self.head_dim
+        q = ops.reshape(
+            self.query(ops.reshape(ops.cast(self.probe, tokens.dtype), (1, width))), (1, heads, 1, head_dim)
+        )
+        kv = ops.reshape(self.key_value(rows(tokens)), (batch, length, 2, heads, head_dim))
+        k, v = ops.unstack(ops.transpose(kv, (2, 0, 3, 1, 4)), 2, axis=0)  # each (B, heads, N, d_h)
+        logits = ops.matmul(q * ops.cast(1.0 / math.sqrt(head_dim), q.dtype), ops.swapaxes(k, -1, -2))
+        probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), tokens.dtype)  # (B, heads, 1, N)
+        a = self.out(ops.reshape(ops.matmul(probs, v), (batch, width)))  # heads side by side: (B, D)
+        y = a + unrows(self.mlp(self.norm(a)), a)
+        return (y, probs) if return_attention_scores else y
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "gelu": self.gelu,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
