@@ -34,7 +34,15 @@ from keras_vit.checkpoints.load import checkpoint_defaults, load_weights, model_
 from keras_vit.checkpoints.read import read_checkpoint
 from keras_vit.config import DEFAULT_IMAGE_SIZE, GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
 from keras_vit.models import build_vit
-from keras_vit.variants import NAMED_VARIANTS, Architecture, constructor_name, parse_timm_name, parse_variant
+from keras_vit.variants import (
+    FAMILY_VARIANTS,
+    NAMED_VARIANTS,
+    Architecture,
+    canonical_variant,
+    constructor_name,
+    parse_timm_name,
+    parse_variant,
+)
 
 
 def _config_fields(function: str, variant: str | None, resnet, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,6 +69,8 @@ def _model_name(variant: str | None, architecture: Architecture) -> str:
     """The variant's name with the patch and ResNet actually built (``ViT_S32(depth=1)`` is still ``vit_s32``)."""
     if variant is None:
         return architecture.model_name
+    if canonical_variant(variant) in FAMILY_VARIANTS:
+        return canonical_variant(variant)
     named = parse_variant(variant).replace(patch_size=architecture.patch_size, resnet_stages=architecture.resnet_stages)
     return named.model_name
 
@@ -291,7 +301,7 @@ def ViT(
     )
     model = build_vit(config, name=name or _model_name(variant, config.architecture))
     if weights is not None:
-        load_weights(model, weights, new_head=new_head)
+        load_weights(model, weights, new_head=new_head, resize_method=config.position_interpolation)
     return model if input_tensor is None else _on_tensor(model, input_tensor)
 
 
@@ -625,6 +635,401 @@ def ViT_R26_B32(
     return _named("R26+B/32", locals())
 
 
-NAMED_CONSTRUCTORS = {name: globals()[name] for name in map(constructor_name, NAMED_VARIANTS)}
+# The ViT family (keras_vit.variants.FAMILY_VARIANTS, docs/family.md): the same arguments; the name also sets
+# the family's config fields (tokens, layer scale, MLP, GELU, image size), which any keyword overrides.
+
+
+def DeiT_Ti16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-Ti/16 (Touvron et al. 2021): ViT-Ti/16 trained on ImageNet-1k alone, exact GELU.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit_ti16", locals())
+
+
+def DeiT_S16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-S/16 (Touvron et al. 2021): ViT-S/16 trained on ImageNet-1k alone, exact GELU.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit_s16", locals())
+
+
+def DeiT_B16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-B/16 (Touvron et al. 2021): ViT-B/16 trained on ImageNet-1k alone, exact GELU.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit_b16", locals())
+
+
+def DeiT_Ti16_Distilled(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-Ti/16 distilled: Ti/16 with a distillation token and its head (logits: the mean of both).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit_ti16_distilled", locals())
+
+
+def DeiT_S16_Distilled(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-S/16 distilled: S/16 with a distillation token and its head (logits: the mean of both).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit_s16_distilled", locals())
+
+
+def DeiT_B16_Distilled(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-B/16 distilled: B/16 with a distillation token and its head (logits: the mean of both).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit_b16_distilled", locals())
+
+
+def DeiT3_S16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT III S/16 (Touvron et al. 2022): S/16, layer scale 1e-6, no position embedding on the class token.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit3_s16", locals())
+
+
+def DeiT3_B16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT III B/16 (Touvron et al. 2022): B/16, layer scale 1e-6, no position embedding on the class token.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit3_b16", locals())
+
+
+def DeiT3_L16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT III L/16 (Touvron et al. 2022): L/16, layer scale 1e-6, no position embedding on the class token.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("deit3_l16", locals())
+
+
+def DINOv2_S14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 S/14 (Oquab et al. 2024): S/14, layer scale, 518 px, bicubic position interpolation.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_s14", locals())
+
+
+def DINOv2_B14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 B/14 (Oquab et al. 2024): B/14, layer scale, 518 px, bicubic position interpolation.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_b14", locals())
+
+
+def DINOv2_L14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 L/14 (Oquab et al. 2024): L/14, layer scale, 518 px, bicubic position interpolation.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_l14", locals())
+
+
+def DINOv2_G14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 g/14 (Oquab et al. 2024): 1536 wide, 40 blocks of 24 heads, SwiGLU MLP, layer scale, 518 px.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_g14", locals())
+
+
+def DINOv2_S14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 S/14 with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_s14_reg4", locals())
+
+
+def DINOv2_B14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 B/14 with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_b14_reg4", locals())
+
+
+def DINOv2_L14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 L/14 with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_l14_reg4", locals())
+
+
+def DINOv2_G14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 g/14 (SwiGLU MLP) with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("dinov2_g14_reg4", locals())
+
+
+NAMED_CONSTRUCTORS = {name: globals()[name] for name in map(constructor_name, (*NAMED_VARIANTS, *FAMILY_VARIANTS))}
 
 __all__ = ["NAMED_CONSTRUCTORS", "ViT", *NAMED_CONSTRUCTORS]

@@ -20,11 +20,14 @@ from collections.abc import Sequence
 from keras_vit.fields import option
 
 __all__ = [
+    "FAMILY_VARIANTS",
     "HYBRID_RESNETS",
     "NAMED_VARIANTS",
     "SIZES",
     "Architecture",
+    "canonical_variant",
     "constructor_name",
+    "family_options",
     "parse_timm_name",
     "parse_variant",
     "resnet_depth",
@@ -51,6 +54,40 @@ NAMED_VARIANTS = (
     "Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14",
     "R50+B/16", "R50+L/32", "R26+S/32", "R26+B/32",
 )  # fmt: skip
+
+# The ViT family (docs/family.md): name -> (variant, or the architecture's fields, and the config fields that make
+# the model). Sources: timm's deit.py and vision_transformer.py (which agree with facebookresearch/deit and
+# facebookresearch/dinov2); every one uses the exact GELU.
+_DEIT = dict(gelu="exact")
+_DEIT3 = dict(gelu="exact", class_position_embedding=False, layer_scale_init=1e-6)  # timm's deit3_*: no_embed_class
+_DINOV2 = dict(gelu="exact", layer_scale_init=1e-5, image_size=518, position_interpolation="bicubic")
+_REG4 = dict(num_register_tokens=4, class_position_embedding=False)  # timm's reg4 layout (no_embed_class)
+# DINOv2's ViT-g/14: 1536 wide, 40 blocks of 24 heads, a SwiGLU MLP of 2 x 4096 (timm: mlp_ratio 2.66667 * 2).
+_DINOV2_G = dict(patch_size=14, hidden_size=1536, depth=40, num_heads=24, mlp_dim=8192)
+FAMILY_VARIANTS: dict[str, tuple[str | dict, dict]] = {
+    "deit_ti16": ("Ti/16", _DEIT),
+    "deit_s16": ("S/16", _DEIT),
+    "deit_b16": ("B/16", _DEIT),
+    "deit_ti16_distilled": ("Ti/16", dict(_DEIT, distillation_token=True)),
+    "deit_s16_distilled": ("S/16", dict(_DEIT, distillation_token=True)),
+    "deit_b16_distilled": ("B/16", dict(_DEIT, distillation_token=True)),
+    "deit3_s16": ("S/16", _DEIT3),
+    "deit3_b16": ("B/16", _DEIT3),
+    "deit3_l16": ("L/16", _DEIT3),
+    "dinov2_s14": ("S/14", _DINOV2),
+    "dinov2_b14": ("B/14", _DINOV2),
+    "dinov2_l14": ("L/14", _DINOV2),
+    "dinov2_g14": (_DINOV2_G, dict(_DINOV2, mlp_type="swiglu")),
+    "dinov2_s14_reg4": ("S/14", dict(_DINOV2, **_REG4)),
+    "dinov2_b14_reg4": ("B/14", dict(_DINOV2, **_REG4)),
+    "dinov2_l14_reg4": ("L/14", dict(_DINOV2, **_REG4)),
+    "dinov2_g14_reg4": (_DINOV2_G, dict(_DINOV2, mlp_type="swiglu", **_REG4)),
+}
+# Other spellings: facebookresearch/dinov2's torch.hub names (dinov2_vits14, dinov2_vits14_reg), "ViT" in a name.
+_FAMILY_SPELLINGS = {
+    **{f"dinov2_vit{size}14{reg}": f"dinov2_{size}14{reg and '_reg4'}" for size in "sblg" for reg in ("", "_reg")},
+    **{f"dinov2_vit{size}14_reg4": f"dinov2_{size}14_reg4" for size in "sblg"},
+}
 
 _NAME = re.compile(
     r"(?:vit[-_ ]?)?"  # optional "ViT-" prefix
@@ -156,17 +193,40 @@ def _field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Architecture)]
 
 
+def _family_name(name: str) -> str | None:
+    """The :data:`FAMILY_VARIANTS` key ``name`` spells (``"DINOv2_S14_Reg4"``, ``"dinov2_vits14_reg"``), else None."""
+    key = str(name).strip().lower().replace("-", "_")
+    key = _FAMILY_SPELLINGS.get(key, key)
+    return key if key in FAMILY_VARIANTS else None
+
+
+def family_options(name: str | None) -> dict:
+    """The config fields a family variant's name stands for besides its architecture (``{}`` for the paper's)."""
+    family = None if name is None else _family_name(name)
+    return {} if family is None else dict(FAMILY_VARIANTS[family][1])
+
+
+def canonical_variant(name: str) -> str | None:
+    """The one spelling of a variant: ``"ViT_R50_B16"`` -> ``"R50+B/16"``, ``"DINOv2_S14"`` -> ``"dinov2_s14"``."""
+    return _family_name(name) or parse_variant(name).variant
+
+
 def parse_variant(name: str) -> Architecture:
-    """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ``"ViT_R26_S32"``, ...).
+    """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ``"ViT_R26_S32"``, a family name of
+    :data:`FAMILY_VARIANTS` such as ``"deit_s16_distilled"`` or ``"dinov2_s14_reg4"``, ...).
 
     A ``ValueError`` names the accepted forms for anything else.
     """
+    family = _family_name(name)
+    if family is not None:
+        variant = FAMILY_VARIANTS[family][0]
+        return parse_variant(variant) if isinstance(variant, str) else Architecture(**variant)
     match = _NAME.fullmatch(str(name).strip())
     if match is None or int(match["stride"]) < 1:
         raise ValueError(
             f"Unknown ViT variant {name!r}: expected '<size>/<patch>' (size one of {list(SIZES)}), e.g. 'B/16' "
             f"or 'ViT_B16', or a hybrid '<ResNet>+<size>/<stride>' such as 'R50+B/16' or 'ViT_R50_B16'. "
-            f"Named variants: {', '.join(NAMED_VARIANTS)}."
+            f"Named variants: {', '.join(NAMED_VARIANTS)}; the family (docs/family.md): {', '.join(FAMILY_VARIANTS)}."
         )
     size = next(s for s in SIZES if s.lower() == match["size"].lower())
     stride = int(match["stride"])
@@ -208,7 +268,13 @@ def parse_timm_name(name: str) -> tuple[str, int, str | None] | None:
 
 
 def constructor_name(variant: str) -> str:
-    """The named constructor of a variant: ``"B/16"`` -> ``"ViT_B16"``, ``"R50+B/16"`` -> ``"ViT_R50_B16"``."""
+    """The named constructor of a variant: ``"B/16"`` -> ``"ViT_B16"``, ``"R50+B/16"`` -> ``"ViT_R50_B16"``,
+    ``"dinov2_s14_reg4"`` -> ``"DINOv2_S14_Reg4"``, ``"deit3_b16"`` -> ``"DeiT3_B16"``."""
+    family = _family_name(variant)
+    if family is not None:
+        words = family.split("_")
+        first = {"deit": "DeiT", "deit3": "DeiT3", "dinov2": "DINOv2"}[words[0]]
+        return "_".join([first, words[1].capitalize(), *(word.capitalize() for word in words[2:])])
     arch = parse_variant(variant)
     size = arch.size or "custom"
     if arch.resnet_stages is None:

@@ -32,7 +32,7 @@ GCS = "https://storage.googleapis.com/vit_models/"
 def test_catalogue_rows_are_complete_and_consistent():
     entries = zoo.catalogue()
     assert len({e.name for e in entries}) == len(entries) == len({e.path for e in entries})
-    for e in entries:
+    for e in (e for e in entries if e.source_url is None):  # the bucket's (the family's: tests/test_family_dino.py)
         assert e.url == GCS + e.path and e.path.endswith(".npz")
         assert e.family in ("original", "augreg") and e.pretrain in ("imagenet21k", "imagenet2012")
         assert e.image_size in (224, 384) and e.num_classes == (21843 if e.finetune is None else 1000)
@@ -186,7 +186,7 @@ def test_command_line_errors_are_one_line(capsys):
 
 
 def test_every_entry_is_a_model_card():
-    for e in zoo.catalogue():
+    for e in (e for e in zoo.catalogue() if e.family in ("original", "augreg")):  # the family's: test_family_dino
         assert e.licence == "Apache-2.0" and isinstance(e.parameters, int) and e.parameters > 5_000_000
         assert "arXiv:" + ("2010.11929" if e.family == "original" else "2106.10270") in e.paper
         if e.finetune is None:  # a pre-training-only checkpoint has no ImageNet-1k classifier to score

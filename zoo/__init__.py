@@ -41,6 +41,7 @@ __all__ = [
     "cache_root",
     "catalogue",
     "check_cached",
+    "families",
     "fetch",
     "find",
     "get",
@@ -55,8 +56,8 @@ class Checkpoint:
 
     name: str
     path: str  # relative to the bucket, e.g. "imagenet21k/ViT-B_16.npz"
-    variant: str  # "B/16", "R50+B/16", ...
-    family: str  # "original" (the ViT paper) or "augreg" ("How to train your ViT?")
+    variant: str  # "B/16", "R50+B/16", a family's "deit_s16_distilled", "dinov2_s14_reg4", ...
+    family: str  # "original" (the ViT paper), "augreg" ("How to train your ViT?"), "deit", "deit3", "dinov2"
     pretrain: str  # "imagenet21k" or "imagenet2012"
     finetune: str | None  # "imagenet2012" or None (pre-trained only)
     image_size: int
@@ -71,10 +72,17 @@ class Checkpoint:
     # the evaluation's input pipeline: mean, std (pixels in [0, 1]), crop_fraction (None: no crop), interpolation
     # and source (where these come from); keras_vit.preprocessing.ImagePreprocessor.from_weights applies them
     preprocessing: dict = dataclasses.field(default_factory=dict)
+    # The family's checkpoints (docs/family.md) are timm's files on the Hugging Face Hub, not in the bucket:
+    source_url: str | None = None  # the file's own URL (None: base_url + path)
+    timm_name: str | None = None  # timm's name of the checkpoint, an alias of ``name``
+    embedding_width: int | None = None  # width of the features of a model without a head (num_classes 0)
 
     @property
     def url(self) -> str:
-        return base_url() + self.path
+        """Where the file is: ``base_url + path``; a family checkpoint's own ``source_url`` unless a mirror is set
+        (``$KERAS_VIT_ZOO_URL`` serves every file at its ``path``)."""
+        own = self.source_url if not os.environ.get(MIRROR_ENV) else None
+        return own or base_url() + self.path
 
     @property
     def pre_logits(self) -> bool:
@@ -119,6 +127,11 @@ def catalogue() -> tuple[Checkpoint, ...]:
     return _load()[1]
 
 
+def families() -> tuple[str, ...]:
+    """The catalogue's families, in file order: ``"original"``, ``"augreg"``, ``"deit"``, ``"deit3"``, ``"dinov2"``."""
+    return tuple(dict.fromkeys(entry.family for entry in catalogue()))
+
+
 def names(pattern: str | None = None) -> list[str]:
     """The catalogue's names, or those matching a shell-style ``pattern`` (``"B_16.*"``, ``"*in21k"``; ``fnmatch``,
     case-sensitive)."""
@@ -126,9 +139,10 @@ def names(pattern: str | None = None) -> list[str]:
 
 
 def find(name: str) -> Checkpoint | None:
-    """The entry called ``name``, or whose bucket path is ``name`` (with or without ``.npz``); else None."""
+    """The entry called ``name`` (or timm's name of it), or whose bucket path is ``name`` (with or without ``.npz``);
+    else None."""
     for entry in catalogue():
-        if name in (entry.name, entry.path, entry.path.removesuffix(".npz")):
+        if name in (entry.name, entry.timm_name, entry.path, entry.path.removesuffix(".npz")):
             return entry
     return None
 
@@ -182,7 +196,8 @@ def fetch(
     entry = get(name) if isinstance(name, str) else name
 
     def validate(path: Path) -> None:
-        check_npz(path)
+        if entry.path.endswith(".npz"):  # the family's safetensors are read (and checked) by the loader
+            check_npz(path)
         if check is not None:
             check(path)
 

@@ -30,9 +30,16 @@ from keras_vit.checkpoints.formats import (
     recorded_num_heads,
 )
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
-from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
+from keras_vit.checkpoints.inspect import (
+    CheckpointInfo,
+    checkpoint_info,
+    differences,
+    prefix_token_fields,
+    shapes_only,
+)
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
 from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
+from keras_vit.config import ViTConfig
 from keras_vit.variants import parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
 from keras_vit.zoo.validate import check_members, npz_shapes
@@ -40,6 +47,7 @@ from keras_vit.zoo.validate import check_members, npz_shapes
 __all__ = [
     "CheckpointArrays",
     "catalogue_check",
+    "check_catalogue_shapes",
     "from_state_dict",
     "read_checkpoint",
     "read_npz",
@@ -137,33 +145,61 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
 
 
 def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
-    """A check that an ``.npz`` is ``entry``'s model: its variant's patch, width, depth, heads and MLP, its
-    ResNet, grid (image size), classes and ``pre_logits``, read from the array headers; a
-    ``CorruptCheckpointError`` naming the file, the entry and what differs (a mirror's toy file is not
-    ``B_16.orig_in21k``). A variant the table does not build (AugReg's ``R+Ti/16``) is held to its head only."""
-    try:
-        architecture = parse_variant(entry.variant)
-    except ValueError:
-        architecture = None
+    """A check that a file is ``entry``'s model: its variant's patch, width, depth, heads and MLP, its
+    ResNet, grid (image size), classes and ``pre_logits``, read from the array headers (an ``.npz``'s, or a
+    family checkpoint's timm ``.safetensors``); a ``CorruptCheckpointError`` naming the file, the entry and what
+    differs (a mirror's toy file is not ``B_16.orig_in21k``)."""
 
     def check(path: Path) -> None:
-        shapes = {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
-        try:
-            found = checkpoint_info(shapes_only(shapes))
-        except ValueError as exc:
-            raise CorruptCheckpointError(f"{path} is not the checkpoint {entry.name}: {exc}") from None
-        model = architecture or found.architecture
-        side = entry.image_size // model.stride
-        grid = (side, side) if architecture else found.grid_size
-        pre_logits = model.hidden_size if entry.pre_logits else None
-        differ = differences(found, CheckpointInfo(model, "token", grid, entry.num_classes, pre_logits), entry.name)
-        if differ:
-            raise CorruptCheckpointError(
-                f"{path} is not the checkpoint {entry.name} ({entry.variant} at {entry.image_size} px): another "
-                f"architecture: {differ}"
-            )
+        shapes = (
+            {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
+            if entry.path.endswith(".npz")
+            else _safetensors_shapes(path)
+        )
+        check_catalogue_shapes(entry, shapes, str(path))
 
     return check
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes a ``.safetensors`` header declares (no tensor is read)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "np") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as exc:  # safetensors raises its own errors for a damaged header
+        raise CorruptCheckpointError(f"{path} is not a readable .safetensors file: {exc}") from None
+
+
+def check_catalogue_shapes(entry: zoo.Checkpoint, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
+    """``CorruptCheckpointError`` unless arrays of these ``shapes`` (``.npz`` keys, or timm's for a family entry)
+    are ``entry``'s architecture, grid, classes and ``pre_logits`` (nothing is allocated: the arrays are broadcast
+    zeros)."""
+    architecture = parse_variant(entry.variant)
+    side = entry.image_size // architecture.stride
+    classes = entry.num_classes or None  # 0: no head (DINOv2)
+    expected = CheckpointInfo(
+        architecture, "token", (side, side), classes, architecture.hidden_size if entry.pre_logits else None
+    )
+    arrays = shapes_only(shapes)
+    try:
+        if not entry.path.endswith(".npz"):
+            arrays = timm_to_npz(arrays, num_heads=architecture.num_heads, source=source)[0]
+        found = checkpoint_info(arrays)
+    except (ValueError, KeyError) as exc:
+        raise CorruptCheckpointError(f"{source} is not the checkpoint {entry.name}: {exc}") from None
+    differ = differences(found, expected, entry.name)
+    config, tokens = ViTConfig.from_variant(entry.variant), prefix_token_fields(arrays)
+    for field in ("distillation_token", "num_register_tokens", "class_position_embedding", "mlp_type"):
+        ours = tokens.get(field, getattr(ViTConfig, field))  # the file's, else the field's default
+        if ours != getattr(config, field):
+            differ = ", ".join(filter(None, (differ, f"{field} {ours} ({entry.name}: {getattr(config, field)})")))
+    if differ:
+        raise CorruptCheckpointError(
+            f"{source} is not the checkpoint {entry.name} ({entry.variant} at {entry.image_size} px): another "
+            f"architecture: {differ}"
+        )
 
 
 def from_state_dict(
