@@ -174,14 +174,13 @@ def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 def check_catalogue_shapes(entry: zoo.Checkpoint, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
     """``CorruptCheckpointError`` unless arrays of these ``shapes`` (``.npz`` keys, or timm's for a family entry)
-    are ``entry``'s architecture, grid, classes and ``pre_logits`` (nothing is allocated: the arrays are broadcast
-    zeros)."""
-    architecture = parse_variant(entry.variant)
-    side = entry.image_size // architecture.stride
-    classes = entry.num_classes or None  # 0: no head (DINOv2)
-    expected = CheckpointInfo(
-        architecture, "token", (side, side), classes, architecture.hidden_size if entry.pre_logits else None
-    )
+    are ``entry``'s architecture, grid, classes, ``pre_logits`` and (the family's) tokens and MLP; nothing is
+    allocated: the arrays are broadcast zeros. A variant the table does not build (AugReg's ``R+Ti/16``) is held to
+    its head only."""
+    try:
+        architecture = parse_variant(entry.variant)
+    except ValueError:
+        architecture = None
     arrays = shapes_only(shapes)
     try:
         if not entry.path.endswith(".npz"):
@@ -189,12 +188,18 @@ def check_catalogue_shapes(entry: zoo.Checkpoint, shapes: Mapping[str, tuple[int
         found = checkpoint_info(arrays)
     except (ValueError, KeyError) as exc:
         raise CorruptCheckpointError(f"{source} is not the checkpoint {entry.name}: {exc}") from None
-    differ = differences(found, expected, entry.name)
-    config, tokens = ViTConfig.from_variant(entry.variant), prefix_token_fields(arrays)
-    for field in ("distillation_token", "num_register_tokens", "class_position_embedding", "mlp_type"):
-        ours = tokens.get(field, getattr(ViTConfig, field))  # the file's, else the field's default
-        if ours != getattr(config, field):
-            differ = ", ".join(filter(None, (differ, f"{field} {ours} ({entry.name}: {getattr(config, field)})")))
+    model = architecture or found.architecture
+    side = entry.image_size // model.stride
+    grid = (side, side) if architecture else found.grid_size
+    pre_logits = model.hidden_size if entry.pre_logits else None
+    classes = entry.num_classes or None  # 0: no head (DINOv2)
+    differ = differences(found, CheckpointInfo(model, "token", grid, classes, pre_logits), entry.name)
+    if architecture is not None:
+        config, tokens = ViTConfig.from_variant(entry.variant), prefix_token_fields(arrays)
+        for field in ("distillation_token", "num_register_tokens", "class_position_embedding", "mlp_type"):
+            ours = tokens.get(field, getattr(ViTConfig, field))  # the file's, else the field's default
+            if ours != getattr(config, field):
+                differ = ", ".join(filter(None, (differ, f"{field} {ours} ({entry.name}: {getattr(config, field)})")))
     if differ:
         raise CorruptCheckpointError(
             f"{source} is not the checkpoint {entry.name} ({entry.variant} at {entry.image_size} px): another "
