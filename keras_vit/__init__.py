@@ -13,6 +13,7 @@ Where things are (each module imports only the ones above it, never this package
     models          the graph builder: ViTConfig -> VisionTransformer, a keras.Model (no files, no checkpoints)
     checkpoints     the published .npz files: read, inspect, key map, load
     applications    ViT(variant, weights=...) and the named constructors ViT_B16, ViT_R50_B16, ...
+    tokens          the distillation and register tokens (DeiT, DINOv2) and distillation_model
     features        feature_model: chosen blocks' tokens or (B, h, w, D) maps, sharing the weights
     lora            enable_lora / merge_lora: LoRA adapters on the blocks' Dense layers
     preprocessing   preprocess_input and ImagePreprocessor: pixels as the checkpoints expect them (any backend, tf.data)
@@ -54,6 +55,23 @@ _EXPORTS = {
         "ViT_S32",
         "ViT_Ti16",
         "from_preset",
+        "DINOv2_B14",
+        "DINOv2_B14_Reg4",
+        "DINOv2_G14",
+        "DINOv2_G14_Reg4",
+        "DINOv2_L14",
+        "DINOv2_L14_Reg4",
+        "DINOv2_S14",
+        "DINOv2_S14_Reg4",
+        "DeiT3_B16",
+        "DeiT3_L16",
+        "DeiT3_S16",
+        "DeiT_B16",
+        "DeiT_B16_Distilled",
+        "DeiT_S16",
+        "DeiT_S16_Distilled",
+        "DeiT_Ti16",
+        "DeiT_Ti16_Distilled",
     ),
     "keras_vit.checkpoints.keras_hub": ("save_preset",),
     "keras_vit.checkpoints.keymap": ("npz_key_map",),
@@ -88,6 +106,7 @@ _EXPORTS = {
     ),
     "keras_vit.preprocessing": ("ImagePreprocessor", "preprocess_input"),
     "keras_vit.resnet": ("BottleneckUnit", "ResNetStem", "StdConv2D"),
+    "keras_vit.tokens": ("PrefixTokens", "TokenAt", "distillation_model"),
     "keras_vit.variants": ("NAMED_VARIANTS", "SIZES", "Architecture", "parse_variant"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -120,6 +139,7 @@ _SUBMODULES = (
     "registration",
     "resnet",
     "runtime",
+    "tokens",
     "training",
     "variants",
     "zoo",

@@ -18,7 +18,9 @@ with ``ViT``'s arguments.
 
 (and ``ViT_S16``, ``ViT_S32``, ``ViT_B8``, ``ViT_B32``, ``ViT_L16``, ``ViT_L32``, ``ViT_H14``). The image towers of the
 ViT family (:data:`~keras_vit.variants.FAMILY_VARIANTS`, docs/family.md) have theirs: ``CLIP_B32``, ``CLIP_B16``,
-``CLIP_L14``, ``SigLIP_B16``, ``SigLIP_B16_384``. A hybrid's
+``CLIP_L14``, ``SigLIP_B16``, ``SigLIP_B16_384``, ``DeiT_Ti16`` ... ``DeiT_B16_Distilled``, ``DeiT3_S16`` ...,
+``DINOv2_S14`` ... ``DINOv2_G14_Reg4``; the name also sets the family's config fields (tokens, layer scale, MLP,
+GELU, image size), which any keyword overrides. A hybrid's
 ``/16`` or ``/32`` is its total stride; the embedding's patch size is 1 (``vit_jax/configs/models.py``;
 timm's ``vit_base_r50_s16_224``, ``vit_large_r50_s32_224`` and ``vit_small_r26_s32_224`` agree).
 """
@@ -303,7 +305,7 @@ def ViT(
     )
     model = build_vit(config, name=name or _model_name(variant, config.architecture))
     if weights is not None:
-        load_weights(model, weights, new_head=new_head)
+        load_weights(model, weights, new_head=new_head, resize_method=config.position_interpolation)
     return model if input_tensor is None else _on_tensor(model, input_tensor)
 
 
@@ -755,6 +757,397 @@ def SigLIP_B16_384(
 
     The arguments are :func:`ViT`'s."""
     return _named("SigLIP-B/16-384", locals())
+
+
+def DeiT_Ti16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-Ti/16 (Touvron et al. 2021): ViT-Ti/16 trained on ImageNet-1k alone, exact GELU.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT-Ti/16", locals())
+
+
+def DeiT_S16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-S/16 (Touvron et al. 2021): ViT-S/16 trained on ImageNet-1k alone, exact GELU.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT-S/16", locals())
+
+
+def DeiT_B16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-B/16 (Touvron et al. 2021): ViT-B/16 trained on ImageNet-1k alone, exact GELU.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT-B/16", locals())
+
+
+def DeiT_Ti16_Distilled(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-Ti/16 distilled: Ti/16 with a distillation token and its head (logits: the mean of both).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT-Ti/16-Distilled", locals())
+
+
+def DeiT_S16_Distilled(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-S/16 distilled: S/16 with a distillation token and its head (logits: the mean of both).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT-S/16-Distilled", locals())
+
+
+def DeiT_B16_Distilled(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT-B/16 distilled: B/16 with a distillation token and its head (logits: the mean of both).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT-B/16-Distilled", locals())
+
+
+def DeiT3_S16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT III S/16 (Touvron et al. 2022): S/16, layer scale 1e-6, no position embedding on the class token.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT3-S/16", locals())
+
+
+def DeiT3_B16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT III B/16 (Touvron et al. 2022): B/16, layer scale 1e-6, no position embedding on the class token.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT3-B/16", locals())
+
+
+def DeiT3_L16(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DeiT III L/16 (Touvron et al. 2022): L/16, layer scale 1e-6, no position embedding on the class token.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DeiT3-L/16", locals())
+
+
+def DINOv2_S14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 S/14 (Oquab et al. 2024): S/14, layer scale, 518 px, bicubic position interpolation.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-S/14", locals())
+
+
+def DINOv2_B14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 B/14 (Oquab et al. 2024): B/14, layer scale, 518 px, bicubic position interpolation.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-B/14", locals())
+
+
+def DINOv2_L14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 L/14 (Oquab et al. 2024): L/14, layer scale, 518 px, bicubic position interpolation.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-L/14", locals())
+
+
+def DINOv2_G14(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 g/14 (Oquab et al. 2024): 1536 wide, 40 blocks of 24 heads, SwiGLU MLP, layer scale, 518 px.
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-G/14", locals())
+
+
+def DINOv2_S14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 S/14 with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-S/14-Reg4", locals())
+
+
+def DINOv2_B14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 B/14 with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-B/14-Reg4", locals())
+
+
+def DINOv2_L14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 L/14 with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-L/14-Reg4", locals())
+
+
+def DINOv2_G14_Reg4(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | None = None,
+    num_classes: int | None = None,
+    channels: int | None = None,
+    include_preprocessing: bool = False,
+    resnet: Sequence[int] | Mapping[str, Any] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> keras.Model:
+    """DINOv2 g/14 (SwiGLU MLP) with 4 register tokens (Darcet et al. 2024).
+
+    The arguments are :func:`ViT`'s."""
+    return _named("DINOv2-G/14-Reg4", locals())
 
 
 NAMED_CONSTRUCTORS = {name: globals()[name] for name in map(constructor_name, (*NAMED_VARIANTS, *FAMILY_VARIANTS))}

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 __all__ = [
     "check_bool",
     "check_choice",
+    "check_count",
     "check_fraction",
     "check_pair",
     "check_positive_int",
@@ -25,6 +26,13 @@ def check_positive_int(value, name: str) -> int:
     """``value`` as an ``int`` if it is an integer >= 1 (not a bool); a ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    return int(value)
+
+
+def check_count(value, name: str) -> int:
+    """``value`` as an ``int`` if it is an integer >= 0 (not a bool); a ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
     return int(value)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from keras_vit.checks import (
     check_bool,
     check_choice,
+    check_count,
     check_fraction,
     check_pair,
     check_positive_int,
@@ -41,6 +42,7 @@ __all__ = [
     "GELUS",
     "GROUPS",
     "INTERPOLATIONS",
+    "MLP_TYPES",
     "POOLINGS",
     "POSITION_EMBEDDINGS",
     "RESIZE_METHODS",
@@ -62,6 +64,7 @@ WEIGHT_STANDARDIZATIONS = ("flax", "timm")
 # keras.ops.image.resize's methods that tf.image.resize has too (ImagePreprocessor runs either).
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area", "lanczos3", "lanczos5")
 RESIZE_METHODS = ("zoom_linear", "bilinear", "bicubic")  # position embeddings to another grid (keras_vit.position)
+MLP_TYPES = ("gelu", "swiglu")
 GROUPS = ("architecture", "input", "output", "structure", "numerics", "training")
 
 DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = 224, 1000
@@ -186,6 +189,20 @@ class ViTConfig:
         layer="block",
         unset="off",
     )
+    num_register_tokens: int = _field(
+        "register tokens (Darcet et al. 2024, DINOv2 reg4): learned tokens after the class (and distillation) "
+        "token, without position embeddings, dropped by every pooling",
+        0,
+        "structure",
+        check=check_count,
+    )
+    distillation_token: bool = _field(
+        "DeiT's distillation token after the class token, with its own head (head_dist); the logits are the mean "
+        "of both heads (keras_vit.distillation_model gives both, for distillation training)",
+        False,
+        "structure",
+        check=check_bool,
+    )
     norm_pre: bool = _field(
         "a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre, timm's norm_pre)",
         False,
@@ -198,6 +215,29 @@ class ViTConfig:
         "structure",
         check=check_bool,
         layer="block",
+    )
+    class_position_embedding: bool = _field(
+        "the class (and distillation) token get position embeddings, as the paper's; off: only the patches do "
+        "(timm's no_embed_class: DeiT III, DINOv2 with registers)",
+        True,
+        "structure",
+        check=check_bool,
+    )
+    mlp_type: str = _field(
+        "gelu: Dense(mlp_dim), GELU, Dense (the paper's); swiglu: Dense(mlp_dim) split in halves a, b, "
+        "SiLU(a) * b, Dense (DINOv2 g/14; timm's SwiGLUPacked layout)",
+        "gelu",
+        "structure",
+        choices=MLP_TYPES,
+        layer="block",
+    )
+    position_interpolation: str = _field(
+        "how the position embeddings are interpolated to another grid (dynamic_image_size; ViT(weights=...) at "
+        "another image_size): zoom_linear (the original code's), bilinear, or bicubic (timm's resample_abs_pos_embed, "
+        "DINOv2's)",
+        "zoom_linear",
+        "numerics",
+        choices=RESIZE_METHODS,
     )
     resnet_width: int = _field(
         "a hybrid's ResNet: channels of its root convolution, a multiple of 32",
@@ -283,6 +323,15 @@ class ViTConfig:
             )
         if self.pooling == "map" and self.classifier != "map":
             raise ValueError(f"pooling='map' needs classifier='map' (a {self.classifier!r} model has no MAP head).")
+        if (self.distillation_token or not self.class_position_embedding) and self.classifier != "token":
+            raise ValueError(
+                "distillation_token and class_position_embedding=False need classifier='token' (a class token)."
+            )
+        if self.distillation_token and (self.representation_size is not None or self.fc_norm):
+            raise ValueError(
+                "distillation_token has two heads on the normalised tokens: leave representation_size and fc_norm "
+                "unset."
+            )
         if self.include_preprocessing and self.dynamic_image_size:
             raise ValueError("include_preprocessing resizes every image to image_size: leave dynamic_image_size off.")
         arch, (height, width) = self.architecture, self.image_size
@@ -335,6 +384,11 @@ class ViTConfig:
     def layer_options(self, layer: str) -> dict[str, Any]:
         """The arguments of ``layer`` (``"block"``, ``"resnet"``) that come from the config, by argument name."""
         return {_argument(f): getattr(self, f.name) for f in _layer_fields(layer)}
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token, the distillation token, the register tokens."""
+        return int(self.classifier == "token") + int(self.distillation_token) + self.num_register_tokens
 
     @property
     def grid_size(self) -> tuple[int, int]:

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import keras
 from keras import layers, ops
 
-from keras_vit.layers import ClassToken, PatchEmbed, TransformerBlock
+from keras_vit.layers import PatchEmbed, TransformerBlock
 from keras_vit.resnet import ResNetStem
+from keras_vit.tokens import num_prefix_tokens
 
 __all__ = ["PatchTokenMap", "feature_model", "model_stride"]
 
@@ -84,7 +85,7 @@ def feature_model(
         encoder_norm = model.get_layer("encoder_norm")
         outputs = [encoder_norm(x) for x in outputs]
     if spatial:
-        prefix = int(any(isinstance(layer, ClassToken) for layer in model.layers))
+        prefix = num_prefix_tokens(model)
         to_map = PatchTokenMap(prefix, model_stride(model), name="patch_token_map")
         outputs = [to_map(x, model.input) for x in outputs]
     single = isinstance(blocks, int)

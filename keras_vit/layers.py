@@ -26,7 +26,7 @@ from keras_vit.checks import (
 )
 from keras_vit.checks import check_pair as _pair
 from keras_vit.config import GELUS as GELU_VARIANTS
-from keras_vit.config import LAYER_NORM_EPSILON
+from keras_vit.config import LAYER_NORM_EPSILON, MLP_TYPES
 
 __all__ = [
     "GELU_VARIANTS",
@@ -308,12 +308,16 @@ class MultiHeadSelfAttention(layers.Layer):
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(layers.Layer):
     """MLP: ``Dense(mlp_dim) -> GELU -> dropout -> Dense(width) -> dropout``; the Dense layers run on
-    :func:`rows` of the input."""
+    :func:`rows` of the input. ``mlp_type="swiglu"``: ``Dense(mlp_dim)`` split into halves ``a, b``, then
+    ``SiLU(a) * b`` (``mlp_dim / 2`` wide) before the second Dense (Shazeer 2020; DINOv2 g/14, timm's SwiGLUPacked)."""
 
-    def __init__(self, mlp_dim: int, dropout: float = 0.0, gelu: str = "tanh", **kwargs):
+    def __init__(self, mlp_dim: int, dropout: float = 0.0, gelu: str = "tanh", mlp_type: str = "gelu", **kwargs):
         super().__init__(**kwargs)
         self.gelu = check_choice(gelu, GELU_VARIANTS, "gelu")
+        self.mlp_type = check_choice(mlp_type, MLP_TYPES, "mlp_type")
         self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
+        if self.mlp_type == "swiglu" and self.mlp_dim % 2:
+            raise ValueError(f"A SwiGLU MLP splits mlp_dim in two halves: it must be even, got {mlp_dim}.")
         self.dropout_rate = check_fraction(dropout, "dropout")
         self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=self.dtype_policy)
 
@@ -322,17 +326,32 @@ class MlpBlock(layers.Layer):
         self.fc1 = layers.Dense(self.mlp_dim, name="Dense_0", dtype=self.dtype_policy, **init)
         self.fc2 = layers.Dense(input_shape[-1], name="Dense_1", dtype=self.dtype_policy, **init)
         self.fc1.build(input_shape)
-        self.fc2.build((*input_shape[:-1], self.mlp_dim))
+        self.fc2.build((*input_shape[:-1], self.hidden_width))
+
+    @property
+    def hidden_width(self) -> int:
+        return self.mlp_dim // 2 if self.mlp_type == "swiglu" else self.mlp_dim
 
     def call(self, x, training=None, dropout_keep=None):
         """``dropout_keep``: ``(hidden, output)`` bool masks drawn beforehand, used instead of the dropout's draws."""
         hidden_keep, out_keep = (None, None) if dropout_keep is None else dropout_keep
-        h = activation(self.fc1(rows(x)), self.gelu)  # on rows: one fused kernel on TensorFlow
+        h = self.fc1(rows(x))
+        if self.mlp_type == "swiglu":
+            a, b = ops.split(h, 2, axis=-1)
+            h = ops.silu(a) * b
+        else:
+            h = activation(h, self.gelu)  # on rows: one fused kernel on TensorFlow
         h = _dropped(self.dropout, unrows(h, x), training, hidden_keep)
         return _dropped(self.dropout, project(self.fc2, h, training), training, out_keep)
 
     def get_config(self):
-        return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout_rate, "gelu": self.gelu}
+        return {
+            **super().get_config(),
+            "mlp_dim": self.mlp_dim,
+            "dropout": self.dropout_rate,
+            "gelu": self.gelu,
+            "mlp_type": self.mlp_type,
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -411,10 +430,12 @@ class TransformerBlock(layers.Layer):
         layer_scale_init: float | None = None,
         qk_norm: bool = False,
         layer_norm_epsilon: float = LAYER_NORM_EPSILON,
+        mlp_type: str = "gelu",
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.qk_norm = check_bool(qk_norm, "qk_norm")
+        self.mlp_type = mlp_type
         self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         self.remat = check_bool(remat, "remat")
         self.layer_scale_init = optional(check_positive_number)(layer_scale_init, "layer_scale_init")
@@ -436,7 +457,7 @@ class TransformerBlock(layers.Layer):
             dtype=policy,
         )
         self.norm2 = layer_norm("LayerNorm_2", policy, epsilon)
-        self.mlp = MlpBlock(mlp_dim, dropout, gelu, name="MlpBlock_3", dtype=policy)
+        self.mlp = MlpBlock(mlp_dim, dropout, gelu, mlp_type, name="MlpBlock_3", dtype=policy)
         self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, name="drop_path", dtype=policy)
         self.ls1, self.ls2 = (
@@ -488,7 +509,7 @@ class TransformerBlock(layers.Layer):
             "attention_out": draw_keep_mask(self.dropout, tokens, x.dtype),
             "attention_path": draw_keep_mask(self.drop_path, samples, x.dtype),
         }
-        hidden = draw_keep_mask(self.mlp.dropout, (batch, length, self.mlp_dim), x.dtype)
+        hidden = draw_keep_mask(self.mlp.dropout, (batch, length, self.mlp.hidden_width), x.dtype)
         keep["mlp"] = (hidden, draw_keep_mask(self.mlp.dropout, tokens, x.dtype)) if hidden is not None else None
         keep["mlp_path"] = draw_keep_mask(self.drop_path, samples, x.dtype)
         return keep
@@ -506,4 +527,5 @@ class TransformerBlock(layers.Layer):
             "layer_scale_init": self.layer_scale_init,
             "qk_norm": self.qk_norm,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "mlp_type": self.mlp_type,
         }

@@ -28,6 +28,7 @@ from keras_vit.position import dynamic_position_embedding_layer, position_embedd
 from keras_vit.precision import global_policy
 from keras_vit.preprocessing import ImagePreprocessor
 from keras_vit.resnet import ResNetStem
+from keras_vit.tokens import PrefixTokens, TokenAt
 
 __all__ = [
     "VisionTransformer",
@@ -171,20 +172,32 @@ def embed(images, config: ViTConfig):
 
 
 def encode(x, config: ViTConfig, images=None):
-    """Tokens ``(B, N, D)`` -> encoded tokens: [class token], position embeddings, [``norm_pre``], L blocks, final LN
-    (unless ``fc_norm`` moves it after the pooling). With ``images`` the position embeddings are interpolated in
-    the graph to the images' patch grid."""
-    architecture, prefix = config.architecture, int(config.classifier == "token")
-    if prefix:
-        x = ClassToken(name="class_token")(x)
+    """Tokens ``(B, N, D)`` -> encoded tokens: prefix tokens (:mod:`keras_vit.tokens`), position embeddings,
+    [``norm_pre``], L blocks, final LN (unless ``fc_norm`` moves it after the pooling). With ``images`` the position
+    embeddings are interpolated in the graph to the images' patch grid. The class and distillation tokens are
+    prepended before the position embeddings are added (``class_position_embedding``) or after; the registers always
+    after."""
+    architecture, prefix = config.architecture, config.num_prefix_tokens
+    embedded = int(config.classifier == "token") + int(config.distillation_token)  # class and distillation tokens
+    if config.class_position_embedding:
+        x = _class_tokens(x, config)
+    embedded_prefix = embedded if config.class_position_embedding else 0
     if images is None:
-        position = position_embedding_layer(config.position_embedding, config.grid_size, num_prefix_tokens=prefix)
+        position = position_embedding_layer(config.position_embedding, config.grid_size, embedded_prefix)
         x = x if position is None else position(x)
     else:
         position = dynamic_position_embedding_layer(
-            config.position_embedding, config.grid_size, prefix, architecture.stride
+            config.position_embedding,
+            config.grid_size,
+            embedded_prefix,
+            architecture.stride,
+            method=config.position_interpolation,
         )
         x = x if position is None else position(x, images)
+    if not config.class_position_embedding:
+        x = _class_tokens(x, config)
+    if config.num_register_tokens:
+        x = PrefixTokens(config.num_register_tokens, offset=embedded, name="register_tokens")(x)
     x = layers.Dropout(config.dropout, name="posembed_dropout")(x)
     if config.norm_pre:
         x = layer_norm("norm_pre", epsilon=config.layer_norm_epsilon)(x)
@@ -203,31 +216,50 @@ def encode(x, config: ViTConfig, images=None):
     return x if config.fc_norm else layer_norm("encoder_norm", epsilon=config.layer_norm_epsilon)(x)
 
 
+def _class_tokens(x, config: ViTConfig):
+    """``[x_class; x_dist; x]``, each token where the config has it."""
+    if config.classifier == "token":
+        x = ClassToken(name="class_token")(x)
+    return PrefixTokens(1, offset=1, name="distillation_token")(x) if config.distillation_token else x
+
+
 def head(x, config: ViTConfig):
     """Encoded tokens -> logits (``include_top``) or features (``pooling``); ``fc_norm`` applies the final
     LayerNorm to the pooled features (the tokens stay unnormalised)."""
     if not config.include_top and config.pooling is None:
         return x
     pooling = config.pooling if not config.include_top else {"token": "token", "gap": "avg"}.get(config.classifier)
+    tokens = x
     if pooling in (None, "map"):  # classifier "map": its head pools
         arch = config.architecture
         x = MAPHead(arch.num_heads, arch.mlp_dim, config.gelu, config.layer_norm_epsilon, name="map_head")(x)
     else:
-        x = TokenPooling(pooling, num_prefix_tokens=int(config.classifier == "token"), name=f"{pooling}_pool")(x)
+        x = TokenPooling(pooling, num_prefix_tokens=config.num_prefix_tokens, name=f"{pooling}_pool")(x)
     if config.fc_norm:
         x = layer_norm("encoder_norm", epsilon=config.layer_norm_epsilon)(x)
     if not config.include_top:
         return x
     if config.representation_size is not None:
         x = layers.Dense(config.representation_size, activation="tanh", name="pre_logits")(x)
+    if config.distillation_token:  # DeiT: the mean of the class token's head and the distillation token's
+        heads = [
+            _head_layer(config, name)(z)
+            for name, z in (("head", x), ("head_dist", TokenAt(1, name="dist_pool")(tokens)))
+        ]
+        return layers.Average(name="distilled_mean", dtype=heads[0].dtype)(heads)
+    return _head_layer(config, "head")(x)
+
+
+def _head_layer(config: ViTConfig, name: str) -> layers.Dense:
+    """The classification head: zero-initialised, float32 under mixed precision."""
     variable_dtype = keras.mixed_precision.dtype_policy().variable_dtype
     return layers.Dense(
         config.num_classes,
         kernel_initializer="zeros",
         activation=config.classifier_activation,
-        name="head",
+        name=name,
         dtype=variable_dtype,
-    )(x)
+    )
 
 
 def uses_fc_norm(model: keras.Model) -> bool:

@@ -477,10 +477,15 @@ def position_embedding_layer(
 
 
 def dynamic_position_embedding_layer(
-    position_embedding: str, grid_size, num_prefix_tokens: int, stride: int, name: str = "posembed_input"
+    position_embedding: str,
+    grid_size,
+    num_prefix_tokens: int,
+    stride: int,
+    name: str = "posembed_input",
+    method: str = "zoom_linear",
 ) -> DynamicPositionEmbs | None:
-    """The layer of :func:`position_embedding_layer` for inputs of any size (``None`` for ``"none"``);
-    ``NotImplementedError`` for the kinds that do not interpolate in the graph yet."""
+    """The layer of :func:`position_embedding_layer` for inputs of any size, interpolating with ``method``
+    (``None`` for ``"none"``); ``NotImplementedError`` for the kinds that do not interpolate in the graph yet."""
     if check_position_embedding(position_embedding) == "none":
         return None
     if position_embedding != "learned_1d":
@@ -488,7 +493,7 @@ def dynamic_position_embedding_layer(
             f"dynamic_image_size supports position_embedding 'learned_1d' and 'none', not {position_embedding!r}; "
             "build one model per size with keras_vit.resize_position_embeddings instead."
         )
-    return DynamicPositionEmbs(grid_size, num_prefix_tokens=num_prefix_tokens, stride=stride, name=name)
+    return DynamicPositionEmbs(grid_size, num_prefix_tokens=num_prefix_tokens, stride=stride, method=method, name=name)
 
 
 def transformer_block(

@@ -24,6 +24,7 @@ LAYER_MODULES = (
     "keras_vit.heads",
     "keras_vit.position",
     "keras_vit.resnet",
+    "keras_vit.tokens",
     "keras_vit.models",
     "keras_vit.features",
     "keras_vit.preprocessing",

@@ -25,6 +25,7 @@ __all__ = [
     "NAMED_VARIANTS",
     "SIZES",
     "Architecture",
+    "canonical_variant",
     "constructor_name",
     "family_variant",
     "parse_timm_name",
@@ -54,17 +55,44 @@ NAMED_VARIANTS = (
     "R50+B/16", "R50+L/32", "R26+S/32", "R26+B/32",
 )  # fmt: skip
 
-# Image towers of the ViT family: the variant each builds on and the ViTConfig fields it sets (docs/family.md).
+# The ViT family (docs/family.md): the variant each builds on and the ViTConfig fields it sets (architecture fields
+# among them replace the variant's).
 # CLIP (Radford et al., 2021; openai/CLIP model.py): ln_pre, QuickGELU, LayerNorm epsilon 1e-5, the image
 # projection to the joint embedding as the head (512 wide for B, 768 for L/14; timm's num_classes). SigLIP (Zhai et
 # al., 2023; big_vision): no class token, the MAP head, no projection.
+# DeiT, DeiT III, DINOv2 (timm's deit.py and vision_transformer.py, which agree with facebookresearch/deit and
+# facebookresearch/dinov2): every one uses the exact GELU.
 _CLIP = dict(norm_pre=True, gelu="quick", layer_norm_epsilon=1e-5)
+_DEIT = dict(gelu="exact")
+_DEIT3 = dict(gelu="exact", class_position_embedding=False, layer_scale_init=1e-6)  # timm's deit3_*: no_embed_class
+_DINOV2 = dict(gelu="exact", layer_scale_init=1e-5, image_size=518, position_interpolation="bicubic")
+_REG4 = dict(num_register_tokens=4, class_position_embedding=False)  # timm's reg4 layout (no_embed_class)
+# DINOv2's ViT-g/14: 1536 wide, 40 blocks of 24 heads, a SwiGLU MLP of 2 x 4096 (timm: mlp_ratio 2.66667 * 2); the
+# architecture fields replace those of the L/14 it is listed under.
+_DINOV2_G = dict(hidden_size=1536, depth=40, num_heads=24, mlp_dim=8192, mlp_type="swiglu")
 FAMILY_VARIANTS: dict[str, tuple[str, dict]] = {
     "CLIP-B/32": ("B/32", dict(_CLIP, num_classes=512)),
     "CLIP-B/16": ("B/16", dict(_CLIP, num_classes=512)),
     "CLIP-L/14": ("L/14", dict(_CLIP, num_classes=768)),
     "SigLIP-B/16": ("B/16", dict(classifier="map")),
     "SigLIP-B/16-384": ("B/16", dict(classifier="map", image_size=384)),
+    "DeiT-Ti/16": ("Ti/16", _DEIT),
+    "DeiT-S/16": ("S/16", _DEIT),
+    "DeiT-B/16": ("B/16", _DEIT),
+    "DeiT-Ti/16-Distilled": ("Ti/16", dict(_DEIT, distillation_token=True)),
+    "DeiT-S/16-Distilled": ("S/16", dict(_DEIT, distillation_token=True)),
+    "DeiT-B/16-Distilled": ("B/16", dict(_DEIT, distillation_token=True)),
+    "DeiT3-S/16": ("S/16", _DEIT3),
+    "DeiT3-B/16": ("B/16", _DEIT3),
+    "DeiT3-L/16": ("L/16", _DEIT3),
+    "DINOv2-S/14": ("S/14", _DINOV2),
+    "DINOv2-B/14": ("B/14", _DINOV2),
+    "DINOv2-L/14": ("L/14", _DINOV2),
+    "DINOv2-G/14": ("L/14", dict(_DINOV2, **_DINOV2_G)),
+    "DINOv2-S/14-Reg4": ("S/14", dict(_DINOV2, **_REG4)),
+    "DINOv2-B/14-Reg4": ("B/14", dict(_DINOV2, **_REG4)),
+    "DINOv2-L/14-Reg4": ("L/14", dict(_DINOV2, **_REG4)),
+    "DINOv2-G/14-Reg4": ("L/14", dict(_DINOV2, **_DINOV2_G, **_REG4)),
 }
 
 _NAME = re.compile(
@@ -176,29 +204,38 @@ def _squeezed(name: str) -> str:
 
 
 def family_variant(name: str) -> tuple[str, str, dict] | None:
-    """``(name, variant, fields)`` of a :data:`FAMILY_VARIANTS` tower (``"CLIP-B/16"``, ``"CLIP_B16"``,
-    ``"siglip-b16-384"``), else ``None``."""
+    """``(name, variant, fields)`` of a :data:`FAMILY_VARIANTS` model (``"CLIP-B/16"``, ``"CLIP_B16"``,
+    ``"siglip-b16-384"``, ``"dinov2_s14_reg4"``, ``"dinov2_vits14_reg"``), else ``None``."""
+    squeezed = _squeezed(name)
+    squeezed += "4" if squeezed.endswith("reg") else ""  # facebookresearch/dinov2's hub names: dinov2_vits14_reg
     for known, (variant, fields) in FAMILY_VARIANTS.items():
-        if _squeezed(name) == _squeezed(known):
+        if squeezed == _squeezed(known):
             return known, variant, dict(fields)
     return None
 
 
+def canonical_variant(name: str) -> str | None:
+    """The one spelling of a variant: ``"ViT_R50_B16"`` -> ``"R50+B/16"``, ``"dinov2_s14"`` -> ``"DINOv2-S/14"``."""
+    family = family_variant(name)
+    return family[0] if family is not None else parse_variant(name).variant
+
+
 def parse_variant(name: str) -> Architecture:
     """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ``"ViT_R26_S32"``, a tower of
-    :data:`FAMILY_VARIANTS` such as ``"CLIP-B/16"``: its encoder's, ...).
+    :data:`FAMILY_VARIANTS` such as ``"CLIP-B/16"`` or ``"DINOv2-G/14"``: its encoder's, ...).
 
     A ``ValueError`` names the accepted forms for anything else.
     """
     family = family_variant(name)
     if family is not None:
-        return parse_variant(family[1])
+        _, variant, fields = family
+        return parse_variant(variant).replace(**{k: v for k, v in fields.items() if k in _field_names()})
     match = _NAME.fullmatch(str(name).strip())
     if match is None or int(match["stride"]) < 1:
         raise ValueError(
             f"Unknown ViT variant {name!r}: expected '<size>/<patch>' (size one of {list(SIZES)}), e.g. 'B/16' "
             f"or 'ViT_B16', or a hybrid '<ResNet>+<size>/<stride>' such as 'R50+B/16' or 'ViT_R50_B16'. "
-            f"Named variants: {', '.join(NAMED_VARIANTS)}; image towers: {', '.join(FAMILY_VARIANTS)}."
+            f"Named variants: {', '.join(NAMED_VARIANTS)}; the family (docs/family.md): {', '.join(FAMILY_VARIANTS)}."
         )
     size = next(s for s in SIZES if s.lower() == match["size"].lower())
     stride = int(match["stride"])
@@ -241,12 +278,11 @@ def parse_timm_name(name: str) -> tuple[str, int, str | None] | None:
 
 def constructor_name(variant: str) -> str:
     """The named constructor of a variant: ``"B/16"`` -> ``"ViT_B16"``, ``"R50+B/16"`` -> ``"ViT_R50_B16"``,
-    ``"CLIP-B/16"`` -> ``"CLIP_B16"``, ``"SigLIP-B/16-384"`` -> ``"SigLIP_B16_384"``."""
+    ``"CLIP-B/16"`` -> ``"CLIP_B16"``, ``"SigLIP-B/16-384"`` -> ``"SigLIP_B16_384"``, ``"DINOv2-S/14-Reg4"`` ->
+    ``"DINOv2_S14_Reg4"``."""
     family = family_variant(variant)
     if family is not None:
-        known, base, _ = family
-        family_name, _, rest = known.partition("-")  # "SigLIP", "B/16-384"
-        return f"{family_name}_{constructor_name(base)[len('ViT_') :]}{rest[len(base) :].replace('-', '_')}"
+        return family[0].replace("/", "").replace("-", "_")
     arch = parse_variant(variant)
     size = arch.size or "custom"
     if arch.resnet_stages is None:

@@ -64,6 +64,17 @@ CONFIGS = {
     "features of images of any size": ViTConfig.from_variant(
         None, **TINY, image_size=32, dynamic_image_size=True, include_top=False, pooling="avg"
     ),
+    "DeiT's and DINOv2's tokens, SwiGLU, bicubic at any size": ViTConfig.from_variant(
+        None,
+        **TINY,
+        image_size=32,
+        dynamic_image_size=True,
+        position_interpolation="bicubic",
+        num_register_tokens=2,
+        distillation_token=True,
+        class_position_embedding=False,
+        mlp_type="swiglu",
+    ),
 }
 
 

@@ -18,8 +18,9 @@ from test_foreign_weights import TIMM_SCRIPT, run_reference, write_timm_files
 import keras_vit
 from keras_vit import zoo
 from keras_vit.analysis.fewshot import extract_features, few_shot_evaluation
+from keras_vit.checkpoints.inspect import checkpoint_info, shapes_only
 from keras_vit.checkpoints.read import catalogue_check
-from keras_vit.checkpoints.timm import timm_checkpoint_info
+from keras_vit.checkpoints.timm import timm_to_npz
 from keras_vit.datasets import load_digits, stratified_split
 from keras_vit.heads import MAPHead
 from keras_vit.variants import FAMILY_VARIANTS
@@ -175,7 +176,8 @@ def test_family_variants_build_their_towers():
     siglip = keras_vit.SigLIP_B16_384(depth=1, include_top=False, pooling="map")
     assert siglip.input_shape == (None, 384, 384, 3) and siglip.output_shape == (None, 768)
     assert not any(isinstance(layer, keras_vit.ClassToken) for layer in siglip.layers)
-    assert {keras_vit.parse_variant(name).variant for name in FAMILY_VARIANTS} == {"B/32", "B/16", "L/14"}
+    towers = [name for name in FAMILY_VARIANTS if name.startswith(("CLIP", "SigLIP"))]
+    assert {keras_vit.parse_variant(name).variant for name in towers} == {"B/32", "B/16", "L/14"}
     assert keras_vit.ViT("clip_b32", depth=1, image_size=64).config == keras_vit.CLIP_B32(64, depth=1).config
 
 
@@ -281,7 +283,7 @@ def test_tower_entries_architectures_match_their_names(tmp_path):
     for e in TOWER_ENTRIES.values():
         state = {key: tuple(shape) for key, shape in shapes[e.aliases[0]].items()}
         assert sum(int(np.prod(shape)) for shape in state.values()) == e.parameters
-        info = timm_checkpoint_info(state)
+        info = checkpoint_info(timm_to_npz(shapes_only(state))[0])
         expected = keras_vit.ViTConfig.from_variant(e.variant, image_size=e.image_size)
         assert info.architecture == expected.architecture and (info.image_size, info.image_size) == expected.image_size
         assert (info.classifier, "norm_pre.weight" in state) == (expected.classifier, expected.norm_pre), e.name

@@ -275,7 +275,10 @@ def test_a_hugging_face_config_is_honoured_field_by_field_or_refused_naming_the_
         "hidden_act": ("relu", r"uses hidden_act='relu'; keras-vit has GELU only"),
         "qkv_bias": (False, r"disagrees with the weights: qkv_bias=False \(the weights have q/k/v biases\)"),
         "hidden_size": (64, r"disagrees with the weights: hidden_size=64 \(the weights: 32\)"),
-        "use_mask_token": (True, r"sets fields keras-vit does not know, so cannot honour: \['use_mask_token'\]"),
+        "use_absolute_position_embeddings": (  # BEiT's: keras-vit does not know it (DINOv2's use_mask_token it does)
+            True,
+            r"sets fields keras-vit does not know, so cannot honour: \['use_absolute_position_embeddings'\]",
+        ),
     }
     for field, (value, message) in refused.items():
         (folder / "config.json").write_text(json.dumps({**config, field: value}))
@@ -357,10 +360,9 @@ def test_timm_keys_mismatch_lists_names(tmp_path):
 @pytest.mark.parametrize(
     "extra, feature",
     [
-        ("reg_token", "register tokens"),
-        ("dist_token", "distillation token"),
         ("blocks.0.attn.q_bias", "split q/k/v projections"),
         ("attn_pool.pos_embed", "an attention pool other than a MAP head"),
+        ("blocks.0.mlp.fc1_g.weight", "two projections"),
     ],
 )
 def test_unsupported_timm_variants_are_named(tmp_path, extra, feature):

@@ -38,7 +38,7 @@ from keras_vit.training.strategy import (
     split_cpu,
     strategy_name,
 )
-from keras_vit.variants import parse_variant
+from keras_vit.variants import canonical_variant
 
 __all__ = [
     "Previous",
@@ -153,7 +153,7 @@ def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model
     the adapters and the head train). Build it in the strategy's scope: a resumed run builds the same model,
     adapters included, so that its checkpoint fits."""
     model = config.model
-    variant = parse_variant(model.name).variant  # canonical: "ViT_R50_B16" -> "R50+B/16"
+    variant = canonical_variant(model.name)  # "ViT_R50_B16" -> "R50+B/16"; a family's name keeps its fields
     vit = keras_vit.ViT(
         variant,
         image_size=model.image_size,

@@ -41,6 +41,7 @@ __all__ = [
     "cache_root",
     "catalogue",
     "check_cached",
+    "families",
     "fetch",
     "find",
     "get",
@@ -55,8 +56,8 @@ class Checkpoint:
 
     name: str
     path: str  # relative to the bucket, e.g. "imagenet21k/ViT-B_16.npz"
-    variant: str  # "B/16", "R50+B/16", ...
-    family: str  # "original" (the ViT paper) or "augreg" ("How to train your ViT?")
+    variant: str  # "B/16", "R50+B/16", a family's "deit_s16_distilled", "dinov2_s14_reg4", ...
+    family: str  # "original" (the ViT paper), "augreg" ("How to train your ViT?"), "deit", "deit3", "dinov2"
     pretrain: str  # "imagenet21k" or "imagenet2012"
     finetune: str | None  # "imagenet2012" or None (pre-trained only)
     image_size: int
@@ -71,14 +72,18 @@ class Checkpoint:
     # the evaluation's input pipeline: mean, std (pixels in [0, 1]), crop_fraction (None: no crop), interpolation
     # and source (where these come from); keras_vit.preprocessing.ImagePreprocessor.from_weights applies them
     preprocessing: dict = dataclasses.field(default_factory=dict)
-    # the image towers of the ViT family (CLIP, SigLIP), from elsewhere than the bucket
-    source_url: str | None = None  # where the file is, when not at base_url + path (the Hugging Face Hub)
+    # the ViT family's checkpoints (docs/family.md: CLIP, SigLIP, DeiT, DINOv2), timm's files on the Hugging Face Hub
+    source_url: str | None = None  # the file's own URL (None: base_url + path)
     aliases: tuple[str, ...] = ()  # other names of the checkpoint: timm's
-    embedding_width: int | None = None  # width of the image embedding (CLIP: its projection, the head)
+    embedding_width: int | None = None  # width of the image embedding (CLIP: its projection, the head; else the
+    # features of a model without a head, num_classes 0)
 
     @property
     def url(self) -> str:
-        return self.source_url or base_url() + self.path
+        """Where the file is: ``base_url + path``; a family checkpoint's own ``source_url`` unless a mirror is set
+        (``$KERAS_VIT_ZOO_URL`` serves every file at its ``path``)."""
+        own = self.source_url if not os.environ.get(MIRROR_ENV) else None
+        return own or base_url() + self.path
 
     @property
     def pre_logits(self) -> bool:
@@ -122,6 +127,12 @@ def base_url() -> str:
 def catalogue() -> tuple[Checkpoint, ...]:
     """Every catalogue entry, in file order."""
     return _load()[1]
+
+
+def families() -> tuple[str, ...]:
+    """The catalogue's families, in file order: ``"original"``, ``"augreg"``, ``"clip"``, ``"siglip"``, ``"deit"``,
+    ``"deit3"``, ``"dinov2"``."""
+    return tuple(dict.fromkeys(entry.family for entry in catalogue()))
 
 
 def names(pattern: str | None = None) -> list[str]:

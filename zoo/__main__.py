@@ -1,6 +1,6 @@
 """``python -m keras_vit.zoo`` (or ``keras-vit-zoo``): list, download, inspect and convert the published checkpoints.
 
-python -m keras_vit.zoo list ['B_16*'] [--family augreg|original|clip|siglip] [--json]
+python -m keras_vit.zoo list ['B_16*'] [--family augreg|original|clip|siglip|deit|deit3|dinov2] [--json]
 python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384 [--timeout 30] [--deadline 3600]
 python -m keras_vit.zoo verify [NAMES...]      # OK / corrupt / unrecorded per cached file; exit 1 if corrupt
 python -m keras_vit.zoo info B_16.orig_in21k | path/to/file.npz
@@ -40,7 +40,7 @@ def _list(args) -> None:
     if args.json:
         print(json.dumps([dict(dataclasses.asdict(e), url=redact(e.url)) for e in entries], indent=1))
         return
-    head = f"{'name':36} {'variant':11} {'pre-training':13} {'fine-tuning':13} {'res':>4} {'top-1':>7}  {'params':>7}"
+    head = f"{'name':36} {'variant':19} {'pre-training':13} {'fine-tuning':13} {'res':>4} {'top-1':>7}  {'params':>7}"
     print(f"{head}  {'licence':10} cached")
     for e in entries:
         top1 = "-" if e.top1 is None else f"{e.top1:.2f}"
@@ -48,7 +48,7 @@ def _list(args) -> None:
         params = "-" if e.parameters is None else f"{e.parameters / 1e6:.1f}M"
         cached = "yes" if zoo.cache_path(e, args.cache_dir).is_file() else ""
         print(
-            f"{e.name:36} {e.variant:11} {e.pretrain:13} {e.finetune or '-':13} {e.image_size:4} {top1:>7}{mark} "
+            f"{e.name:36} {e.variant:19} {e.pretrain:13} {e.finetune or '-':13} {e.image_size:4} {top1:>7}{mark} "
             f"{params:>7}  {e.licence or '-':10} {cached}"
         )
     if any(e.top1 is not None and _timm_number(e) for e in entries):
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="list the catalogue")
     listing.add_argument("pattern", nargs="?", help="names matching a shell-style pattern, e.g. 'B_16*' (quoted)")
-    listing.add_argument("--family", choices=sorted({e.family for e in zoo.catalogue()}))
+    listing.add_argument("--family", choices=zoo.families())
     listing.add_argument("--json", action="store_true", help="every field, as JSON")
     listing.set_defaults(run=_list)
     download = commands.add_parser("download", help="download checkpoints into the cache")

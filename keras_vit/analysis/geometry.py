@@ -14,7 +14,8 @@ import keras
 import numpy as np
 
 from keras_vit.checks import check_choice
-from keras_vit.layers import ClassToken, PatchEmbed
+from keras_vit.layers import PatchEmbed
+from keras_vit.tokens import num_prefix_tokens
 
 __all__ = ["TokenGeometry", "check_choice", "get_layer", "positive_pair", "token_geometry"]
 
@@ -22,7 +23,7 @@ __all__ = ["TokenGeometry", "check_choice", "get_layer", "positive_pair", "token
 @dataclasses.dataclass(frozen=True)
 class TokenGeometry:
     """``grid_size`` (rows, cols) of patch tokens, ``patch_size`` in input pixels (h, w), and
-    ``num_prefix_tokens`` (1 for the class token, 0 for ``classifier="gap"``) before them."""
+    ``num_prefix_tokens`` before them (the class, distillation and register tokens; 0 for ``classifier="gap"``)."""
 
     grid_size: tuple[int, int]
     patch_size: tuple[int, int]
@@ -66,5 +67,5 @@ def token_geometry(model: keras.Model) -> TokenGeometry:
     if None in (height, width, feature_h, feature_w):
         raise ValueError(f"Model {model.name!r} needs a fixed input image size for the analyses.")
     gh, gw = feature_h // embed.patch_size[0], feature_w // embed.patch_size[1]
-    prefix = int(any(isinstance(layer, ClassToken) for layer in model.layers))
+    prefix = num_prefix_tokens(model)
     return TokenGeometry((gh, gw), (height // gh, width // gw), prefix)

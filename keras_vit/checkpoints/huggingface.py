@@ -1,18 +1,25 @@
-"""Hugging Face ``transformers`` ViT checkpoints (``ViTModel``, ``ViTForImageClassification``) in the
-Google ``.npz`` key layout, for the strict loader of :mod:`keras_vit.checkpoints.load`.
+"""Hugging Face ``transformers`` checkpoints of the ViT family in the Google ``.npz`` key layout, for the strict
+loader of :mod:`keras_vit.checkpoints.load`: ``ViTModel`` / ``ViTForImageClassification`` (``model_type`` "vit"),
+``DeiTModel`` / ``DeiTForImageClassificationWithTeacher`` ("deit"), ``Dinov2Model`` ("dinov2") and
+``Dinov2WithRegistersModel`` ("dinov2_with_registers").
 
-A folder holds ``config.json`` (``model_type: "vit"``, ``num_attention_heads``, ``hidden_act``, ...) and
-``model.safetensors`` or ``pytorch_model.bin``. Keys (``vit.`` prefix in ``ViTForImageClassification``,
-none in ``ViTModel``):
+A folder holds ``config.json`` (``model_type``, ``num_attention_heads``, ``hidden_act``, ...) and
+``model.safetensors`` or ``pytorch_model.bin``, in the published key layout (what ``save_pretrained`` writes).
+Keys (after the ``vit.`` / ``deit.`` / ``dinov2.`` prefix of the task models):
 
     embeddings.patch_embeddings.projection     -> embedding          (conv, (O, I, kh, kw) -> (kh, kw, I, O))
     embeddings.cls_token / position_embeddings -> cls / posembed_input/pos_embedding
-    encoder.layer.{i}.layernorm_before / _after -> encoderblock_{i}/LayerNorm_0 / LayerNorm_2
+    embeddings.distillation_token / register_tokens -> distillation_token / register_tokens
+    encoder.layer.{i}.layernorm_before / _after (DINOv2: norm1 / norm2) -> encoderblock_{i}/LayerNorm_0 / LayerNorm_2
     encoder.layer.{i}.attention.attention.{query,key,value}, attention.output.dense -> MultiHeadDotProductAttention_1
-    encoder.layer.{i}.intermediate.dense / output.dense -> MlpBlock_3/Dense_0 / Dense_1
-    layernorm -> encoder_norm;  pooler.dense (ViTModel, tanh) -> pre_logits;  classifier -> head
+    encoder.layer.{i}.intermediate.dense / output.dense (DINOv2: mlp.fc1 / fc2; SwiGLU: mlp.weights_in / weights_out)
+        -> MlpBlock_3/Dense_0 / Dense_1
+    encoder.layer.{i}.layer_scale1 / layer_scale2.lambda1 -> encoderblock_{i}/ls1 / ls2/gamma
+    layernorm -> encoder_norm;  pooler.dense (ViTModel, tanh) -> pre_logits
+    classifier (DeiT with teacher: cls_classifier, distillation_classifier) -> head (head_dist)
 
-``embeddings.mask_token`` (masked-image-modelling input only) is not used at inference and is dropped.
+DINOv2's registers come after the class token, which keeps its position embedding (``class_position_embedding``
+on). ``embeddings.mask_token`` (masked-image-modelling input only) is not used at inference and is dropped.
 ``config.json`` is honoured field by field (:func:`_check_config`): ``hidden_act`` (the GELU), ``layer_norm_eps``
 (1e-12 by default, the model's ``layer_norm_epsilon``) and the dropouts become model options; the shapes
 (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``qkv_bias``, ...) must agree with the weights; a
@@ -27,15 +34,28 @@ from collections.abc import Mapping
 import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
-from keras_vit.checkpoints.timm import block_arrays, block_indices, conv_kernel, guess_num_heads, linear_kernel
+from keras_vit.checkpoints.inspect import DISTILLATION_TOKEN, REGISTER_TOKENS, prefix_token_fields
+from keras_vit.checkpoints.timm import (
+    LAYER_SCALE_INIT,
+    block_arrays,
+    block_indices,
+    conv_kernel,
+    guess_num_heads,
+    linear_kernel,
+)
 from keras_vit.checks import check_fraction, check_positive_number
 
-__all__ = ["HIDDEN_ACTS", "HUGGINGFACE_UNSUPPORTED", "huggingface_to_npz", "looks_like_huggingface"]
+__all__ = ["HIDDEN_ACTS", "HUGGINGFACE_UNSUPPORTED", "MODEL_TYPES", "huggingface_to_npz", "looks_like_huggingface"]
 
-HUGGINGFACE_UNSUPPORTED = {
-    r"distillation_token": "DeiT's distillation token (distillation_token)",
-    r"register_tokens": "register tokens (register_tokens)",
-    r"layer_scale|lambda1": "layer scale",
+HUGGINGFACE_UNSUPPORTED: dict[str, str] = {}
+MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
+_PREFIXES = ("vit.", "deit.", "dinov2.")
+# A block's parts: the names of each model type's layers (the first present is taken).
+_BLOCK_PARTS = {
+    "norm1": ("layernorm_before", "norm1"),
+    "norm2": ("layernorm_after", "norm2"),
+    "fc1": ("intermediate.dense", "mlp.fc1", "mlp.weights_in"),
+    "fc2": ("output.dense", "mlp.fc2", "mlp.weights_out"),
 }
 _LAYER_NORM_EPS = 1e-12  # transformers' ViTConfig default, for a state dict without its config.json
 _QUERY = r"encoder\.layer\.(\d+)\.attention\.attention\.query\.weight"
@@ -47,19 +67,35 @@ HIDDEN_ACTS = {
     "gelu_fast": "tanh",
     "quick_gelu": "quick",
 }
+_TOKENS = (("cls_token", "cls"), ("distillation_token", DISTILLATION_TOKEN), ("register_tokens", REGISTER_TOKENS))
+_HEADS = (("pooler.dense", "pre_logits"), ("classifier", "head"), ("cls_classifier", "head"))
+_HEADS += (("distillation_classifier", "head_dist"),)
 
 
 def looks_like_huggingface(keys) -> bool:
     """Whether a state dict's keys are the ``transformers`` ViT layout."""
-    return any(key.split("vit.", 1)[-1].startswith("embeddings.patch_embeddings.") for key in keys)
+    return any(_unprefixed(key).startswith("embeddings.patch_embeddings.") for key in keys)
+
+
+def _unprefixed(key: str) -> str:
+    """``key`` without the task model's ``vit.`` / ``deit.`` / ``dinov2.`` prefix."""
+    return next((key[len(prefix) :] for prefix in _PREFIXES if key.startswith(prefix)), key)
 
 
 # The ViTConfig fields of transformers, and what keras-vit does with each: a model option (honoured), a shape of the
 # weights (checked against them), or nothing at inference (initialisation, the masked-image-modelling decoder).
 _HONOURED = {"hidden_act": "gelu", "layer_norm_eps": "layer_norm_epsilon"}
-_DROPOUTS = {"hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "attention_dropout"}
+_DROPOUTS = {
+    "hidden_dropout_prob": "dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+    "drop_path_rate": "drop_path",  # DINOv2's
+}
 _SHAPES = ("hidden_size", "num_hidden_layers", "intermediate_size", "patch_size", "num_channels", "image_size")
 _INERT = ("initializer_range", "encoder_stride", "pooler_act", "pooler_output_size", "qkv_bias", "num_attention_heads")
+# DINOv2's: the MLP's width and kind and the registers are read from the weights (prefix_token_fields), layer scale's
+# starting value is the weights', the rest choose the outputs of its backbone API.
+_INERT += ("mlp_ratio", "use_swiglu_ffn", "num_register_tokens", "layerscale_value", "use_mask_token")
+_INERT += ("out_features", "out_indices", "stage_names", "apply_layernorm", "reshape_hidden_states")
 # transformers' PretrainedConfig fields: bookkeeping, not the model's (labels, dtype, outputs, version).
 _GENERIC = (
     "_name_or_path",
@@ -110,10 +146,10 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
     if not isinstance(config, Mapping):
         raise ValueError(f"{source}: config.json holds a JSON {type(config).__name__}, not an object of fields.")
     model_type = config.get("model_type", "vit")
-    if model_type != "vit":
+    if model_type not in MODEL_TYPES:
         raise ValueError(
-            f"{source} is a Hugging Face {model_type!r} model; keras-vit reads model_type 'vit' (ViTModel, "
-            "ViTForImageClassification) only."
+            f"{source} is a Hugging Face {model_type!r} model; keras-vit reads the model types {MODEL_TYPES} "
+            "(ViTModel, ViTForImageClassification, DeiT's, Dinov2Model, Dinov2WithRegistersModel) only."
         )
     unknown = sorted(set(config) - {*_HONOURED, *_DROPOUTS, *_SHAPES, *_INERT, *_GENERIC})
     if unknown:
@@ -155,7 +191,7 @@ def huggingface_to_npz(
     """A ``transformers`` ViT state dict in the ``.npz`` layout, the build options that reproduce it
     (``gelu``) and whether the head count is known (from ``config``; else guessed from the width)."""
     reject_unsupported(state, HUGGINGFACE_UNSUPPORTED, source)
-    rest = {(key[len("vit.") :] if key.startswith("vit.") else key): np.asarray(v) for key, v in state.items()}
+    rest = {_unprefixed(key): np.asarray(v) for key, v in state.items()}
     options = _check_config(config or {}, rest, source)
     rest.pop("embeddings.mask_token", None)
     take = rest.pop
@@ -166,8 +202,9 @@ def huggingface_to_npz(
         "embedding/kernel": conv_kernel(take(f"{embed}.weight")),
         "embedding/bias": take(f"{embed}.bias", np.zeros(width, "float32")),
     }
-    if "embeddings.cls_token" in rest:
-        arrays["cls"] = take("embeddings.cls_token")
+    for hf_name, name in _TOKENS:
+        if f"embeddings.{hf_name}" in rest:
+            arrays[name] = take(f"embeddings.{hf_name}")
     if "embeddings.position_embeddings" in rest:
         arrays["Transformer/posembed_input/pos_embedding"] = take("embeddings.position_embeddings")
     for i in block_indices(rest, _QUERY):
@@ -179,25 +216,35 @@ def huggingface_to_npz(
         def norm(name, prefix=prefix):
             return take(f"{prefix}{name}.weight"), take(f"{prefix}{name}.bias")
 
+        def part(name, read, prefix=prefix):
+            names = _BLOCK_PARTS[name]
+            return read(next((n for n in names if f"{prefix}{n}.weight" in rest), names[0]))
+
+        for scale, name in (("layer_scale1", "ls1"), ("layer_scale2", "ls2")):
+            if f"{prefix}{scale}.lambda1" in rest:
+                arrays[f"Transformer/encoderblock_{i}/{name}/gamma"] = take(f"{prefix}{scale}.lambda1")
         arrays.update(
             block_arrays(
                 i,
                 num_heads=heads,
-                norm1=norm("layernorm_before"),
+                norm1=part("norm1", norm),
                 query=dense("attention.attention.query"),
                 key=dense("attention.attention.key"),
                 value=dense("attention.attention.value"),
                 out=dense("attention.output.dense"),
-                norm2=norm("layernorm_after"),
-                fc1=dense("intermediate.dense"),
-                fc2=dense("output.dense"),
+                norm2=part("norm2", norm),
+                fc1=part("fc1", dense),
+                fc2=part("fc2", dense),
             )
         )
     for hf_name, name in (("layernorm", "Transformer/encoder_norm"),):
         arrays[f"{name}/scale"], arrays[f"{name}/bias"] = take(f"{hf_name}.weight"), take(f"{hf_name}.bias")
-    for hf_name, name in (("pooler.dense", "pre_logits"), ("classifier", "head")):
+    for hf_name, name in _HEADS:
         if f"{hf_name}.weight" in rest:
             arrays[f"{name}/kernel"] = linear_kernel(take(f"{hf_name}.weight"))
             arrays[f"{name}/bias"] = take(f"{hf_name}.bias")
+    if any(key.endswith("/ls1/gamma") for key in arrays):
+        options["layer_scale_init"] = LAYER_SCALE_INIT
+    options.update(prefix_token_fields(arrays))
     arrays.update(rest)  # unrecognised: reported as unexpected by the loader
     return arrays, options, bool(config and config.get("num_attention_heads"))

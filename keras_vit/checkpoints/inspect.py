@@ -15,9 +15,19 @@ from keras_vit.config import ViTConfig
 from keras_vit.position import square_grid
 from keras_vit.variants import Architecture
 
-__all__ = ["ARCHITECTURE", "CheckpointInfo", "checkpoint_config", "checkpoint_info", "differences", "shapes_only"]
+__all__ = [
+    "ARCHITECTURE",
+    "CheckpointInfo",
+    "checkpoint_config",
+    "checkpoint_info",
+    "differences",
+    "prefix_token_fields",
+    "shapes_only",
+]
 
 _BLOCK_QUERY = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1/query/kernel")
+
+DISTILLATION_TOKEN, REGISTER_TOKENS = "distillation_token", "register_tokens"  # keras_vit.tokens' npz keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +72,34 @@ def _resnet_stages(arrays: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
     return tuple(len(units[stage]) for stage in sorted(units))
 
 
+def _square(tokens: int) -> bool:
+    return tokens >= 1 and math.isqrt(tokens) ** 2 == tokens
+
+
+def _class_tokens(arrays: Mapping[str, np.ndarray]) -> int:
+    """The class and distillation tokens a checkpoint has."""
+    return int("cls" in arrays) + int(DISTILLATION_TOKEN in arrays)
+
+
+def prefix_token_fields(arrays: Mapping[str, np.ndarray]) -> dict:
+    """The config fields of the prefix tokens and MLP a checkpoint's arrays show: ``distillation_token``,
+    ``num_register_tokens``, ``class_position_embedding`` (off where the position embeddings are a square grid
+    and the class token has none) and ``mlp_type`` (``"swiglu"`` where ``Dense_1`` takes half of ``Dense_0``'s
+    width)."""
+    fields: dict = {}
+    if DISTILLATION_TOKEN in arrays:
+        fields["distillation_token"] = True
+    if REGISTER_TOKENS in arrays:
+        fields["num_register_tokens"] = int(arrays[REGISTER_TOKENS].shape[1])
+    posemb, prefix = arrays.get("Transformer/posembed_input/pos_embedding"), _class_tokens(arrays)
+    if prefix and posemb is not None and _square(posemb.shape[1]) and not _square(posemb.shape[1] - prefix):
+        fields["class_position_embedding"] = False
+    fc1, fc2 = (arrays.get(f"Transformer/encoderblock_0/MlpBlock_3/Dense_{i}/kernel") for i in (0, 1))
+    if fc1 is not None and fc2 is not None and fc2.shape[0] * 2 == fc1.shape[1]:
+        fields["mlp_type"] = "swiglu"
+    return fields
+
+
 def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
     """Infer the architecture from a checkpoint's array shapes (a ``ValueError`` when a key is missing)."""
     source = getattr(arrays, "source", "the checkpoint")
@@ -74,12 +112,9 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
     except (KeyError, ValueError, IndexError) as exc:
         raise ValueError(f"{source} is not a ViT checkpoint in the published layout: cannot read {exc}.") from exc
     depth = len([key for key in arrays if _BLOCK_QUERY.fullmatch(key)])  # a stray key is no block
-    prefix = int("cls" in arrays)
-    try:
-        grid = square_grid(tokens - prefix)
-    except ValueError:
-        grid = None
-    if grid is None and not prefix and math.isqrt(tokens - 1) ** 2 == tokens - 1:
+    prefix = _class_tokens(arrays) if prefix_token_fields(arrays).get("class_position_embedding", True) else 0
+    grid = square_grid(tokens - prefix) if _square(tokens - prefix) else None
+    if grid is None and "cls" not in arrays and _square(tokens - 1):
         raise ValueError(
             f"{source} has {tokens} position embeddings, a {math.isqrt(tokens - 1)}x{math.isqrt(tokens - 1)} "
             "grid and a class token's, but no class token: the array 'cls' is missing."
@@ -95,7 +130,7 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
     )
     return CheckpointInfo(
         architecture=architecture,
-        classifier="token" if prefix else "map" if "MAPHead_0/probe" in arrays else "gap",
+        classifier="token" if "cls" in arrays else "map" if "MAPHead_0/probe" in arrays else "gap",
         grid_size=grid,
         num_classes=None if head is None else int(head.shape[0]),
         representation_size=None if pre_logits is None else int(pre_logits.shape[0]),
@@ -108,7 +143,7 @@ def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
     and ``qk_norm`` where their keys are there, and the options its format records
     (``CheckpointArrays.model_options``: timm's ``gelu="exact"``, ``fc_norm``, ...)."""
     info = checkpoint_info(arrays)
-    fields = dict(getattr(arrays, "model_options", {}), classifier=info.classifier)
+    fields = dict(getattr(arrays, "model_options", {}), classifier=info.classifier, **prefix_token_fields(arrays))
     fields["norm_pre"] = "Transformer/norm_pre/scale" in arrays
     fields["qk_norm"] = any(key.endswith("MultiHeadDotProductAttention_1/q_norm/scale") for key in arrays)
     if info.image_size is not None:

@@ -23,13 +23,14 @@ import numpy as np
 from keras_vit.heads import MAP_PREFIX, MAPHead
 from keras_vit.layers import ClassToken, PatchEmbed, TransformerBlock
 from keras_vit.position import AddPositionEmbs, check_method, resample_position_embeddings, square_grid
+from keras_vit.tokens import PrefixTokens
 
 __all__ = ["HEAD_LAYERS", "KeyMap", "Transform", "npz_key_map"]
 
 Transform = Callable[[np.ndarray], np.ndarray]
 KeyMap = dict[str, tuple[keras.Variable, Transform]]
 
-HEAD_LAYERS = ("pre_logits", "head")
+HEAD_LAYERS = ("pre_logits", "head", "head_dist")
 
 
 def identity(array: np.ndarray) -> np.ndarray:
@@ -136,6 +137,8 @@ def npz_key_map(model: keras.Model, *, resize_method: str = "zoom_linear") -> Ke
             part = _dense("embedding", layer)
         elif isinstance(layer, ClassToken):
             part = {"cls": (layer.cls, identity)}
+        elif isinstance(layer, PrefixTokens):
+            part = {layer.name: (layer.tokens, identity)}  # "distillation_token", "register_tokens"
         elif isinstance(layer, AddPositionEmbs) and isinstance(layer.pos_embedding, keras.Variable):
             part = _posemb_map(layer, resize_method)  # learned 1-D, as published (not the 2-D/sin-cos variants)
         elif isinstance(layer, MAPHead):

@@ -58,7 +58,8 @@ def _skipped_head(key_map: KeyMap, arrays: Mapping, new_head: bool) -> tuple[set
     """The checkpoint's classifier keys the model does not take on purpose (drop-head fine-tuning), and why: the
     warning's text, or None when nothing is skipped or ``new_head`` says the head was dropped or replaced on request
     (a missing ``pre_logits`` layer is still said)."""
-    head, pre_logits = _head_keys(arrays, "head"), _head_keys(arrays, "pre_logits")
+    head = _head_keys(arrays, "head") + _head_keys(arrays, "head_dist")
+    pre_logits = _head_keys(arrays, "pre_logits")
     if "head/kernel" not in key_map:
         reason = "the model has no classification head (include_top=False)"
         return set(head + pre_logits), reason if head and not new_head else None
@@ -259,7 +260,7 @@ def load_weights(
             why, looks = "", f"\n{exc}"
         raise ValueError(f"Cannot load {arrays.source} into model {model.name!r}{why}:\n" + "\n".join(sections) + looks)
     for variable, value in values:
-        variable.assign(value.astype(variable.dtype))
+        variable.assign(np.ascontiguousarray(value.astype(variable.dtype)))
     if reason:
         warnings.warn(
             f"Loaded {arrays.source} into {model.name!r} without {', '.join(sorted(skipped))}: {reason}. "

@@ -31,16 +31,24 @@ from keras_vit.checkpoints.formats import (
 )
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
 from keras_vit.checkpoints.huggingface_towers import looks_like_tower, tower_to_npz
-from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
+from keras_vit.checkpoints.inspect import (
+    CheckpointInfo,
+    checkpoint_info,
+    differences,
+    prefix_token_fields,
+    shapes_only,
+)
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
-from keras_vit.checkpoints.timm import looks_like_timm, timm_checkpoint_info, timm_to_npz
-from keras_vit.variants import family_variant, parse_variant
+from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
+from keras_vit.config import ViTConfig
+from keras_vit.variants import parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
 from keras_vit.zoo.validate import check_members, npz_shapes, safetensors_shapes
 
 __all__ = [
     "CheckpointArrays",
     "catalogue_check",
+    "check_catalogue_shapes",
     "from_state_dict",
     "read_checkpoint",
     "read_npz",
@@ -138,41 +146,57 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
 
 
 def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
-    """A check that an ``.npz`` (a tower's timm ``.safetensors``) is ``entry``'s model: its variant's patch, width,
-    depth, heads and MLP, its ResNet, classifier, grid (image size), classes and ``pre_logits``, read from the array
-    headers; a ``CorruptCheckpointError`` naming the file, the entry and what differs (a mirror's toy file is not
-    ``B_16.orig_in21k``). A variant the table does not build (AugReg's ``R+Ti/16``) is held to its head only."""
+    """A check that a file is ``entry``'s model: its variant's patch, width, depth, heads and MLP, its ResNet,
+    classifier, grid (image size), classes and ``pre_logits``, read from the array headers (an ``.npz``'s, or a
+    family checkpoint's timm ``.safetensors``); a ``CorruptCheckpointError`` naming the file, the entry and what
+    differs (a mirror's toy file is not ``B_16.orig_in21k``)."""
+
+    def check(path: Path) -> None:
+        shapes = (
+            {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
+            if entry.path.endswith(".npz")
+            else safetensors_shapes(path)
+        )
+        check_catalogue_shapes(entry, shapes, str(path))
+
+    return check
+
+
+def check_catalogue_shapes(entry: zoo.Checkpoint, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
+    """``CorruptCheckpointError`` unless arrays of these ``shapes`` (``.npz`` keys, or timm's for a family entry)
+    are ``entry``'s architecture, classifier, grid, classes, ``pre_logits`` and (the family's) tokens and MLP;
+    nothing is allocated: the arrays are broadcast zeros. A variant the table does not build (AugReg's ``R+Ti/16``)
+    is held to its head only."""
     try:
         architecture = parse_variant(entry.variant)
     except ValueError:
         architecture = None
-    family = family_variant(entry.variant)
-    classifier = family[2].get("classifier", "token") if family else "token"
-
-    def info(path: Path) -> CheckpointInfo:
-        if entry.path.endswith(".safetensors"):
-            return timm_checkpoint_info(safetensors_shapes(path))
-        shapes = {key.removeprefix(_TRAINING_PREFIX): shape for key, shape in npz_shapes(path).items()}
-        return checkpoint_info(shapes_only(shapes))
-
-    def check(path: Path) -> None:
-        try:
-            found = info(path)
-        except ValueError as exc:
-            raise CorruptCheckpointError(f"{path} is not the checkpoint {entry.name}: {exc}") from None
-        model = architecture or found.architecture
-        side = entry.image_size // model.stride
-        grid = (side, side) if architecture else found.grid_size
-        pre_logits = model.hidden_size if entry.pre_logits else None
-        expected = CheckpointInfo(model, classifier, grid, entry.num_classes or None, pre_logits)  # 0: no head (SigLIP)
-        differ = differences(found, expected, entry.name)
-        if differ:
-            raise CorruptCheckpointError(
-                f"{path} is not the checkpoint {entry.name} ({entry.variant} at {entry.image_size} px): another "
-                f"architecture: {differ}"
-            )
-
-    return check
+    config = None if architecture is None else ViTConfig.from_variant(entry.variant)
+    arrays = shapes_only(shapes)
+    try:
+        if not entry.path.endswith(".npz"):
+            arrays = timm_to_npz(arrays, source=source)[0]  # heads: 64 wide, as every named variant's
+        found = checkpoint_info(arrays)
+    except (ValueError, KeyError) as exc:
+        raise CorruptCheckpointError(f"{source} is not the checkpoint {entry.name}: {exc}") from None
+    model = architecture or found.architecture
+    side = entry.image_size // model.stride
+    grid = (side, side) if architecture else found.grid_size
+    pre_logits = model.hidden_size if entry.pre_logits else None
+    classes = entry.num_classes or None  # 0: no head (SigLIP, DINOv2)
+    expected = CheckpointInfo(model, config.classifier if config else "token", grid, classes, pre_logits)
+    differ = differences(found, expected, entry.name)
+    if config is not None:
+        tokens = prefix_token_fields(arrays)
+        for field in ("distillation_token", "num_register_tokens", "class_position_embedding", "mlp_type"):
+            ours = tokens.get(field, getattr(ViTConfig, field))  # the file's, else the field's default
+            if ours != getattr(config, field):
+                differ = ", ".join(filter(None, (differ, f"{field} {ours} ({entry.name}: {getattr(config, field)})")))
+    if differ:
+        raise CorruptCheckpointError(
+            f"{source} is not the checkpoint {entry.name} ({entry.variant} at {entry.image_size} px): another "
+            f"architecture: {differ}"
+        )
 
 
 def from_state_dict(

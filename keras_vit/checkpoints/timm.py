@@ -33,16 +33,16 @@ import keras
 import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
-from keras_vit.checkpoints.inspect import CheckpointInfo
+from keras_vit.checkpoints.inspect import DISTILLATION_TOKEN, REGISTER_TOKENS, prefix_token_fields
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.files import atomic_path
 from keras_vit.layers import TransformerBlock
 from keras_vit.models import uses_fc_norm
-from keras_vit.position import square_grid
 from keras_vit.resnet import TIMM_RESNET, ResNetStem
-from keras_vit.variants import SIZES, Architecture
+from keras_vit.variants import SIZES
 
 __all__ = [
+    "LAYER_SCALE_INIT",
     "TIMM_UNSUPPORTED",
     "block_arrays",
     "block_indices",
@@ -53,7 +53,6 @@ __all__ = [
     "model_arrays",
     "npz_to_timm",
     "save_timm_safetensors",
-    "timm_checkpoint_info",
     "timm_model_kwargs",
     "timm_to_npz",
     "to_timm_state_dict",
@@ -61,13 +60,11 @@ __all__ = [
 
 # Key patterns of timm ViT variants keras-vit does not build, with the feature's name for the error.
 TIMM_UNSUPPORTED = {
-    r"^reg_token$": "register tokens (reg_token)",
-    r"^dist_token$|^head_dist\.": "DeiT's distillation token (dist_token, head_dist)",
     r"\.attn\.norm\.|\.mlp\.norm\.": "extra norms inside attention or MLP (scale_attn_norm / scale_mlp_norm)",
     r"^attn_pool\.(?!latent$|q\.|kv\.|proj\.|norm\.|mlp\.fc[12]\.)": "an attention pool other than a MAP head "
     "(attn_pool with qk-norm or position embeddings)",
     r"\.attn\.[qkv]_bias$|\.attn\.(q|k|v)_proj\.": "split q/k/v projections (BEiT / EVA style)",
-    r"\.mlp\.fc1_[gx]\.|\.mlp\.w12\.": "a gated MLP (SwiGLU)",
+    r"\.mlp\.fc1_[gx]\.|\.mlp\.w12\.": "a gated MLP in two projections (timm's SwiGLU; SwiGLUPacked loads)",
     r"^patch_embed\.norm\.": "a norm after the patch embedding",
     r"^patch_embed\.backbone\.(?!stem\.|stages\.)": "a hybrid backbone other than timm's ResNetV2 hybrids",
 }
@@ -78,11 +75,13 @@ _ATTENTION_ARRAY = re.compile(r"Transformer/encoderblock_(\d+)/MultiHeadDotProdu
 _BACKBONE = "patch_embed.backbone."
 _LAYER_SCALES = ("ls1", "ls2")
 _QK_NORMS = ("q_norm", "k_norm")
-_LAYER_SCALE_INIT = 1e-5  # what a file with layer scale reads as: any value turns it on, the file's gammas replace it
+LAYER_SCALE_INIT = 1e-5  # what a file with layer scale reads as: any value turns it on, the file's gammas replace it
 _MAP = "MAPHead_0"
 _MAP_ATTENTION = _MAP + "/MultiHeadDotProductAttention_0"
 _CLIP_EPSILON = 1e-5  # the LayerNorm epsilon of timm's CLIP towers (pre_norm=True), 1e-6 elsewhere
 _TIMM_EPSILONS = {1e-6: "vit_base_patch16_224", _CLIP_EPSILON: "vit_base_patch16_clip_224"}  # a constructor of each
+_TOKENS = (("cls_token", "cls"), ("dist_token", DISTILLATION_TOKEN), ("reg_token", REGISTER_TOKENS))
+_HEADS = (("pre_logits.fc", "pre_logits"), ("head", "head"), ("head_dist", "head_dist"))
 # timm's hybrid constructors by (ResNet units per stage, total stride); their widths are overridable.
 _TIMM_HYBRIDS = {
     ((2, 2, 2, 2), 32): "vit_small_r26_s32_224",
@@ -105,13 +104,14 @@ _RESNET_LAYERS = {
 
 
 def linear_kernel(weight: np.ndarray) -> np.ndarray:
-    """A torch ``Linear`` weight ``(out, in)`` as a Keras kernel ``(in, out)`` (and back: it is its own inverse)."""
-    return np.ascontiguousarray(np.asarray(weight).T)
+    """A torch ``Linear`` weight ``(out, in)`` as a Keras kernel ``(in, out)`` (and back: it is its own inverse); a
+    view (the loader copies into the variables; the catalogue check converts shapes without allocating)."""
+    return np.asarray(weight).T
 
 
 def conv_kernel(weight: np.ndarray) -> np.ndarray:
-    """A torch ``Conv2d`` weight ``(O, I, kh, kw)`` as a Keras kernel ``(kh, kw, I, O)``."""
-    return np.ascontiguousarray(np.transpose(weight, (2, 3, 1, 0)))
+    """A torch ``Conv2d`` weight ``(O, I, kh, kw)`` as a Keras kernel ``(kh, kw, I, O)`` (a view)."""
+    return np.transpose(weight, (2, 3, 1, 0))
 
 
 def torch_conv_weight(kernel: np.ndarray) -> np.ndarray:
@@ -177,32 +177,6 @@ def looks_like_timm(keys) -> bool:
     return "patch_embed.proj.weight" in keys and any(key.startswith("blocks.") for key in keys)
 
 
-def timm_checkpoint_info(shapes: Mapping[str, tuple[int, ...]], num_heads: int | None = None) -> CheckpointInfo:
-    """The :class:`~keras_vit.checkpoints.inspect.CheckpointInfo` of a plain timm ViT state dict from its shapes
-    alone (a file's header: no tensor read); ``num_heads`` as given, else guessed from the width (timm does not
-    record them). A ``ValueError`` names a missing key."""
-    try:
-        width, _, patch, _ = shapes["patch_embed.proj.weight"]
-        mlp_dim = shapes["blocks.0.mlp.fc1.weight"][0]
-        tokens = shapes["pos_embed"][1]
-    except (KeyError, ValueError, IndexError) as exc:
-        raise ValueError(f"Not a timm ViT state dict: cannot read {exc}.") from exc
-    depth = len({key.split(".")[1] for key in shapes if key.startswith("blocks.")})
-    prefix = int("cls_token" in shapes)
-    try:
-        grid = square_grid(tokens - prefix)
-    except ValueError:
-        grid = None
-    head = shapes.get("head.weight")
-    return CheckpointInfo(
-        Architecture(patch, width, depth, num_heads or guess_num_heads(width), mlp_dim),
-        classifier="token" if prefix else "map" if "attn_pool.latent" in shapes else "gap",
-        grid_size=grid,
-        num_classes=None if head is None else head[0],
-        representation_size=None,
-    )
-
-
 def _resnet_key_to_npz(key: str) -> str | None:
     """``stem.conv.weight`` -> ``conv_root/kernel``, ``stages.0.blocks.1.norm2.bias`` -> ``block1/unit2/gn2/bias``."""
     match = re.fullmatch(r"stem\.(conv|norm)\.(weight|bias)", key)
@@ -232,13 +206,15 @@ def _resnet_key_to_timm(key: str) -> str | None:
 
 
 def _check_position_layout(state: Mapping[str, np.ndarray], source: str) -> None:
-    if "cls_token" not in state or "pos_embed" not in state:
+    """Register tokens with position embeddings (timm's ``reg_tokens`` without ``no_embed_class``) are refused:
+    keras-vit's registers have none, as DINOv2's."""
+    if "reg_token" not in state or "pos_embed" not in state:
         return
     tokens = state["pos_embed"].shape[1]
-    if math.isqrt(tokens) ** 2 == tokens and math.isqrt(tokens - 1) ** 2 != tokens - 1:
+    if math.isqrt(tokens) ** 2 != tokens:
         reject_unsupported(
             ["pos_embed"],
-            {"pos_embed": "position embeddings without the class token's (no_embed_class, e.g. DeiT III)"},
+            {"pos_embed": "register tokens with position embeddings (reg_tokens without no_embed_class)"},
             source,
         )
 
@@ -261,8 +237,9 @@ def timm_to_npz(
     heads = num_heads or guess_num_heads(width)
     arrays = {"embedding/kernel": conv_kernel(take("patch_embed.proj.weight"))}
     arrays["embedding/bias"] = take("patch_embed.proj.bias", np.zeros(width, "float32"))
-    if "cls_token" in rest:
-        arrays["cls"] = take("cls_token")
+    for timm_name, name in _TOKENS:
+        if timm_name in rest:
+            arrays[name] = take(timm_name)
     if "pos_embed" in rest:
         arrays["Transformer/posembed_input/pos_embedding"] = take("pos_embed")
     for i in block_indices(rest, r"blocks\.(\d+)\.attn\.qkv\.weight"):
@@ -279,7 +256,7 @@ def timm_to_npz(
             arrays["Transformer/encoder_norm/scale"] = take(f"{norm}.weight")
             arrays["Transformer/encoder_norm/bias"] = take(f"{norm}.bias")
             options["fc_norm"] = fc_norm
-    for timm_name, name in (("pre_logits.fc", "pre_logits"), ("head", "head")):
+    for timm_name, name in _HEADS:
         if f"{timm_name}.weight" in rest:
             arrays[f"{name}/kernel"] = linear_kernel(take(f"{timm_name}.weight"))
             arrays[f"{name}/bias"] = take(f"{timm_name}.bias")
@@ -291,7 +268,8 @@ def timm_to_npz(
     if "conv_root/kernel" in arrays:
         options.update(TIMM_RESNET)
     if any(key.endswith("/ls1/gamma") for key in arrays):
-        options["layer_scale_init"] = _LAYER_SCALE_INIT
+        options["layer_scale_init"] = LAYER_SCALE_INIT
+    options.update(prefix_token_fields(arrays))
     arrays.update(rest)  # unrecognised: reported as unexpected by the loader
     return arrays, options
 
@@ -409,8 +387,9 @@ def npz_to_timm(arrays: Mapping[str, np.ndarray], *, fc_norm: bool = False) -> d
     """``.npz``-layout arrays as a timm state dict (the inverse of :func:`timm_to_npz`)."""
     state = {"patch_embed.proj.weight": torch_conv_weight(arrays["embedding/kernel"])}
     state["patch_embed.proj.bias"] = arrays["embedding/bias"]
-    if "cls" in arrays:
-        state["cls_token"] = arrays["cls"]
+    for timm_name, name in _TOKENS:
+        if name in arrays:
+            state[timm_name] = arrays[name]
     if "Transformer/posembed_input/pos_embedding" in arrays:
         state["pos_embed"] = arrays["Transformer/posembed_input/pos_embedding"]
     depth = len({key.split("/")[1] for key in arrays if key.startswith("Transformer/encoderblock_")})
@@ -446,7 +425,7 @@ def npz_to_timm(arrays: Mapping[str, np.ndarray], *, fc_norm: bool = False) -> d
     norm = "fc_norm" if fc_norm else "norm"
     state[f"{norm}.weight"] = arrays["Transformer/encoder_norm/scale"]
     state[f"{norm}.bias"] = arrays["Transformer/encoder_norm/bias"]
-    for timm_name, name in (("pre_logits.fc", "pre_logits"), ("head", "head")):
+    for timm_name, name in _HEADS:
         if f"{name}/kernel" in arrays:
             state[f"{timm_name}.weight"] = linear_kernel(arrays[f"{name}/kernel"])
             state[f"{timm_name}.bias"] = arrays[f"{name}/bias"]
@@ -509,6 +488,16 @@ def timm_model_kwargs(model: keras.Model) -> dict:
         kwargs["qk_norm"] = True
     if blocks[0].gelu == "quick":
         kwargs["act_layer"] = "quick_gelu"
+    tokens = prefix_token_fields(arrays)
+    if tokens.get("num_register_tokens"):
+        kwargs["reg_tokens"] = tokens["num_register_tokens"]
+    if not tokens.get("class_position_embedding", True):
+        kwargs["no_embed_class"] = True
+    if tokens.get("distillation_token"):
+        kwargs["model_name"] = "deit_base_distilled_patch16_224"  # timm's VisionTransformerDistilled
+    if tokens.get("mlp_type") == "swiglu":
+        kwargs["model_name"] = "vit_giant_patch14_dinov2"  # mlp_layer=SwiGLUPacked, act_layer=SiLU
+        kwargs.setdefault("init_values", 0.0)  # off (that name's default is 1e-5; timm drops a None)
     if stems:
         name = _TIMM_HYBRIDS.get((stems[0].num_layers, stems[0].stride * int(patch)))
         if name is None:

@@ -1,0 +1,83 @@
+"""Prefix tokens besides the class token: DeiT's distillation token and register tokens.
+
+    z_0 = [x_class; x_dist; x_reg^1 ... x_reg^R; x_p^1 E; ...; x_p^N E]
+
+``x_dist`` (Touvron et al. 2021, DeiT) follows the class token and has a position embedding and its own head,
+``head_dist``; the model's logits are the mean of both heads, and :func:`distillation_model` returns both for
+distillation training. The register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"; DINOv2
+reg4) come next and have no position embedding: they are inserted after the position embeddings are added,
+as DINOv2's code does. Every pooling and every patch map skips all of these (:func:`num_prefix_tokens`).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers, ops
+
+from keras_vit.checks import check_count, check_positive_int
+from keras_vit.layers import ClassToken
+
+__all__ = ["PrefixTokens", "TokenAt", "distillation_model", "num_prefix_tokens"]
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PrefixTokens(layers.Layer):
+    """Inserts ``count`` learned tokens ``tokens`` ``(1, count, D)`` after the first ``offset`` tokens:
+    ``(B, n, D) -> (B, n + count, D)``. Initialised normal(1e-6)."""
+
+    def __init__(self, count: int, offset: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.count = check_positive_int(count, "count")
+        self.offset = check_count(offset, "offset")
+
+    def build(self, input_shape):
+        init = keras.initializers.RandomNormal(stddev=1e-6)
+        self.tokens = self.add_weight(name="tokens", shape=(1, self.count, input_shape[-1]), initializer=init)
+
+    def call(self, x):
+        tokens = ops.broadcast_to(ops.cast(self.tokens, x.dtype), (ops.shape(x)[0], self.count, x.shape[-1]))
+        return ops.concatenate([x[:, : self.offset], tokens, x[:, self.offset :]], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n + self.count, d)
+
+    def get_config(self):
+        return {**super().get_config(), "count": self.count, "offset": self.offset}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TokenAt(layers.Layer):
+    """The token at ``index``: ``(B, N, D) -> (B, D)`` (the distillation token, for ``head_dist``)."""
+
+    def __init__(self, index: int, **kwargs):
+        super().__init__(**kwargs)
+        self.index = check_count(index, "index")
+
+    def call(self, tokens):
+        return tokens[:, self.index]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "index": self.index}
+
+
+def num_prefix_tokens(model: keras.Model) -> int:
+    """The tokens before the patches in ``model``'s encoder: its class, distillation and register tokens."""
+    found = list(model._flatten_layers(include_self=False))
+    return sum(1 for layer in found if isinstance(layer, ClassToken)) + sum(
+        layer.count for layer in found if isinstance(layer, PrefixTokens)
+    )
+
+
+def distillation_model(model: keras.Model) -> keras.Model:
+    """A model sharing ``model``'s weights (built with ``distillation_token=True``) that returns both heads'
+    logits, ``[head(z_L^0), head_dist(z_L^1)]``: DeiT's training outputs, the class head learning the labels and
+    the distillation head the teacher's predictions. ``model`` itself returns their mean, as DeiT at inference."""
+    names = {layer.name for layer in model.layers}
+    if not {"head", "head_dist"} <= names:
+        raise ValueError(f"Model {model.name!r} has no distillation head (build it with distillation_token=True).")
+    heads = [model.get_layer(name).output for name in ("head", "head_dist")]
+    return keras.Model(model.input, heads, name=f"{model.name}_distillation")
