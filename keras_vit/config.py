@@ -28,6 +28,7 @@ from keras_vit.checks import (
     check_bool,
     check_choice,
     check_fraction,
+    check_names,
     check_pair,
     check_positive_int,
     check_positive_number,
@@ -151,6 +152,13 @@ class ViTConfig:
         choices=POOLINGS,
     )
     classifier_activation: str | None = _field("activation of the head", None, "output", unset="none: logits")
+    class_names: tuple[str, ...] | None = _field(
+        "the head's classes in output order (what predict and decode_predictions print); training records them",
+        None,
+        "output",
+        check=optional(check_names),
+        unset="none",
+    )
     classifier: str = _field(
         "token: the class token (the paper's); gap: the mean of the patch tokens, no class token; map: a learned "
         "probe attends over the patch tokens, no class token (SigLIP's multihead attention pooling, timm's 'map')",
@@ -283,6 +291,8 @@ class ViTConfig:
             )
         if self.pooling == "map" and self.classifier != "map":
             raise ValueError(f"pooling='map' needs classifier='map' (a {self.classifier!r} model has no MAP head).")
+        if self.include_top and self.class_names is not None and len(self.class_names) != self.num_classes:
+            raise ValueError(f"{len(self.class_names)} class_names for a head of {self.num_classes} classes.")
         if self.include_preprocessing and self.dynamic_image_size:
             raise ValueError("include_preprocessing resizes every image to image_size: leave dynamic_image_size off.")
         arch, (height, width) = self.architecture, self.image_size

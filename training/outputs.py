@@ -53,6 +53,7 @@ ABLATION_FOLDERS = tuple(f"{p}-{c}" for p in POSITION_EMBEDDINGS for c in CLASSI
 RUN_FILES = (
     MARKER,
     "run.json",
+    "classes.txt",
     "checkpoints",
     "tensorboard",
     "train_log.jsonl",

@@ -220,6 +220,7 @@ def run(args: argparse.Namespace) -> dict:
     """
     from keras_vit.analysis import attention, data, embeddings, plots
     from keras_vit.analysis.geometry import token_geometry
+    from keras_vit.images import read_image
 
     model = build_model(args)
     size = tuple(model.inputs[0].shape[1:3])
@@ -234,7 +235,7 @@ def run(args: argparse.Namespace) -> dict:
     originals = None
     if {"attention", "distance"} & set(chosen):
         if args.images:
-            originals = [data.load_image(path) for path in args.images]
+            originals = [read_image(path) for path in args.images]
         else:
             originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
     split = few_shot_split(args) if "fewshot" in chosen else None

@@ -317,10 +317,10 @@ def checkpoint_defaults(
     """
     if getattr(arrays, "format", "npz") == "keras_weights":
         return image_size, num_classes, representation_size  # no shapes to read before the model exists
-    info = checkpoint_info(arrays)
+    info = checkpoint_info(arrays) if getattr(arrays, "config", None) is None else arrays.config
     if image_size is None:
         image_size = info.image_size
-    if num_classes is None and info.num_classes is not None:
+    if num_classes is None and info.num_classes is not None and getattr(info, "include_top", True):
         num_classes = info.num_classes
         representation_size = representation_size or info.representation_size
     return image_size, num_classes, representation_size
