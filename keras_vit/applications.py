@@ -25,6 +25,7 @@ timm's ``vit_base_r50_s16_224``, ``vit_large_r50_s32_224`` and ``vit_small_r26_s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -151,22 +152,21 @@ def _saved_fields(
 ) -> dict[str, Any]:
     """``fields`` over the options of the saved keras-vit model ``weights`` (its architecture, structure, numerics,
     training options, and its class names unless ``num_classes`` asks for another head); a ``ValueError`` naming what
-    differs where ``variant`` or an architecture field asks for another architecture than the file's."""
+    differs where ``variant``, an architecture field or a structure option (but the head's ``representation_size``)
+    asks for another model than the file's."""
     saved = weights.config
     asked = {name: fields[name] for name in field_names("architecture") if name in fields}
-    if variant is not None or asked:
-        wanted = (saved.architecture if variant is None else parse_variant(variant)).replace(**asked)
-        differ = [
-            f"{name} {getattr(wanted, name)} (the file's: {getattr(saved.architecture, name)})"
-            for name in field_names("architecture")
-            if getattr(wanted, name) != getattr(saved.architecture, name)
-        ]
-        if differ:
-            raise ValueError(
-                f"{weights.source} holds a {saved.architecture.variant or saved.architecture.model_name} model; the "
-                f"architecture asked for differs: {', '.join(differ)}. Leave the variant out (keras_vit.ViT(None, "
-                "weights=...); a command's --model) to take the file's."
-            )
+    wanted = (saved.architecture if variant is None else parse_variant(variant)).replace(**asked)
+    structure = [name for name in field_names("structure") if name in fields and name != "representation_size"]
+    asked_model = {**dataclasses.asdict(wanted), **{name: fields[name] for name in structure}}
+    file_model = {**dataclasses.asdict(saved.architecture), **{name: getattr(saved, name) for name in structure}}
+    differ = [f"{k} {v!r} (the file's: {file_model[k]!r})" for k, v in asked_model.items() if v != file_model[k]]
+    if differ:
+        raise ValueError(
+            f"{weights.source} holds a {saved.architecture.variant or saved.architecture.model_name} model; the model "
+            f"asked for differs: {', '.join(differ)}. Leave the variant and those options out (keras_vit.ViT(None, "
+            "weights=...); a command's --model) to take the file's."
+        )
     kept = {k: v for k, v in saved.to_dict().items() if k in field_names("architecture", "structure", "numerics")}
     kept.update({k: getattr(saved, k) for k in field_names("training")})
     kept.pop("representation_size")  # the head's, with num_classes (checkpoint_defaults)

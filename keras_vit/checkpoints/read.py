@@ -34,6 +34,7 @@ from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_hug
 from keras_vit.checkpoints.huggingface_towers import looks_like_tower, tower_to_npz
 from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_info, differences, shapes_only
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
+from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.checkpoints.timm import looks_like_timm, model_arrays, timm_checkpoint_info, timm_to_npz
 from keras_vit.config import ViTConfig, field_names
 from keras_vit.layers import TransformerBlock
@@ -65,7 +66,9 @@ class CheckpointArrays(dict):
     (``gelu``, ``fc_norm``, a hybrid's ResNet numerics); ``heads_known`` is False where
     the file does not record the head count (timm) and the attention arrays are regrouped for the model's
     (:func:`with_num_heads`). A ``keras_weights`` file has no arrays here: ``keras_weights`` is its path, for
-    ``keras.Model.load_weights``. A saved keras-vit model (``.keras``) brings its whole ``config`` (else ``None``).
+    ``keras.Model.load_weights``. A saved keras-vit model (``.keras``) brings its whole ``config`` (else ``None``) and,
+    as ``extra``, its variables that the ``.npz`` layout has no key for (a 2-D or relative position embedding's), by
+    variable path.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class CheckpointArrays(dict):
         heads_known: bool = True,
         keras_weights: Path | None = None,
         config: ViTConfig | None = None,
+        extra: Mapping[str, np.ndarray] | None = None,
     ):
         super().__init__(arrays)
         self.source = source
@@ -86,6 +90,7 @@ class CheckpointArrays(dict):
         self.heads_known = heads_known
         self.keras_weights = keras_weights
         self.config = config
+        self.extra = dict(extra or {})
 
 
 def read_npz(path: str | os.PathLike) -> CheckpointArrays:
@@ -255,7 +260,10 @@ def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
         )
     config = getattr(vit, "config", None)
     options = {k: v for k, v in model_options(vit).items() if k in field_names("structure", "numerics")}
-    return CheckpointArrays(model_arrays(vit), str(path), format="keras", model_options=options, config=config)
+    mapped = {id(variable) for variable, _ in npz_key_map(vit).values()}
+    extra = {v.path: keras.ops.convert_to_numpy(v) for v in vit.weights if id(v) not in mapped}
+    fields = dict(format="keras", model_options=options, config=config, extra=extra)
+    return CheckpointArrays(model_arrays(vit), str(path), **fields)
 
 
 _ATTENTION_KEY = re.compile(
@@ -281,7 +289,8 @@ def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays
             regrouped[key] = kernel.reshape(kernel.shape[0], num_heads, -1)
             if bias in arrays:
                 regrouped[bias] = arrays[bias].reshape(num_heads, -1)
-    fields = dict(format=arrays.format, model_options=arrays.model_options, heads_known=True, config=arrays.config)
+    fields = dict(format=arrays.format, model_options=arrays.model_options, heads_known=True)
+    fields.update(config=arrays.config, extra=arrays.extra)
     return CheckpointArrays(regrouped, arrays.source, **fields)
 
 
