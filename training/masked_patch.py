@@ -308,7 +308,7 @@ class MaskedPatches:
         )
 
     def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
-        encoder = steps.build_model(config, source.num_classes, class_names=source.class_names)
+        encoder = steps.build_model(config, source.num_classes)  # its head does not learn the classes here
         return masked_patch_model(encoder, bits=self.bits), encoder
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:
