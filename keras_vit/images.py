@@ -9,7 +9,8 @@
   (``PIL.Image.MAX_IMAGE_PIXELS`` times 2, about 179 megapixels) is a ``ValueError`` naming it; a missing file a
   ``FileNotFoundError``; anything but a regular file (a FIFO would block) is never opened.
 
-:func:`image_files` lists the images of a folder (and its sub-folders); :func:`image_problem` says why a file would not read (``None`` when it does), for checking a whole folder first.
+:func:`image_files` lists the images of a folder (and its sub-folders); :func:`image_problem` says why a file would
+not read (``None`` when it does), for checking a whole folder first.
 """
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ def test_exif_orientation_is_applied_in_training_and_predict(tmp_path, model_pat
     assert all(image.shape == (40, 20, 3) for image in trained_on)
     np.testing.assert_array_equal(trained_on[0], read_image(source.train.items[0]))  # the same reader, pixel for pixel
     Image.fromarray(upright).save(tmp_path / "upright.png")  # lossless: the very pixels read from the JPEG
-    rotated, plain = _scores(capsys, str(path), "--weights", model_path), _scores(
-        capsys, str(tmp_path / "upright.png"), "--weights", model_path
+    rotated, plain = (
+        _scores(capsys, str(path), "--weights", model_path),
+        _scores(capsys, str(tmp_path / "upright.png"), "--weights", model_path),
     )
     assert rotated == plain
 
@@ -119,8 +120,12 @@ def test_folders_stand_for_their_images(tmp_path):
     for name in ("b.JPG", "sub/a.png", ".cache/x.png", ".hidden.png", "notes.txt"):
         (tmp_path / "photos" / name).write_bytes(b"")
     listed = image_files([tmp_path / "photos", tmp_path / "one.png"])
-    assert listed == [str(tmp_path / "photos" / "b.JPG"), str(tmp_path / "photos" / "sub" / "a.png"), str(tmp_path / "one.png")]
-    with pytest.raises(FileNotFoundError, match="nope.png: no such file"):
+    assert listed == [
+        str(tmp_path / "photos" / "b.JPG"),
+        str(tmp_path / "photos" / "sub" / "a.png"),
+        str(tmp_path / "one.png"),
+    ]
+    with pytest.raises(FileNotFoundError, match=r"nope\.png: no such file"):
         read_image(tmp_path / "nope.png")
     with pytest.raises(ValueError, match="photos: not a regular file"):
         read_image(tmp_path / "photos")

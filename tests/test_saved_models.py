@@ -133,7 +133,10 @@ def test_predict_a_folder_with_the_model_s_class_names_or_a_label_file(saved, tm
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit):
         main([str(tmp_path / "empty"), "--weights", path])
-    assert capsys.readouterr().err == f"error: {tmp_path / 'empty'}: a folder without image files (.jpg, .jpeg, .png, .bmp, .gif, .webp).\n"
+    assert (
+        capsys.readouterr().err
+        == f"error: {tmp_path / 'empty'}: a folder without image files (.jpg, .jpeg, .png, .bmp, .gif, .webp).\n"
+    )
 
 
 def test_analysis_export_and_zoo_convert_take_a_saved_model(saved, tmp_path, capsys):
