@@ -196,7 +196,7 @@ def test_command_rejects_bad_input(tmp_path, capsys):
         exit_code([*TINY_ARGS, "--analyses", "attention", "--images", "missing.jpg", "--output-dir", str(tmp_path)])
         == 1
     )
-    assert "No image file 'missing.jpg'" in capsys.readouterr().err
+    assert "missing.jpg: no such file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("variant, heads", [("R50+B/16", 12), ("ViT_R26_S32", 6)])
