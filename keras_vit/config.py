@@ -327,8 +327,11 @@ class ViTConfig:
         return cls(Architecture(**architecture), **own)
 
     def replace(self, **fields: Any) -> ViTConfig:
-        """A copy with ``fields`` changed, the architecture's (``depth=2``) included."""
+        """A copy with ``fields`` changed, the architecture's (``depth=2``) included; another ``num_classes`` is a new
+        head, without the old one's ``class_names`` unless given."""
         architecture, own = _split(fields)
+        if own.get("num_classes", self.num_classes) != self.num_classes and "class_names" not in own:
+            own["class_names"] = None
         return dataclasses.replace(self, architecture=self.architecture.replace(**architecture), **own)
 
     def to_dict(self) -> dict[str, Any]:

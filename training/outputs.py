@@ -70,7 +70,13 @@ RUN_FILES = (
 )
 # What a run writes in its folder, by kind: checked before its first step (check_paths).
 RUN_FOLDERS = ("checkpoints", "tensorboard", "tensorboard/steps", "tensorboard/train", "tensorboard/validation")
-RUN_WRITES = (MARKER, "run.json", "train_log.jsonl", "metrics.json")  # and the model: model.keras or elsewhere
+RUN_WRITES = (
+    MARKER,
+    "run.json",
+    "classes.txt",
+    "train_log.jsonl",
+    "metrics.json",
+)  # and the model: model.keras or elsewhere
 
 
 def is_run_folder(path: str) -> bool:
