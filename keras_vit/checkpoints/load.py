@@ -380,7 +380,8 @@ def model_from_checkpoint(
     num_heads = overrides.pop("num_heads", None)
     if num_heads is None and not arrays.heads_known:
         _warn_heads_guessed(arrays)
-    arrays = with_num_heads(arrays, num_heads or checkpoint_info(arrays).architecture.num_heads)
+    if not arrays.heads_known:  # only then: a saved model of a 2-D position embedding has no grid to read
+        arrays = with_num_heads(arrays, num_heads or checkpoint_info(arrays).architecture.num_heads)
     overrides.update(resnet_fields(overrides.pop("resnet_options", None) or {}))
     new_head = overrides.get("include_top") is False or overrides.get("num_classes") is not None  # asked for
     image_size, num_classes, representation_size = checkpoint_defaults(
