@@ -17,7 +17,8 @@ Where things are (each module imports only the ones above it, never this package
     features        feature_model: chosen blocks' tokens or (B, h, w, D) maps, sharing the weights
     lora            enable_lora / merge_lora: LoRA adapters on the blocks' Dense layers
     preprocessing   preprocess_input and ImagePreprocessor: pixels as the checkpoints expect them (any backend, tf.data)
-    labels          ImageNet-1k / 21k class names and decode_predictions
+    images          image files to pixels: the one reader of training, predict and the analyses
+    labels          class names (ImageNet-1k / 21k, a model's, a file's) and decode_predictions
     predict, export the predict command; SavedModel, LiteRT and ONNX export
 
 ``import keras_vit`` loads none of them, nor Keras: each public name below (``keras_vit.ViT_B16``) and each
@@ -126,6 +127,7 @@ _SUBMODULES = (
     "fields",
     "files",
     "heads",
+    "images",
     "labels",
     "layers",
     "lazy",

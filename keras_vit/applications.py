@@ -27,6 +27,7 @@ timm's ``vit_base_r50_s16_224``, ``vit_large_r50_s32_224`` and ``vit_small_r26_s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ import keras
 
 from keras_vit import zoo
 from keras_vit.checkpoints.load import checkpoint_defaults, load_weights, model_from_checkpoint
-from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint
 from keras_vit.config import DEFAULT_IMAGE_SIZE, GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
 from keras_vit.models import build_vit
 from keras_vit.variants import (
@@ -47,6 +48,8 @@ from keras_vit.variants import (
     parse_timm_name,
     parse_variant,
 )
+
+DEFAULT_VARIANT = "B/16"  # ViT()'s model when neither a saved model nor the options give an architecture
 
 
 def _config_fields(function: str, variant: str | None, resnet, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,6 +149,34 @@ def _checkpoint_name(weights: str, variant: str | None, image_size, tag: str | N
     return weights
 
 
+def _saved_fields(
+    weights: CheckpointArrays, variant: str | None, fields: Mapping[str, Any], num_classes: int | None
+) -> dict[str, Any]:
+    """``fields`` over the options of the saved keras-vit model ``weights`` (its architecture, structure, numerics,
+    training options, and its class names unless ``num_classes`` asks for another head); a ``ValueError`` naming what
+    differs where ``variant``, an architecture field or a structure option (but the head's ``representation_size``)
+    asks for another model than the file's."""
+    saved = weights.config
+    asked = {name: fields[name] for name in field_names("architecture") if name in fields}
+    wanted = (saved.architecture if variant is None else parse_variant(variant)).replace(**asked)
+    structure = [name for name in field_names("structure") if name in fields and name != "representation_size"]
+    asked_model = {**dataclasses.asdict(wanted), **{name: fields[name] for name in structure}}
+    file_model = {**dataclasses.asdict(saved.architecture), **{name: getattr(saved, name) for name in structure}}
+    differ = [f"{k} {v!r} (the file's: {file_model[k]!r})" for k, v in asked_model.items() if v != file_model[k]]
+    if differ:
+        raise ValueError(
+            f"{weights.source} holds a {saved.architecture.variant or saved.architecture.model_name} model; the model "
+            f"asked for differs: {', '.join(differ)}. Leave the variant and those options out (keras_vit.ViT(None, "
+            "weights=...); a command's --model) to take the file's."
+        )
+    kept = {k: v for k, v in saved.to_dict().items() if k in field_names("architecture", "structure", "numerics")}
+    kept.update({k: getattr(saved, k) for k in field_names("training")})
+    kept.pop("representation_size")  # the head's, with num_classes (checkpoint_defaults)
+    if saved.include_top and num_classes in (None, saved.num_classes):
+        kept["class_names"] = saved.class_names
+    return {**kept, **fields}
+
+
 def _check_first_argument(function: str, name: str, value) -> None:
     """keras.applications' ``include_top``-first habit (``ViT_B16(False)``) is an error, not a 0-pixel model."""
     if isinstance(value, bool):  # bool is an int: check it before anything takes it for a size
@@ -204,7 +235,7 @@ def _on_tensor(model: keras.Model, input_tensor) -> keras.Model:
 
 
 def ViT(
-    variant: str | None = "B/16",
+    variant: str | None = None,
     *,
     include_top: bool = True,
     weights: str | None = None,
@@ -228,14 +259,17 @@ def ViT(
         variant: a name of :mod:`keras_vit.variants`: ``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``,
             ``"ViT_R26_S32"``, ...; a timm model name (``"vit_base_patch16_224"``, ``"vit_base_r50_s16_384"``, with
             or without a tag: ``".augreg2_in21k_ft_in1k"``) or a catalogue name (``"B_16.augreg_in21k_ft_in1k_384"``),
-            whose resolution is then the default image size. ``None`` takes the architecture from ``options``
-            (``patch_size``, ``hidden_size``, ``depth``, ``num_heads``, ``mlp_dim``).
+            whose resolution is then the default image size. ``None``: the architecture of a saved keras-vit model
+            given as ``weights``, or the one ``options`` give (``patch_size``, ``hidden_size``, ``depth``,
+            ``num_heads``, ``mlp_dim``), else ``"B/16"``. A variant that differs from a saved model's is refused,
+            naming what differs.
         include_top: end in the classification head; else return features (see ``pooling``).
         weights: ``None`` (random init), a zoo catalogue name (``python -m keras_vit.zoo list``; downloaded into
             the Keras cache), ``"imagenet"`` / ``"imagenet21k"`` / ``"augreg"`` (the catalogue's choice for the
             variant and size; with a tagged model name, that tag's checkpoint), a timm tag or tagged timm name
             (``"augreg_in21k_ft_in1k"``: its catalogue entry) or a path to a checkpoint (see
-            :mod:`keras_vit.checkpoints`). Position embeddings are resized to ``image_size``.
+            :mod:`keras_vit.checkpoints`), a saved keras-vit model (``.keras``) included: its architecture, options
+            and class names come with it. Position embeddings are resized to ``image_size``.
         input_tensor: a Keras tensor to build the model on (e.g. the output of other layers); the model starts
             at the ``keras.Input`` it comes from, keeping those layers. Its size is the image size when
             ``image_size`` is not given.
@@ -289,12 +323,16 @@ def ViT(
                 fields.setdefault("crop_fraction", entry.preprocessing["crop_fraction"])
                 fields.setdefault("interpolation", entry.preprocessing["interpolation"])
         weights = read_checkpoint(weights)
+        if weights.config is not None:  # a saved keras-vit model: its architecture and options unless given
+            fields, variant = _saved_fields(weights, variant, fields, num_classes), None
         image_size, num_classes, fields["representation_size"] = checkpoint_defaults(
             weights, image_size, num_classes, fields.get("representation_size")
         )
     given = dict(image_size=image_size, num_classes=num_classes, channels=channels)
     fields.update({key: value for key, value in given.items() if value is not None})
     fields["dynamic_image_size"] = fields.get("dynamic_image_size", False) or (dynamic and not include_preprocessing)
+    if variant is None and not set(fields) & set(field_names("architecture")):
+        variant = DEFAULT_VARIANT
     config = ViTConfig.from_variant(
         variant,
         include_top=include_top,

@@ -13,6 +13,7 @@ __all__ = [
     "check_choice",
     "check_count",
     "check_fraction",
+    "check_names",
     "check_pair",
     "check_positive_int",
     "check_positive_number",
@@ -81,3 +82,14 @@ def check_choice(value: T, choices: Collection, name: str) -> T:
     if value not in choices:
         raise ValueError(f"Unknown {name} {value!r}; expected one of {tuple(choices)}.")
     return value
+
+
+def check_names(value, name: str) -> tuple[str, ...]:
+    """``value`` as a tuple of distinct, non-empty strings (class names); a ``ValueError`` naming ``name`` otherwise."""
+    names = tuple(value) if isinstance(value, (tuple, list)) else None
+    if not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"{name} must be a list of non-empty strings, got {value!r}.")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{name} must be distinct; repeated: {repeated}.")
+    return names

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import keras
 
-__all__ = ["clone_with_weights"]
+__all__ = ["clone_with_weights", "copy_weights"]
 
 
 def clone_with_weights(model: keras.Model, clone_function=None) -> keras.Model:
     """``keras.models.clone_model(model, clone_function=...)`` with every layer's weights copied from ``model``
     (``save_own_variables`` / ``load_own_variables``, layer by layer): a LoRA-adapted ``Dense`` passes on its merged
     kernel, as ``model.save`` writes it, so the clone computes what ``model`` does without adapters."""
-    clone = keras.models.clone_model(model, clone_function=clone_function)
+    return copy_weights(model, keras.models.clone_model(model, clone_function=clone_function))
+
+
+def copy_weights(model: keras.Model, clone: keras.Model) -> keras.Model:
+    """``clone`` (a model of ``model``'s layer structure) with every layer's weights copied from ``model``, layer by
+    layer (a LoRA-adapted ``Dense`` passes on its merged kernel); returns ``clone``."""
     old_layers = list(model._flatten_layers(include_self=False))
     new_layers = list(clone._flatten_layers(include_self=False))
     if len(old_layers) != len(new_layers):

@@ -29,6 +29,7 @@ from keras_vit.checks import (
     check_choice,
     check_count,
     check_fraction,
+    check_names,
     check_pair,
     check_positive_int,
     check_positive_number,
@@ -154,6 +155,13 @@ class ViTConfig:
         choices=POOLINGS,
     )
     classifier_activation: str | None = _field("activation of the head", None, "output", unset="none: logits")
+    class_names: tuple[str, ...] | None = _field(
+        "the head's classes in output order (what predict and decode_predictions print); training records them",
+        None,
+        "output",
+        check=optional(check_names),
+        unset="none",
+    )
     classifier: str = _field(
         "token: the class token (the paper's); gap: the mean of the patch tokens, no class token; map: a learned "
         "probe attends over the patch tokens, no class token (SigLIP's multihead attention pooling, timm's 'map')",
@@ -332,6 +340,8 @@ class ViTConfig:
                 "distillation_token has two heads on the normalised tokens: leave representation_size and fc_norm "
                 "unset."
             )
+        if self.include_top and self.class_names is not None and len(self.class_names) != self.num_classes:
+            raise ValueError(f"{len(self.class_names)} class_names for a head of {self.num_classes} classes.")
         if self.include_preprocessing and self.dynamic_image_size:
             raise ValueError("include_preprocessing resizes every image to image_size: leave dynamic_image_size off.")
         arch, (height, width) = self.architecture, self.image_size
@@ -366,8 +376,11 @@ class ViTConfig:
         return cls(Architecture(**architecture), **own)
 
     def replace(self, **fields: Any) -> ViTConfig:
-        """A copy with ``fields`` changed, the architecture's (``depth=2``) included."""
+        """A copy with ``fields`` changed, the architecture's (``depth=2``) included; another ``num_classes`` is a new
+        head, without the old one's ``class_names`` unless given."""
         architecture, own = _split(fields)
+        if own.get("num_classes", self.num_classes) != self.num_classes and "class_names" not in own:
+            own["class_names"] = None
         return dataclasses.replace(self, architecture=self.architecture.replace(**architecture), **own)
 
     def to_dict(self) -> dict[str, Any]:

@@ -296,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH [--formats ...]``: export, compare, print a table."""
     parser = argparse.ArgumentParser(prog="python -m keras_vit.export", description=__doc__.split("\n")[0])
     parser.add_argument("out", metavar="OUT_DIR", help="folder for the exported files")
-    parser.add_argument("--weights", required=True, metavar="NAME_OR_PATH", help="zoo name or Google .npz checkpoint")
+    parser.add_argument(
+        "--weights", required=True, metavar="NAME_OR_PATH", help="zoo name, checkpoint file or saved model (.keras)"
+    )
     parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
     parser.add_argument("--images", type=int, default=16, help="photo crops to compare on (default 16)")
     parser.add_argument("--overwrite", action="store_true", help="replace exported files OUT_DIR already holds")

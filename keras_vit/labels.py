@@ -1,8 +1,11 @@
-"""Class names of the published heads: ImageNet-1k (1,000 classes) and Google's ImageNet-21k (21,843).
+"""Class names: of the published heads, ImageNet-1k (1,000 classes) and Google's ImageNet-21k (21,843), and of any
+other head (a model trained by keras-vit records its classes: ``model.config.class_names``).
 
     from keras_vit import labels
     labels.class_names("imagenet1k")[0]          # "tench"
     labels.decode_predictions(logits, top=3)     # [[("n01443537", "goldfish", 7.1), ...], ...]
+    labels.decode_predictions(logits, labels=model.config.class_names)   # [[("2", "emu", 3.2), ...], ...]
+    labels.read_label_file("runs/finetune/classes.txt")                   # ("cat", "dog", "emu")
 
 The lists ship with the package (``keras_vit/data/*.tsv.gz``, one ``wnid<TAB>synonyms`` line per class, in
 the order of the heads); they come from timm 1.0.31 (Apache-2.0), see ``keras_vit/data/README.md``.
@@ -12,14 +15,16 @@ from __future__ import annotations
 
 import functools
 import gzip
+import os
+from collections.abc import Sequence
 from importlib import resources
 
 import keras
 import numpy as np
 
-from keras_vit.checks import check_choice
+from keras_vit.checks import check_choice, check_names
 
-__all__ = ["LABEL_SETS", "class_names", "decode_predictions", "label_set", "wnids"]
+__all__ = ["LABEL_SETS", "class_names", "decode_predictions", "label_set", "read_label_file", "wnids"]
 
 LABEL_SETS = {"imagenet1k": 1000, "imagenet21k": 21843}  # name -> number of classes
 _FILES = {"imagenet1k": "imagenet1k.tsv.gz", "imagenet21k": "imagenet21k.tsv.gz"}
@@ -56,24 +61,47 @@ def label_set(num_classes: int) -> str:
     raise ValueError(f"No class names for a head of {num_classes} classes; known sizes: {known}.")
 
 
-def decode_predictions(preds, top: int = 5, labels: str | None = None) -> list[list[tuple[str, str, float]]]:
-    """Per image, the ``top`` classes as ``(wnid, name, score)``, best first (like ``keras.applications``).
+def read_label_file(path: str | os.PathLike) -> tuple[str, ...]:
+    """The class names of a text file, one a line in head order (blank lines skipped), as a training run writes
+    them (``classes.txt``); a ``ValueError`` naming the file when it holds none or repeats one."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No label file {path} (one class name a line).")
+    with open(path, encoding="utf-8") as file:
+        names = [line.strip() for line in file if line.strip()]
+    try:
+        return check_names(names, f"the class names of {path}")
+    except ValueError as exc:
+        raise ValueError(f"{exc} (a label file holds one class name a line)") from None
+
+
+def decode_predictions(
+    preds, top: int = 5, labels: str | Sequence[str] | None = None
+) -> list[list[tuple[str, str, float]]]:
+    """Per image, the ``top`` classes as ``(id, name, score)``, best first (like ``keras.applications``): the id is the
+    WordNet id of an ImageNet class, else the class's index.
 
     Args:
         preds: scores of shape ``(batch, classes)`` (or ``(classes,)`` for one image): logits or
             probabilities, returned as they are.
         top: how many classes per image.
-        labels: ``"imagenet1k"`` or ``"imagenet21k"``; ``None`` picks the set from the number of classes.
+        labels: ``"imagenet1k"`` or ``"imagenet21k"``, or the class names in head order (a trained model's
+            ``model.config.class_names``, :func:`read_label_file`); ``None`` picks the ImageNet set from the number of
+            classes.
     """
     preds = np.asarray(keras.ops.convert_to_numpy(preds))
     if preds.ndim == 1:
         preds = preds[None]
     if preds.ndim != 2:
         raise ValueError(f"decode_predictions expects scores of shape (batch, classes), got {preds.shape}.")
-    labels = label_set(preds.shape[1]) if labels is None else _check(labels)
-    if preds.shape[1] != LABEL_SETS[labels]:
-        raise ValueError(f"{labels} has {LABEL_SETS[labels]} classes but the scores have {preds.shape[1]}.")
-    ids, names = wnids(labels), class_names(labels)
+    if labels is None or isinstance(labels, str):
+        labels = label_set(preds.shape[1]) if labels is None else _check(labels)
+        ids, names = wnids(labels), class_names(labels)
+    else:
+        names = check_names(labels, "labels")
+        ids = [str(index) for index in range(len(names))]
+    if preds.shape[1] != len(names):
+        what = labels if isinstance(labels, str) else f"the class names ({', '.join(names[:3])}, ...)"
+        raise ValueError(f"{what} has {len(names)} classes but the scores have {preds.shape[1]}.")
     results = []
     for scores in preds:
         order = np.argsort(-scores, kind="stable")[:top]

@@ -65,10 +65,10 @@ class VisionTransformer(keras.Model):
         config = config if isinstance(config, ViTConfig) else ViTConfig.from_dict(config)
         policy = kwargs.pop("dtype", None)
         policy = None if policy is None else keras.dtype_policies.get(policy)
-        with contextlib.nullcontext() if policy is None else global_policy(policy):
-            inputs, outputs = _graph(config)
         kwargs["name"] = kwargs.get("name") or config.architecture.model_name
-        super().__init__(inputs, outputs, dtype=policy, **kwargs)
+        with contextlib.nullcontext() if policy is None else global_policy(policy):  # the model's policy too
+            inputs, outputs = _graph(config)
+            super().__init__(inputs, outputs, **kwargs)
         self.config = config
         self.trainable = trainable  # the setter reaches every layer and variable (an __init__ argument does not)
         set_trainable_layers(self, trainable_layers or {})

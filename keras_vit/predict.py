@@ -1,14 +1,17 @@
-"""Classify images with a published checkpoint: ``python -m keras_vit.predict IMAGE... --weights NAME_OR_PATH``.
+"""Classify images: ``python -m keras_vit.predict IMAGE_OR_FOLDER... --weights NAME_OR_PATH``.
 
     python -m keras_vit.predict cat.jpg dog.png --weights B_16.augreg_in21k_ft_in1k --top 3
     python -m keras_vit.predict cat.jpg --weights ViT-B_16.npz --json
+    python -m keras_vit.predict photos/ --weights runs/finetune/model.keras      # every image, the run's classes
 
-Each image is read with PIL (EXIF orientation applied, converted to RGB), resized and scaled by
-:class:`keras_vit.preprocessing.ImagePreprocessor` to the model's resolution, and the ``top`` classes
-are printed with their scores (softmax probabilities unless ``--scores`` says otherwise). The model runs in the
-precision the hardware runs fastest (``--mixed-precision auto``: bfloat16 on CPUs with bfloat16 units;
-``none`` for float32). Errors
-(a missing or unreadable image, unknown weights) are one line on stderr and exit status 1.
+A folder stands for every image in it and its sub-folders. Each image is read by :func:`keras_vit.images.read_image`
+(as training reads it: EXIF orientation applied, 16-bit images scaled), resized and scaled by
+:class:`keras_vit.preprocessing.ImagePreprocessor` to the model's resolution, and the ``top`` classes are printed
+with their scores (softmax probabilities unless ``--scores`` says otherwise). Class names: ``--labels`` (ImageNet's
+sets, or a file of one name a line), else those the model records (a keras-vit training run's), else ImageNet's
+by the head's size. The model runs in the precision the hardware runs fastest (``--mixed-precision auto``: bfloat16
+on CPUs with bfloat16 units; ``none`` for float32). Errors (a missing or unreadable image, unknown weights) are one
+line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -17,31 +20,17 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
+from keras_vit.images import image_files, read_image
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
-__all__ = ["classify", "load_image", "main"]
+__all__ = ["classify", "main"]
 
 SCORES = ("softmax", "sigmoid", "logits")
 _BATCH = 16
-
-
-def load_image(path: str | Path) -> np.ndarray:
-    """An image file as a ``(H, W, 3)`` uint8 RGB array; a :class:`~keras_vit.cli.CommandError` if unreadable."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
-
-    path = Path(path)
-    if not path.is_file():
-        raise CommandError(f"{path}: no such file")
-    try:
-        with Image.open(path) as image:
-            return np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise CommandError(f"{path}: not a readable image ({exc})") from exc
 
 
 def _scores(logits: np.ndarray, kind: str) -> np.ndarray:
@@ -58,12 +47,14 @@ def classify(
     images: Sequence[np.ndarray],
     *,
     top: int = 5,
-    labels: str | None = None,
+    labels: str | Sequence[str] | None = None,
     scores: str = "softmax",
     weights: str | None = None,
 ) -> list[list[tuple[str, str, float]]]:
-    """The ``top`` ``(wnid, name, score)`` of each image (uint8 ``(H, W, 3)`` arrays of any size) under ``model``,
-    preprocessed as the catalogue checkpoint ``weights`` was evaluated (its crop and resize), else resized whole."""
+    """The ``top`` ``(id, name, score)`` of each image (uint8 ``(H, W, 3)`` arrays of any size) under ``model``,
+    preprocessed as the catalogue checkpoint ``weights`` was evaluated (its crop and resize), else resized whole;
+    ``labels`` as :func:`keras_vit.labels.decode_predictions` takes them (default: the model's recorded class names,
+    else ImageNet's by the head's size)."""
     from keras_vit import zoo
     from keras_vit.labels import decode_predictions
     from keras_vit.preprocessing import ImagePreprocessor
@@ -75,6 +66,8 @@ def classify(
     for start in range(0, len(images), _BATCH):
         batch = np.stack([np.asarray(preprocess(image)) for image in images[start : start + _BATCH]])
         logits.append(np.asarray(model.predict_on_batch(batch), dtype="float64"))
+    if labels is None:
+        labels = getattr(getattr(model, "config", None), "class_names", None)
     return decode_predictions(_scores(np.concatenate(logits), scores), top=top, labels=labels)
 
 
@@ -104,12 +97,14 @@ def _table(path: str, predictions: list[tuple[str, str, float]]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m keras_vit.predict", description=__doc__.split("\n")[0])
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any format PIL reads)")
+    parser.add_argument(
+        "images", nargs="+", metavar="IMAGE", help="image files (any format PIL reads) or folders of them"
+    )
     parser.add_argument(
         "--weights",
         required=True,
         metavar="NAME_OR_PATH",
-        help="a zoo catalogue name (python -m keras_vit.zoo list) or a Google .npz checkpoint",
+        help="a zoo catalogue name (python -m keras_vit.zoo list), a checkpoint file or a saved model (.keras)",
     )
     parser.add_argument(
         "--num-heads",
@@ -120,9 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=5, help="classes per image (default 5)")
     parser.add_argument(
         "--labels",
-        choices=("imagenet1k", "imagenet21k"),
         default=None,
-        help="label set (default: from the head's size, 1000 or 21843)",
+        metavar="SET_OR_FILE",
+        help="imagenet1k, imagenet21k, or a file of class names, one a line in head order (a run's classes.txt); "
+        "default: the model's recorded classes, else ImageNet's by the head's size (1000 or 21843)",
     )
     parser.add_argument("--scores", choices=SCORES, default="softmax", help="what to print (default softmax)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -137,17 +133,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     with command_errors(args):
         if args.top < 1:
             raise CommandError(f"--top must be at least 1, got {args.top}")
-        images = [load_image(path) for path in args.images]
+        from keras_vit.labels import LABEL_SETS, read_label_file
+
+        paths = image_files(args.images)
+        images = [read_image(path) for path in paths]
+        labels = args.labels if args.labels in (None, *LABEL_SETS) else read_label_file(args.labels)
         model = _build_model(args.weights, args.mixed_precision, args.num_heads)
-        results = classify(model, images, top=args.top, labels=args.labels, scores=args.scores, weights=args.weights)
+        results = classify(model, images, top=args.top, labels=labels, scores=args.scores, weights=args.weights)
     if args.json:
         out = [
             {"image": path, "predictions": [{"wnid": w, "name": n, "score": s} for w, n, s in preds]}
-            for path, preds in zip(args.images, results)
+            for path, preds in zip(paths, results)
         ]
         print(json.dumps(out, indent=1))
     else:
-        print("\n".join(_table(path, preds) for path, preds in zip(args.images, results)))
+        print("\n".join(_table(path, preds) for path, preds in zip(paths, results)))
     return 0
 
 

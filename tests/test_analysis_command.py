@@ -12,6 +12,7 @@ from PIL import Image
 from keras_vit import datasets
 from keras_vit.analysis import data, filter_components, plots
 from keras_vit.analysis.__main__ import main, model_input
+from keras_vit.images import read_image
 
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
 
@@ -195,7 +196,7 @@ def test_command_rejects_bad_input(tmp_path, capsys):
         exit_code([*TINY_ARGS, "--analyses", "attention", "--images", "missing.jpg", "--output-dir", str(tmp_path)])
         == 1
     )
-    assert "No image file 'missing.jpg'" in capsys.readouterr().err
+    assert "missing.jpg: no such file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("variant, heads", [("R50+B/16", 12), ("ViT_R26_S32", 6)])
@@ -292,7 +293,7 @@ def test_a_16_bit_png_is_scaled_to_8_bits_not_saturated(tmp_path):
     Image.fromarray(wide).save(path)
     with Image.open(path) as written:
         assert written.mode == "I;16"  # a real 16-bit PNG
-    loaded = data.load_image(str(path))
+    loaded = read_image(str(path))
     expected = np.round(wide / 257).astype(np.uint8)
     assert loaded.shape == (*wide.shape, 3) and loaded.dtype == np.uint8
     np.testing.assert_array_equal(loaded, np.repeat(expected[..., None], 3, axis=-1))
@@ -320,7 +321,7 @@ def _unreadable_files(tmp_path) -> dict[str, str]:
 def test_unreadable_image_files_are_a_clear_error_naming_the_file(tmp_path, capsys):
     for kind, path in _unreadable_files(tmp_path).items():
         with pytest.raises(ValueError, match="Cannot read image file") as error:
-            data.load_image(path)
+            read_image(path)
         assert repr(path) in str(error.value), kind
         out = tmp_path / "out"
         assert exit_code([*TINY_ARGS, "--analyses", "attention", "--images", path, "--output-dir", str(out)]) == 1, kind

@@ -33,6 +33,7 @@ CONFIGS = {
         interpolation="bicubic",
         num_classes=7,
         classifier_activation="softmax",
+        class_names=("cat", "dog", "emu", "fox", "gnu", "owl", "yak"),
         classifier="gap",
         representation_size=8,
         position_embedding="relative",

@@ -164,6 +164,7 @@ def test_overwrite_of_a_run_folder_deletes_only_what_runs_write(tmp_path):
     assert sorted(os.listdir(out)) == [
         outputs.MARKER,
         "checkpoints",
+        "classes.txt",
         "data",
         "metrics.json",
         "model.keras",

@@ -18,18 +18,19 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import datasets
+from keras_vit.images import IMAGE_EXTENSIONS, image_problem, read_image
 from keras_vit.training.errors import CorruptDataError, warn
 from keras_vit.training.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "FOLDER_EVAL_NAMES",
     "IMAGE_EXTENSIONS",
-    "IMAGE_FORMATS",
     "TFDS_EVAL_SPLITS",
     "Source",
     "Split",
     "check_images",
     "decode_image",
+    "image_file",
     "image_problem",
     "load_digits",
     "load_folder",
@@ -37,8 +38,6 @@ __all__ = [
     "load_tfds",
 ]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
-IMAGE_FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP")  # what tf.io.decode_image reads (PIL's names)
 NAMED = 10  # bad files named in a message
 FOLDER_EVAL_NAMES = ("val", "validation", "test")
 # Held-out split per TFDS dataset where it is not "test" (ImageNet's test labels are not public).
@@ -72,7 +71,7 @@ class Split:
             raise ValueError("This split is a stream; it has no random access.")
         items, labels = tf.constant(self.items), tf.constant(self.labels, tf.int64)
         if items.dtype == tf.string:
-            return lambda i: (decode_image(tf.io.read_file(items[i])), labels[i])
+            return lambda i: (image_file(items[i]), labels[i])
         return lambda i: (items[i], labels[i])
 
     def part(self, index: int, count: int) -> tf.data.Dataset:
@@ -107,12 +106,20 @@ class Source:
     train: Split
     eval: Split
     eval_split: str
-    class_names: tuple[str, ...] = ()
+    class_names: tuple[str, ...] | None = None  # in label order
 
 
 def decode_image(data: tf.Tensor) -> tf.Tensor:
     """Encoded bytes (JPEG, PNG, BMP, GIF's first frame, WebP) -> ``(H, W, 3)`` uint8."""
     image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return image
+
+
+def image_file(path: tf.Tensor) -> tf.Tensor:
+    """An image file's path -> ``(H, W, 3)`` uint8, read by :func:`keras_vit.images.read_image` as ``predict`` and the
+    analyses read it (EXIF orientation applied, 16 bits scaled)."""
+    image = tf.numpy_function(lambda name: read_image(name.decode()), [path], tf.uint8, stateful=False)
     image.set_shape([None, None, 3])
     return image
 
@@ -134,23 +141,6 @@ def load_digits(eval_fraction: float = 0.2, seed: int = 0) -> Source:
         eval_split=f"held-out {eval_fraction:.0%}",
         class_names=tuple(str(d) for d in range(10)),
     )
-
-
-def image_problem(path: str) -> str | None:
-    """Why the image file ``path`` would not decode (``None`` if it does): read in full, JPEGs at 1/8 scale."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            if image.format not in IMAGE_FORMATS:
-                return f"a {image.format} image, not one of {', '.join(IMAGE_FORMATS)}"
-            image.draft("RGB", (1, 1))  # JPEG: decode at the smallest scale, still reading every byte
-            image.load()
-    except UnidentifiedImageError:
-        return "not an image"
-    except (OSError, ValueError, SyntaxError) as error:  # PIL: truncated or malformed data
-        return str(error) or type(error).__name__
-    return None
 
 
 def check_images(
@@ -366,7 +356,7 @@ def load_tfds(
         split(train_split, True),
         split(eval_split, False),
         eval_split,
-        tuple(features["label"].names),
+        tuple(features["label"].names) or None,
     )
 
 

@@ -37,7 +37,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.cloning import copy_weights
 from keras_vit.files import atomic_open, atomic_path, naming
+from keras_vit.models import VisionTransformer
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
 from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
 from keras_vit.training.outputs import write_json
@@ -420,16 +422,25 @@ def _fit(
     return FitResult(history, start, total_steps)
 
 
+def _uncompiled(model: keras.Model) -> keras.Model:
+    """A copy of ``model`` without its optimizer and compile settings: the same class and config for a
+    :class:`~keras_vit.models.VisionTransformer` (weights copied), else a plain model sharing the weights."""
+    if isinstance(model, VisionTransformer):
+        return copy_weights(model, VisionTransformer.from_config(model.get_config()))
+    return keras.Model(model.inputs, model.outputs, name=model.name)
+
+
 def save_outputs(
     model: keras.Model, metrics: dict, output_dir: str, strategy: Strategy, model_path: str | None = None
 ) -> str | None:
-    """Write ``model.keras`` (an uncompiled copy sharing the weights; at ``model_path`` when given) and
+    """Write ``model.keras`` (an uncompiled copy: a :class:`~keras_vit.models.VisionTransformer` keeps its class and
+    config, class names included, LoRA adapters merged; at ``model_path`` when given) and
     ``metrics.json`` (strict JSON: NaN and infinite values as ``null``) to ``output_dir``; chief only."""
     if not is_chief(strategy):
         return None
     os.makedirs(output_dir, exist_ok=True)
     path = model_path or os.path.join(output_dir, "model.keras")
     with atomic_path(path) as temporary:
-        keras.Model(model.inputs, model.outputs, name=model.name).save(temporary)
+        _uncompiled(model).save(temporary)
     write_json(os.path.join(output_dir, "metrics.json"), metrics)
     return path

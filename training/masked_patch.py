@@ -35,7 +35,7 @@ from keras import layers, ops
 
 from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.data import Split
+from keras_vit.training.data import Source, Split
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 from keras_vit.training.sharding import WHOLE, Shard, distribute_input
 from keras_vit.training.steps import Setup
@@ -307,8 +307,8 @@ class MaskedPatches:
             f"{self.random_fraction:.0%} another patch), {self.bits}-bit colour targets"
         )
 
-    def build(self, config: TrainConfig, num_classes: int) -> tuple[keras.Model, keras.Model]:
-        encoder = steps.build_model(config, num_classes)
+    def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
+        encoder = steps.build_model(config, source.num_classes)  # its head does not learn the classes here
         return masked_patch_model(encoder, bits=self.bits), encoder
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:

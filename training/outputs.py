@@ -53,6 +53,7 @@ ABLATION_FOLDERS = tuple(f"{p}-{c}" for p in POSITION_EMBEDDINGS for c in CLASSI
 RUN_FILES = (
     MARKER,
     "run.json",
+    "classes.txt",
     "checkpoints",
     "tensorboard",
     "train_log.jsonl",
@@ -69,7 +70,13 @@ RUN_FILES = (
 )
 # What a run writes in its folder, by kind: checked before its first step (check_paths).
 RUN_FOLDERS = ("checkpoints", "tensorboard", "tensorboard/steps", "tensorboard/train", "tensorboard/validation")
-RUN_WRITES = (MARKER, "run.json", "train_log.jsonl", "metrics.json")  # and the model: model.keras or elsewhere
+RUN_WRITES = (
+    MARKER,
+    "run.json",
+    "classes.txt",
+    "train_log.jsonl",
+    "metrics.json",
+)  # and the model: model.keras or elsewhere
 
 
 def is_run_folder(path: str) -> bool:

@@ -30,6 +30,7 @@ from keras_vit.config import ViTConfig
 from keras_vit.training import config as config_lib
 from keras_vit.training import outputs, steps
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.data import Source
 from keras_vit.training.errors import OutputDirError
 from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.memory import check_batch_fits
@@ -48,8 +49,9 @@ class Task(Protocol):
     def describe(self) -> str:
         """What the task adds to the run's description ("" when nothing)."""
 
-    def build(self, config: TrainConfig, num_classes: int) -> tuple[keras.Model, keras.Model]:
-        """The model that trains and the model the run keeps (saves and returns): the same, or the one inside."""
+    def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
+        """The model that trains and the model the run keeps (saves and returns): the same, or the one inside; the
+        kept one's config records the classes of ``source``."""
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:
         """Compile the model that trains."""
@@ -114,6 +116,7 @@ def _run(
     config, source, strategy = setup.config, setup.source, setup.strategy
     optim, run = config.optim, config.run
     previous = steps.prepare_output(config, setup.chief, model_path)
+    steps.check_classes(run.output_dir, source)
     if previous.finished is not None:
         return _finished(setup, task, previous.finished, model_path)
     if setup.chief and previous.extends:
@@ -123,9 +126,10 @@ def _run(
 
     keras.utils.set_random_seed(optim.seed)
     with steps.precision(config, setup.device), strategy.scope():
-        model, kept = task.build(config, source.num_classes)
+        model, kept = task.build(config, source)
         task.compile(model, config)
     steps.start_output(config, setup.chief, command, previous)  # started: the folder is marked, the settings written
+    steps.record_classes(setup)
 
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate

@@ -19,6 +19,10 @@ from collections.abc import Sequence
 import keras
 
 import keras_vit
+from keras_vit.applications import DEFAULT_VARIANT
+from keras_vit.checkpoints import checkpoint_config, detect_format, read_checkpoint
+from keras_vit.config import ViTConfig, field_names
+from keras_vit.files import atomic_open
 from keras_vit.precision import global_policy, policy_of_choice
 from keras_vit.training import config as config_lib
 from keras_vit.training import outputs
@@ -40,11 +44,15 @@ from keras_vit.training.strategy import (
 )
 from keras_vit.variants import canonical_variant
 
+CLASSES = "classes.txt"  # a run's class names, one a line, in label order
+
 __all__ = [
+    "CLASSES",
     "Previous",
     "Setup",
     "augment_of",
     "build_model",
+    "check_classes",
     "compile_model",
     "describe",
     "load_data",
@@ -53,6 +61,7 @@ __all__ = [
     "precision",
     "prepare",
     "prepare_output",
+    "record_classes",
     "start_output",
     "start_parent",
     "strategy_name",
@@ -130,8 +139,32 @@ def load_data(config: TrainConfig, strategy: Strategy | None = None) -> Source:
     )
 
 
+def with_saved_model(config: TrainConfig) -> TrainConfig:
+    """``config`` with the variant, architecture, image size, structure and numerics of the saved keras-vit model
+    that ``weights`` names (a run's ``model.keras``, pretrain's ``encoder.keras``) where unset: the run goes on from
+    that model as it is. An architecture asked for (``--model``, ``--depth``) that differs from the file's is
+    refused when the model is built (:func:`keras_vit.ViT`), naming what differs."""
+    weights = config.model.weights
+    if weights is None or not os.path.isfile(weights) or detect_format(weights) != "keras":
+        return config
+    saved = checkpoint_config(read_checkpoint(weights))
+    groups = ("structure", "numerics") if config.model.name else ("architecture", "structure", "numerics")
+    fields = field_names(*groups)
+    defaults = {field.name: field.default for field in dataclasses.fields(ViTConfig)}
+    values = {k: v for k, v in saved.to_dict().items() if k in fields and v != defaults.get(k)}
+    height, width = saved.image_size
+    if height == width:
+        values["image_size"] = height
+    if config.model.name is None:
+        values["model"] = saved.architecture.variant or DEFAULT_VARIANT  # the architecture's fields make it the file's
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return config.replace(**{k: v for k, v in values.items() if config.flat().get(k) is None})
+
+
 def prepare(config: TrainConfig, strategy: Strategy | None = None) -> Setup:
-    """Load the data and the strategy (unless given), and resolve ``config`` for them."""
+    """Load the data and the strategy (unless given), and resolve ``config`` for them (a saved model's architecture
+    where ``weights`` is one: :func:`with_saved_model`)."""
+    config = with_saved_model(config)
     strategy = strategy or make_strategy(config)
     device = accelerator(strategy)
     source = load_data(config, strategy)
@@ -281,6 +314,46 @@ def start_output(config: TrainConfig, chief: bool, command: str = "finetune", pr
     extends = previous is not None and previous.extends
     if extends or not outputs.has_checkpoint(out) or not os.path.isfile(run_file):
         outputs.write_json(run_file, config_lib.json_ready(config))
+
+
+def _read_classes(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as file:
+        return [line.rstrip("\n") for line in file if line.strip()]
+
+
+def check_classes(out: str, source: Source) -> None:
+    """An ``OutputDirError`` when the run in ``out`` (one with a checkpoint, or finished) was trained on other classes
+    than ``source``'s (its ``classes.txt``): a renamed, reordered, added or removed class would remap the labels under
+    the resumed head. A run that failed before its first checkpoint does not bind the next one."""
+    path = os.path.join(out, CLASSES)
+    started = outputs.has_checkpoint(out) or os.path.isfile(os.path.join(out, "metrics.json"))
+    if not started or not os.path.isfile(path) or source.class_names is None:
+        return  # no run to resume, or one older than classes.txt
+    before, now = _read_classes(path), list(source.class_names)
+    if before == now:
+        return
+    added, gone = [c for c in now if c not in before], [c for c in before if c not in now]
+    if not added and not gone:
+        change = (
+            f"the same classes in another order (was {', '.join(before)}; now {', '.join(now)}): labels would remap"
+        )
+    else:
+        changes = [f"{what} {', '.join(names)}" for what, names in (("added", added), ("gone", gone)) if names]
+        change = f"the dataset changed, classes {'; '.join(changes)}"
+    raise OutputDirError(
+        f"{out} holds a run trained on other classes than {source.name}'s ({path}): {change}. Restore the class "
+        f"folders as they were to resume, or start a new run (another --output-dir, or --overwrite); to go on from "
+        f"the trained model with the new classes, fine-tune it: --weights {os.path.join(out, 'model.keras')}."
+    )
+
+
+def record_classes(setup: Setup) -> None:
+    """Write the run's classes to ``classes.txt`` (one name a line, in label order: the file ``predict --labels``
+    takes) once it has started; :func:`check_classes` compares a resume's with them."""
+    names = setup.source.class_names
+    if setup.chief and names is not None:
+        with atomic_open(os.path.join(setup.config.run.output_dir, CLASSES), "w") as file:
+            file.write("".join(f"{name}\n" for name in names))
 
 
 def start_parent(setup: Setup, command: str, files: Sequence[str] = ()) -> None:

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.data import Source
 from keras_vit.training.pipeline import eval_dataset, train_dataset
 from keras_vit.training.runner import RunResult, train
 from keras_vit.training.sharding import distribute_input
@@ -48,8 +49,8 @@ class Classification:
     def describe(self) -> str:
         return ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in self.options().items())
 
-    def build(self, config: TrainConfig, num_classes: int) -> tuple[keras.Model, keras.Model]:
-        model = steps.build_model(config, num_classes, **self.options())
+    def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
+        model = steps.build_model(config, source.num_classes, class_names=source.class_names, **self.options())
         return model, model
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:

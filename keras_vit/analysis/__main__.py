@@ -1,8 +1,9 @@
-"""``python -m keras_vit.analysis VARIANT``: write the paper's analysis figures for a model.
+"""``python -m keras_vit.analysis [VARIANT] [--weights ...]``: write the paper's analysis figures for a model.
 
 Example (a random-init tiny model, all five figures into ./vit_analysis)::
 
     python -m keras_vit.analysis Ti/16 --image-size 32 --patch-size 8 --depth 2 --output-dir vit_analysis
+    python -m keras_vit.analysis --weights runs/finetune/model.keras      # a saved model brings its variant
 
 Writes ``attention_maps.png``, ``attention_distance.png``, ``position_similarity.png``,
 ``embedding_filters.png``, ``few_shot.png`` and ``results.json`` (the numbers behind them).
@@ -56,8 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Attention maps, attention distance, position-embedding similarity, embedding-filter "
         "components and few-shot linear evaluation of a ViT, as PNG figures and results.json.",
     )
-    parser.add_argument("variant", help="ViT variant, e.g. 'B/16' or 'ViT_B16', or a hybrid: 'R50+B/16', 'ViT_R26_S32'")
-    parser.add_argument("--weights", default=None, help="checkpoint path or catalogue name (default: random init)")
+    parser.add_argument(
+        "variant",
+        nargs="?",
+        help="ViT variant, e.g. 'B/16' or 'ViT_B16', or a hybrid: 'R50+B/16', 'ViT_R26_S32' (default: a saved model's "
+        "given as --weights, else B/16)",
+    )
+    parser.add_argument(
+        "--weights", default=None, help="checkpoint path, saved model (.keras) or catalogue name (default: random init)"
+    )
     add_mixed_precision_flag(parser)
     add_arguments(parser.add_argument_group("model", MODEL_FLAGS.__doc__), MODEL_FLAGS())
     parser.add_argument(
@@ -220,6 +228,7 @@ def run(args: argparse.Namespace) -> dict:
     """
     from keras_vit.analysis import attention, data, embeddings, plots
     from keras_vit.analysis.geometry import token_geometry
+    from keras_vit.images import read_image
 
     model = build_model(args)
     size = tuple(model.inputs[0].shape[1:3])
@@ -234,13 +243,13 @@ def run(args: argparse.Namespace) -> dict:
     originals = None
     if {"attention", "distance"} & set(chosen):
         if args.images:
-            originals = [data.load_image(path) for path in args.images]
+            originals = [read_image(path) for path in args.images]
         else:
             originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
     split = few_shot_split(args) if "fewshot" in chosen else None
 
     results: dict = {
-        "variant": args.variant,
+        "variant": args.variant or model.name,
         "weights": args.weights,
         "image_size": list(size),
         "precision": model.dtype_policy.name,

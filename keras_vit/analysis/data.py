@@ -18,7 +18,7 @@ from keras_vit import datasets
 from keras_vit.checks import check_choice
 from keras_vit.optional import require
 
-__all__ = ["SAMPLE_IMAGES", "LabelledImages", "load_fewshot_dataset", "load_image", "resize_images", "sample_image"]
+__all__ = ["SAMPLE_IMAGES", "LabelledImages", "load_fewshot_dataset", "resize_images", "sample_image"]
 
 SAMPLE_IMAGES = ("china.jpg", "flower.jpg")
 
@@ -28,27 +28,6 @@ def sample_image(name: str = "china.jpg") -> np.ndarray:
     from sklearn.datasets import load_sample_image
 
     return load_sample_image(check_choice(name, SAMPLE_IMAGES, "sample image"))
-
-
-def load_image(path: str) -> np.ndarray:
-    """An image file as uint8 RGB ``(H, W, 3)``.
-
-    16-bit grey images (PIL modes ``I;16*``, e.g. 16-bit PNGs) are scaled to 8 bits as ``round(v / 257)``
-    (65535 -> 255), not clipped. A missing file is a ``FileNotFoundError``; a file that is not an image, or a
-    truncated or damaged one, a ``ValueError`` naming it.
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"No image file {path!r}.")
-    try:
-        with Image.open(path) as image:
-            image.load()  # decode now: a truncated file fails here, not later
-            if image.mode.startswith("I;16"):
-                wide = np.asarray(image).astype(np.uint32)
-                grey = ((wide + 128) // 257).astype(np.uint8)  # round(v / 257): the inverse of v * 257
-                return np.repeat(grey[..., None], 3, axis=-1)
-            return np.asarray(image.convert("RGB"))
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        raise ValueError(f"Cannot read image file {path!r}: not an image, or truncated or damaged ({error}).") from None
 
 
 def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:

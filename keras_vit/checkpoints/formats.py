@@ -7,7 +7,7 @@ the raw tensors of the torch-world formats.
     huggingface     a Hugging Face folder: config.json + model.safetensors / pytorch_model.bin
     keras_hub       a keras-hub preset folder: config.json (keras_hub>...) + model.weights.h5
     keras_weights   Keras' own .weights.h5 (HDF5)                              keras.Model.load_weights
-    keras           a whole saved Keras model (.keras)                         keras.saving.load_model
+    keras           a saved keras-vit model (.keras): weights and config        keras.saving.load_model
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ FORMATS = {
     "huggingface": "a Hugging Face model folder",
     "keras_hub": "a keras-hub preset folder",
     "keras_weights": "a Keras .weights.h5 file",
-    "keras": "a whole saved Keras model (.keras)",
+    "keras": "a saved keras-vit model (.keras)",
 }
 EXPECTED = (
     "a Google .npz, a timm or Hugging Face state dict (.safetensors, .pth, .bin), a Hugging Face folder "
     "(config.json + model.safetensors or pytorch_model.bin), a keras-hub preset folder (config.json + "
-    "model.weights.h5) or a Keras .weights.h5"
+    "model.weights.h5), a Keras .weights.h5 or a saved keras-vit model (.keras)"
 )
 HUGGINGFACE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _SUFFIXES = {

@@ -141,7 +141,10 @@ def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
     """The config of the model a checkpoint holds: :func:`checkpoint_info`'s architecture, classifier, image size
     and head (classes and ``pre_logits``), a hybrid's ResNet width (its root convolution's channels), ``norm_pre``
     and ``qk_norm`` where their keys are there, and the options its format records
-    (``CheckpointArrays.model_options``: timm's ``gelu="exact"``, ``fc_norm``, ...)."""
+    (``CheckpointArrays.model_options``: timm's ``gelu="exact"``, ``fc_norm``, ...); a saved keras-vit model's own
+    config."""
+    if getattr(arrays, "config", None) is not None:
+        return arrays.config
     info = checkpoint_info(arrays)
     fields = dict(getattr(arrays, "model_options", {}), classifier=info.classifier, **prefix_token_fields(arrays))
     fields["norm_pre"] = "Transformer/norm_pre/scale" in arrays

@@ -243,6 +243,8 @@ def load_weights(
     unexpected = [key for key in arrays if key not in key_map and key not in skipped]
     _check_values(arrays, [key for key in key_map if key in arrays])
     values, mismatched = _transformed(key_map, arrays)
+    extra, extra_mismatched = _extra_values(model, key_map, arrays)
+    values, mismatched = values + extra, mismatched + extra_mismatched
     if missing or unexpected or mismatched:
         sections = [
             _listing(title, items)
@@ -278,6 +280,26 @@ def _differs(info: CheckpointInfo, model: keras.Model) -> str:
         return ""
     differ = differences(info, built, "the model", ARCHITECTURE)
     return f", another architecture: {differ}" if differ else ""
+
+
+def _extra_values(model: keras.Model, key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
+    """``[(variable, value)]`` and mismatches for the model's variables outside the ``.npz`` layout that a saved
+    keras-vit model holds (``arrays.extra``, by variable path; a 2-D position embedding's rows and columns)."""
+    extra = getattr(arrays, "extra", {})
+    mapped = {id(variable) for variable, _ in key_map.values()}
+    values, mismatched = [], []
+    for variable in model.weights:
+        if id(variable) in mapped or variable.path not in extra:
+            continue
+        value = np.asarray(extra[variable.path])
+        if value.shape == tuple(variable.shape):
+            values.append((variable, value))
+        else:
+            mismatched.append(
+                f"{variable.path} {value.shape}: the model's is {tuple(variable.shape)} (of the position embeddings, "
+                "only the published learned_1d ones are resized)"
+            )
+    return values, mismatched
 
 
 def _transformed(key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
@@ -318,10 +340,10 @@ def checkpoint_defaults(
     """
     if getattr(arrays, "format", "npz") == "keras_weights":
         return image_size, num_classes, representation_size  # no shapes to read before the model exists
-    info = checkpoint_info(arrays)
+    info = checkpoint_info(arrays) if getattr(arrays, "config", None) is None else arrays.config
     if image_size is None:
         image_size = info.image_size
-    if num_classes is None and info.num_classes is not None:
+    if num_classes is None and info.num_classes is not None and getattr(info, "include_top", True):
         num_classes = info.num_classes
         representation_size = representation_size or info.representation_size
     return image_size, num_classes, representation_size
@@ -359,7 +381,8 @@ def model_from_checkpoint(
     num_heads = overrides.pop("num_heads", None)
     if num_heads is None and not arrays.heads_known:
         _warn_heads_guessed(arrays)
-    arrays = with_num_heads(arrays, num_heads or checkpoint_info(arrays).architecture.num_heads)
+    if not arrays.heads_known:  # only then: a saved model of a 2-D position embedding has no grid to read
+        arrays = with_num_heads(arrays, num_heads or checkpoint_info(arrays).architecture.num_heads)
     overrides.update(resnet_fields(overrides.pop("resnet_options", None) or {}))
     new_head = overrides.get("include_top") is False or overrides.get("num_classes") is not None  # asked for
     image_size, num_classes, representation_size = checkpoint_defaults(

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import keras
 import numpy as np
 
 from keras_vit import zoo
@@ -39,8 +40,11 @@ from keras_vit.checkpoints.inspect import (
     shapes_only,
 )
 from keras_vit.checkpoints.keras_hub import read_keras_hub_preset
-from keras_vit.checkpoints.timm import looks_like_timm, timm_to_npz
-from keras_vit.config import ViTConfig
+from keras_vit.checkpoints.keymap import npz_key_map
+from keras_vit.checkpoints.timm import looks_like_timm, model_arrays, timm_to_npz
+from keras_vit.config import ViTConfig, field_names
+from keras_vit.layers import TransformerBlock
+from keras_vit.models import VisionTransformer, model_options
 from keras_vit.variants import parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
 from keras_vit.zoo.validate import check_members, npz_shapes, safetensors_shapes
@@ -53,6 +57,7 @@ __all__ = [
     "read_checkpoint",
     "read_npz",
     "read_path",
+    "read_saved_model",
     "resolve_weights",
     "with_num_heads",
 ]
@@ -68,7 +73,9 @@ class CheckpointArrays(dict):
     (``gelu``, ``fc_norm``, a hybrid's ResNet numerics); ``heads_known`` is False where
     the file does not record the head count (timm) and the attention arrays are regrouped for the model's
     (:func:`with_num_heads`). A ``keras_weights`` file has no arrays here: ``keras_weights`` is its path, for
-    ``keras.Model.load_weights``.
+    ``keras.Model.load_weights``. A saved keras-vit model (``.keras``) brings its whole ``config`` (else ``None``) and,
+    as ``extra``, its variables that the ``.npz`` layout has no key for (a 2-D or relative position embedding's), by
+    variable path.
     """
 
     def __init__(
@@ -80,6 +87,8 @@ class CheckpointArrays(dict):
         model_options: Mapping | None = None,
         heads_known: bool = True,
         keras_weights: Path | None = None,
+        config: ViTConfig | None = None,
+        extra: Mapping[str, np.ndarray] | None = None,
     ):
         super().__init__(arrays)
         self.source = source
@@ -87,6 +96,8 @@ class CheckpointArrays(dict):
         self.model_options = dict(model_options or {})
         self.heads_known = heads_known
         self.keras_weights = keras_weights
+        self.config = config
+        self.extra = dict(extra or {})
 
 
 def read_npz(path: str | os.PathLike) -> CheckpointArrays:
@@ -236,10 +247,7 @@ def read_path(path: str | os.PathLike) -> CheckpointArrays:
     if fmt == "npz":
         return read_npz(path)
     if fmt == "keras":
-        raise ValueError(
-            f"{path} is a whole saved Keras model (.keras), not a checkpoint to load into another model: open it "
-            "with keras.saving.load_model(path) (after import keras_vit, which registers its layers)."
-        )
+        return read_saved_model(path)
     if fmt == "keras_weights":
         return CheckpointArrays({}, str(path), format=fmt, keras_weights=path)
     if fmt == "keras_hub":
@@ -254,6 +262,31 @@ def read_path(path: str | os.PathLike) -> CheckpointArrays:
         config = read_json(path.with_name("config.json"))
     heads = recorded_num_heads(path) if fmt == "safetensors" else None
     return from_state_dict(read_state_dict(path, fmt), str(path), config, fmt, heads)
+
+
+def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
+    """A saved keras-vit model (``.keras``: the training commands' ``model.keras`` and ``encoder.keras``, a user's
+    ``model.save``): its weights in the ``.npz`` layout and its :class:`~keras_vit.config.ViTConfig` (of the
+    :class:`~keras_vit.models.VisionTransformer` it is or holds); a plain model made of keras-vit layers brings the
+    options its layers show, and its architecture is read from the shapes as a checkpoint's."""
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except Exception as exc:  # Keras raises many kinds for a damaged or foreign file (ValueError, TypeError, ...)
+        raise ValueError(f"{path} is not a readable saved Keras model ({type(exc).__name__}: {exc}).") from exc
+    layers = list(model._flatten_layers(include_self=True))
+    vits = [layer for layer in layers if isinstance(layer, VisionTransformer)]
+    vit = vits[0] if len(vits) == 1 else model
+    if not any(isinstance(layer, TransformerBlock) for layer in layers):
+        raise ValueError(
+            f"{path} is a saved Keras model ({type(model).__name__} {model.name!r}) without keras-vit layers (as "
+            "keras_vit.ViT builds): open it with keras.saving.load_model."
+        )
+    config = getattr(vit, "config", None)
+    options = {k: v for k, v in model_options(vit).items() if k in field_names("structure", "numerics")}
+    mapped = {id(variable) for variable, _ in npz_key_map(vit).values()}
+    extra = {v.path: keras.ops.convert_to_numpy(v) for v in vit.weights if id(v) not in mapped}
+    fields = dict(format="keras", model_options=options, config=config, extra=extra)
+    return CheckpointArrays(model_arrays(vit), str(path), **fields)
 
 
 _ATTENTION_KEY = re.compile(
@@ -280,6 +313,7 @@ def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays
             if bias in arrays:
                 regrouped[bias] = arrays[bias].reshape(num_heads, -1)
     fields = dict(format=arrays.format, model_options=arrays.model_options, heads_known=True)
+    fields.update(config=arrays.config, extra=arrays.extra)
     return CheckpointArrays(regrouped, arrays.source, **fields)
 
 

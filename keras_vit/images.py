@@ -1,0 +1,96 @@
+"""Image files to pixels: the one reader of training (image folders), ``predict`` and the analyses.
+
+:func:`read_image` opens a file with PIL and returns uint8 RGB ``(H, W, 3)``:
+
+- the EXIF orientation is applied (a phone's portrait photo stands upright, as every viewer shows it);
+- 16-bit grey images (PIL modes ``I;16*``, e.g. 16-bit PNGs) are scaled to 8 bits as ``round(v / 257)``
+  (65535 -> 255), not clipped; other modes are converted to RGB;
+- a file that is not an image, a truncated or damaged one, or one larger than PIL's decompression-bomb limit
+  (``PIL.Image.MAX_IMAGE_PIXELS`` times 2, about 179 megapixels) is a ``ValueError`` naming it; a missing file a
+  ``FileNotFoundError``; anything but a regular file (a FIFO would block) is never opened.
+
+:func:`image_files` lists the images of a folder (and its sub-folders); :func:`image_problem` says why a file would
+not read (``None`` when it does), for checking a whole folder first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+__all__ = ["IMAGE_EXTENSIONS", "image_files", "image_problem", "read_image"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")  # what an image folder's files end with
+
+# What PIL raises for a file it cannot read: unidentified, truncated or malformed data, or over its pixel limit.
+_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def _pixels(image: Image.Image) -> np.ndarray:
+    """An opened PIL image as uint8 RGB, EXIF orientation applied, 16 bits scaled to 8."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode.startswith("I;16"):
+        wide = np.asarray(image).astype(np.uint32)
+        grey = ((wide + 128) // 257).astype(np.uint8)  # round(v / 257): the inverse of v * 257
+        return np.repeat(grey[..., None], 3, axis=-1)
+    return np.asarray(image.convert("RGB"))
+
+
+def _failure(error: Exception) -> str:
+    """Why PIL could not read a file, in words."""
+    if isinstance(error, Image.DecompressionBombError):
+        return f"too large to decode safely ({error})"
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image"
+    return str(error) or type(error).__name__
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """An image file as uint8 RGB ``(H, W, 3)`` (see the module docstring); errors name the file."""
+    if not os.path.isfile(path):
+        if os.path.exists(path):
+            raise ValueError(f"{path}: not a regular file (a folder, pipe or device), not an image.")
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        with Image.open(path) as image:
+            image.load()  # decode now: a truncated file fails here, not later
+            return _pixels(image)
+    except _ERRORS as error:
+        raise ValueError(f"Cannot read image file {str(path)!r}: {_failure(error)}.") from None
+
+
+def image_problem(path: str | os.PathLike, formats: tuple[str, ...] | None = None) -> str | None:
+    """Why ``path`` would not read (``None`` if it does): decoded in full, JPEGs at 1/8 scale. ``formats``: the PIL
+    format names accepted (default: any)."""
+    try:
+        with Image.open(path) as image:
+            if formats is not None and image.format not in formats:
+                return f"a {image.format} image, not one of {', '.join(formats)}"
+            image.draft("RGB", (1, 1))  # JPEG: decode at the smallest scale, still reading every byte
+            image.load()
+    except _ERRORS as error:
+        return _failure(error)
+    return None
+
+
+def _images_in(folder: str) -> list[str]:
+    """The image files (:data:`IMAGE_EXTENSIONS`) in ``folder`` and its sub-folders, sorted; hidden ones left out."""
+    found = []
+    for parent, subfolders, names in os.walk(folder):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        found += [os.path.join(parent, n) for n in names if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != "."]
+    return sorted(found)
+
+
+def image_files(paths: list[str | os.PathLike]) -> list[str]:
+    """``paths`` with every folder replaced by the image files in it and its sub-folders (sorted; hidden ones left
+    out); a ``ValueError`` naming a folder without images."""
+    files = []
+    for path in map(str, paths):
+        found = _images_in(path) if os.path.isdir(path) else [path]
+        if not found:
+            raise ValueError(f"{path}: a folder without image files ({', '.join(IMAGE_EXTENSIONS)}).")
+        files += found
+    return files
