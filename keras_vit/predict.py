@@ -55,13 +55,11 @@ def classify(
     preprocessed as the catalogue checkpoint ``weights`` was evaluated (its crop and resize), else resized whole;
     ``labels`` as :func:`keras_vit.labels.decode_predictions` takes them (default: the model's recorded class names,
     else ImageNet's by the head's size)."""
-    from keras_vit import zoo
     from keras_vit.labels import decode_predictions
-    from keras_vit.preprocessing import ImagePreprocessor
+    from keras_vit.preprocessing import ImagePreprocessor, checkpoint_preprocessor
 
     size = tuple(model.input_shape[1:3])
-    in_catalogue = weights is not None and zoo.find(weights) is not None
-    preprocess = ImagePreprocessor.from_weights(weights, image_size=size) if in_catalogue else ImagePreprocessor(size)
+    preprocess = checkpoint_preprocessor(weights, size) or ImagePreprocessor(size)
     logits = []
     for start in range(0, len(images), _BATCH):
         batch = np.stack([np.asarray(preprocess(image)) for image in images[start : start + _BATCH]])

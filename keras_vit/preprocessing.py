@@ -15,6 +15,7 @@ Both run on every Keras backend: on the backend's own tensors (and numpy) with `
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -22,7 +23,7 @@ import keras
 import numpy as np
 from keras import ops
 
-__all__ = ["ImagePreprocessor", "preprocess_input"]
+__all__ = ["ImagePreprocessor", "checkpoint_preprocessor", "preprocess_input"]
 
 # The operations the steps below need: keras.ops and TensorFlow spell them alike, except resize.
 _OP_NAMES = ("cast", "shape", "minimum", "maximum", "slice", "expand_dims", "squeeze")
@@ -212,3 +213,13 @@ class ImagePreprocessor(keras.layers.Layer):
             std=list(self.std),
         )
         return config
+
+
+def checkpoint_preprocessor(weights: str | os.PathLike | None, image_size) -> ImagePreprocessor | None:
+    """The preprocessing the catalogue checkpoint ``weights`` was evaluated with (its crop, interpolation, mean and
+    std), at ``image_size``; None for weights that are not a catalogue name (a file, None)."""
+    from keras_vit import zoo
+
+    if weights is None or zoo.find(str(weights)) is None:
+        return None
+    return ImagePreprocessor.from_weights(str(weights), image_size=image_size)

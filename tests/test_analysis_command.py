@@ -5,14 +5,16 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 from PIL import Image
 
-from keras_vit import datasets
+from keras_vit import datasets, zoo
 from keras_vit.analysis import data, filter_components, plots
 from keras_vit.analysis.__main__ import main, model_input
 from keras_vit.images import read_image
+from keras_vit.preprocessing import ImagePreprocessor
 
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
 
@@ -91,9 +93,21 @@ def test_resize_images_centre_crops_and_makes_grey_rgb():
     assert out.shape == (2, 6, 6, 3) and out.dtype == np.uint8
     assert out[0].min() == 255 and np.all(out[1] == 100)
     assert data.resize_images([wide], (4, 12)).shape == (1, 4, 12, 3)
-    scaled = model_input(np.array([0, 255], np.uint8))
-    assert isinstance(scaled, np.ndarray) and scaled.dtype == np.float32
-    np.testing.assert_allclose(scaled, [-1.0, 1.0])
+    scaled = model_input([np.array([[0, 255], [255, 0]], np.uint8)], (2, 2))
+    assert isinstance(scaled, np.ndarray) and scaled.dtype == np.float32 and scaled.shape == (1, 2, 2, 3)
+    np.testing.assert_allclose(scaled[0, :, :, 0], [[-1.0, 1.0], [1.0, -1.0]])
+
+
+def test_the_model_input_of_a_catalogue_checkpoint_is_its_evaluations_preprocessing():
+    """CLIP's mean and std and timm's crop, as predict applies them, not [-1, 1] of the whole image."""
+    photo = data.sample_image()
+    entry = zoo.get("CLIP_B_16.openai")
+    expected = ImagePreprocessor.from_weights(entry.name, image_size=32)(photo)
+    got = model_input([photo], (32, 32), entry.name)
+    np.testing.assert_allclose(got[0], keras.ops.convert_to_numpy(expected), atol=1e-6)
+    plain = model_input([photo], (32, 32))
+    assert np.abs(got - plain).max() > 0.1  # another mean/std and crop: visibly other inputs
+    assert got.min() < -1.0 <= plain.min()  # CLIP's std of 0.27 reaches below [-1, 1]
 
 
 def test_datasets_load_from_scikit_learn_npz_and_tfds(tmp_path):

@@ -173,12 +173,12 @@ def run_few_shot(
     model, args, size: tuple[int, int], pooling: str, split: tuple[np.ndarray, ...] | None = None
 ) -> tuple[dict[int, np.ndarray], float]:
     """n-shot accuracies on ``split`` (default: :func:`few_shot_split` of ``args``), and the chance level."""
-    from keras_vit.analysis import data, fewshot
+    from keras_vit.analysis import fewshot
 
     images, labels, test_images, test_labels = few_shot_split(args) if split is None else split
 
     def features(x):
-        batch = model_input(data.resize_images(x, size))
+        batch = model_input(x, size, args.weights)
         return fewshot.extract_features(model, batch, pooling=pooling, batch_size=args.batch_size)
 
     accuracies = fewshot.few_shot_evaluation(
@@ -187,13 +187,20 @@ def run_few_shot(
     return accuracies, 1.0 / len(np.unique(labels))
 
 
-def model_input(images: np.ndarray) -> np.ndarray:
-    """uint8 images as the model's float32 input in [-1, 1] (:func:`keras_vit.preprocess_input`), numpy."""
+def model_input(images, size: tuple[int, int], weights: str | None = None) -> np.ndarray:
+    """uint8 images of any size as the model's float32 input, numpy: preprocessed as the catalogue checkpoint
+    ``weights`` was evaluated (its crop, interpolation, mean and std: CLIP's are not [-1, 1]), else centre-cropped to
+    the aspect ratio, resized (:func:`~keras_vit.analysis.data.resize_images`) and scaled to [-1, 1]."""
     import keras
 
     import keras_vit
+    from keras_vit.analysis.data import as_rgb, resize_images
+    from keras_vit.preprocessing import checkpoint_preprocessor
 
-    return keras.ops.convert_to_numpy(keras_vit.preprocess_input(images))
+    preprocess = checkpoint_preprocessor(weights, size)
+    if preprocess is not None:
+        return np.stack([keras.ops.convert_to_numpy(preprocess(as_rgb(image))) for image in images]).astype(np.float32)
+    return keras.ops.convert_to_numpy(keras_vit.preprocess_input(resize_images(images, size)))
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -258,7 +265,9 @@ def run(args: argparse.Namespace) -> dict:
     drawings: list[tuple[str, Callable[[str], str]]] = []  # (file name, draw(path)), drawn once all is computed
     if originals is not None:
         pictures = data.resize_images(originals, size)
-        found = attention.analyse_attention(model, model_input(pictures), batch_size=args.batch_size)
+        found = attention.analyse_attention(
+            model, model_input(originals, size, args.weights), batch_size=args.batch_size
+        )
         if "attention" in chosen:
             shown = pictures.astype(np.float32) / 255.0
             overlays = np.stack([attention.overlay(p, m) for p, m in zip(shown, found.maps)])

@@ -18,7 +18,7 @@ from keras_vit import datasets
 from keras_vit.checks import check_choice
 from keras_vit.optional import require
 
-__all__ = ["SAMPLE_IMAGES", "LabelledImages", "load_fewshot_dataset", "resize_images", "sample_image"]
+__all__ = ["SAMPLE_IMAGES", "LabelledImages", "as_rgb", "load_fewshot_dataset", "resize_images", "sample_image"]
 
 SAMPLE_IMAGES = ("china.jpg", "flower.jpg")
 
@@ -30,6 +30,15 @@ def sample_image(name: str = "china.jpg") -> np.ndarray:
     return load_sample_image(check_choice(name, SAMPLE_IMAGES, "sample image"))
 
 
+def as_rgb(image) -> np.ndarray:
+    """An ``(h, w, 3)`` image from an RGB or grey one (``(h, w)`` or ``(h, w, 1)``)."""
+    image = np.asarray(image)
+    image = image[..., None] if image.ndim == 2 else image
+    if image.ndim != 3 or image.shape[-1] not in (1, 3):
+        raise ValueError(f"Expected (h, w, 3) or grey images, got shape {image.shape}.")
+    return np.repeat(image, 3 // image.shape[-1], axis=-1)
+
+
 def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
     """Centre-crop each image to the target aspect ratio and resize it (bilinear): uint8 ``(n, h, w, 3)``.
 
@@ -37,15 +46,11 @@ def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     out = []
-    for image in images:
-        image = np.asarray(image)
-        image = image[..., None] if image.ndim == 2 else image
-        if image.ndim != 3 or image.shape[-1] not in (1, 3):
-            raise ValueError(f"Expected (h, w, 3) or grey images, got shape {image.shape}.")
+    for image in map(as_rgb, images):
         h, w = image.shape[:2]
         crop_h, crop_w = min(h, round(w * height / width)), min(w, round(h * width / height))
         top, left = (h - crop_h) // 2, (w - crop_w) // 2
-        crop = np.repeat(image, 3 // image.shape[-1], axis=-1)[top : top + crop_h, left : left + crop_w]
+        crop = image[top : top + crop_h, left : left + crop_w]
         resized = Image.fromarray(np.ascontiguousarray(crop, dtype=np.uint8)).resize(
             (width, height), Image.Resampling.BILINEAR
         )
