@@ -60,6 +60,9 @@ def _skipped_head(key_map: KeyMap, arrays: Mapping, new_head: bool) -> tuple[set
     (a missing ``pre_logits`` layer is still said)."""
     head = _head_keys(arrays, "head") + _head_keys(arrays, "head_dist")
     pre_logits = _head_keys(arrays, "pre_logits")
+    model_head = [key for key in key_map if key.split("/")[0] in ("head", "head_dist")]
+    if model_head and not head:  # a backbone's file (DINOv2, SigLIP, include_top=False): the head stays as built
+        return set(model_head), None if new_head else "the checkpoint has no classification head"
     if "head/kernel" not in key_map:
         reason = "the model has no classification head (include_top=False)"
         return set(head + pre_logits), reason if head and not new_head else None
