@@ -175,5 +175,5 @@ def test_extract_features_pools_the_encoder_output_like_a_pooling_model():
     gap = keras_vit.ViT("Ti/16", classifier="gap", **TINY)
     with pytest.raises(ValueError, match="needs a class token"):
         fewshot.extract_features(gap, images, pooling="token")
-    with pytest.raises(ValueError, match="Unknown pooling 'max'"):
-        fewshot.extract_features(tokens_model, images, pooling="max")
+    with pytest.raises(ValueError, match="Unknown pooling 'median'"):
+        fewshot.extract_features(tokens_model, images, pooling="median")
