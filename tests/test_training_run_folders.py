@@ -52,6 +52,12 @@ def contents(folder):
     }
 
 
+def run_reporting(argv: list[str]) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``argv`` run from the repository on TensorFlow, output captured; and its ``error``/``Traceback`` lines."""
+    done = subprocess.run(argv, cwd=REPO, env=backend_env(), capture_output=True, text=True, timeout=300)
+    return done, [line for line in done.stderr.splitlines() if line.startswith(("error", "Traceback"))]
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished run of 4 steps (checkpoints 2 and 4, model.keras, metrics.json)."""
@@ -273,15 +279,7 @@ def test_a_full_disk_is_one_line_naming_the_checkpoint_and_leaves_no_partial_fil
     out = disk / "run"
     run = " ".join([sys.executable, "-m", "keras_vit.training.finetune", *FLAGS, "--steps=4", f"--output-dir={out}"])
     script = f"mount -t tmpfs -o size=64k none {disk} && {{ {run}; echo status=$?; ls -A {out / 'checkpoints'}; }}"
-    done = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script],
-        cwd=REPO,
-        env=backend_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    errors = [line for line in done.stderr.splitlines() if line.startswith(("error", "Traceback"))]
+    done, errors = run_reporting(["unshare", "-rm", "sh", "-c", script])
     assert errors == [
         f"error: [Errno 28] No space left on device while writing: '{out / 'checkpoints' / 'ckpt-2.npz'}'"
     ], done.stderr[-2000:]
@@ -305,15 +303,9 @@ def test_an_oversized_batch_under_a_memory_cap_is_refused_saying_what_fits(tmp_p
     """A real process under a real cap (RLIMIT_AS, 2 GiB above what it uses): a batch of 4096 needs 2.7 GiB of
     activations; refused before the first step, naming the limit and the batch that fits, instead of a crash."""
     out = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-c", CAPPED, *WIDE, "--batch-size=4096", "--steps=2", *PLAIN, f"--output-dir={out}"],
-        cwd=REPO,
-        env=backend_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done, errors = run_reporting(
+        [sys.executable, "-c", CAPPED, *WIDE, "--batch-size=4096", "--steps=2", *PLAIN, f"--output-dir={out}"]
     )
-    errors = [line for line in done.stderr.splitlines() if line.startswith(("error", "Traceback"))]
     assert done.returncode == 1 and len(errors) == 1, done.stderr[-2000:]
     fits = int(re.search(r"at most (\d+) images fit in a step", errors[0])[1])
     assert errors[0].startswith("error: A step of 4096 images needs at least 2.7 GiB for its activations (0.68 MiB")
