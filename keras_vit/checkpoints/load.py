@@ -74,9 +74,8 @@ def _skipped_head(key_map: KeyMap, arrays: Mapping, new_head: bool) -> tuple[set
         )
     if head and arrays["head/bias"].shape[-1] != key_map["head/bias"][0].shape[-1]:
         classes, model_classes = arrays["head/bias"].shape[-1], key_map["head/bias"][0].shape[-1]
-        return set(
-            head
-        ), None if new_head else f"the checkpoint's head has {classes} classes, the model's {model_classes}"
+        reason = f"the checkpoint's head has {classes} classes, the model's {model_classes}"
+        return set(head), None if new_head else reason
     return set(), None
 
 
