@@ -9,8 +9,10 @@
   AVX2 kernels on an AVX-512 CPU), once with the environment as it is; each with the kernel OpenBLAS
   picked (threadpoolctl's ``architecture``, when installed).
 
-* torch (``torch.matmul``) and JAX (jitted ``jnp.dot``), float32 and bfloat16, each in its own process
-  (``--framework``; :func:`framework_peaks` runs them all): every framework's own peak.
+* torch (``torch.matmul``), JAX (jitted ``jnp.dot``) and OpenVINO (a one-``MatMul`` model compiled for the
+  CPU with ``INFERENCE_PRECISION_HINT`` f32 or bf16: the precision its runtime computes in, float32 in and
+  out), float32 and bfloat16, each in its own process (``--framework``; :func:`framework_peaks` runs them
+  all): every framework's own peak.
 
 ``benchmarks/throughput.py`` divides each path's FLOP/s by the TensorFlow peak of its precision and prints
 every framework's peak beside it.
@@ -27,7 +29,7 @@ import time
 
 __all__ = ["FRAMEWORKS", "THROTTLE_VARIABLES", "framework_peaks", "matmul_gflops", "numpy_matmul", "tf_matmul_gflops"]
 
-FRAMEWORKS = ("tensorflow", "torch", "jax")
+FRAMEWORKS = ("tensorflow", "torch", "jax", "openvino")
 
 THROTTLE_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _NUMPY_PROBE = """
@@ -86,6 +88,18 @@ def matmul_gflops(framework: str, dtype: str = "float32", size: int = 4096, repe
         a = jax.random.normal(jax.random.key(0), (size, size)).astype(dtype)
         product = jax.jit(lambda x: jnp.dot(x, x))
         return _best_gflops(lambda: product(a).block_until_ready(), size, repeats)
+    if framework == "openvino":
+        import numpy as np
+        import openvino
+        import openvino.opset13 as ops
+
+        x = ops.parameter([size, size], openvino.Type.f32)
+        model = openvino.Model([ops.matmul(x, x, False, False)], [x])
+        hint = {"float32": "f32", "bfloat16": "bf16"}[dtype]
+        compiled = openvino.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+        request = compiled.create_infer_request()
+        return _best_gflops(lambda: request.infer([a]), size, repeats)
     raise ValueError(f"Unknown framework {framework!r}; expected one of {FRAMEWORKS}.")
 
 

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -80,7 +81,7 @@ from roofline import framework_peaks, numpy_matmul  # benchmarks/roofline.py, be
 
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"  # as keras_vit.runtime; not imported: that loads keras_vit
 FRAMEWORKS = ("keras_vit", "keras_hub", "timm")
-BACKENDS = ("jax", "torch")  # Keras backends a Keras worker may take instead of TensorFlow
+BACKENDS = ("jax", "torch", "openvino")  # Keras backends a Keras worker may take instead of TensorFlow
 TF_OPTIONS = ("xla", "onednn", "eigen", "bf16", "remat", *BACKENDS)
 TIMM_OPTIONS = ("bf16", "compile")
 PEAK = "peak"  # the worker that measures the matmul peaks
@@ -105,8 +106,13 @@ def forward_flops(variant: str, image_size: int, num_classes: int = NUM_CLASSES)
 
 
 def precision_of(spec: str) -> str:
-    """The matmul precision a worker runs: ``"bfloat16"`` for ``+bf16`` workers, else ``"float32"``."""
-    return "bfloat16" if "bf16" in _split_spec(spec)[1] else "float32"
+    """The matmul precision a worker runs: ``"bfloat16"`` for ``+bf16`` workers and on OpenVINO where its runtime
+    computes in bfloat16 (:func:`keras_vit.precision.openvino_precision`), else ``"float32"``."""
+    from keras_vit.precision import openvino_precision
+
+    options = _split_spec(spec)[1]
+    on_bf16 = "bf16" in options or ("openvino" in options and openvino_precision() == "bf16")
+    return "bfloat16" if on_bf16 else "float32"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,6 +232,8 @@ class KerasRunner:
         rng = np.random.default_rng(batch)
         x = rng.uniform(-1, 1, (batch, self.image_size, self.image_size, 3)).astype("float32")
         y = rng.integers(0, NUM_CLASSES, batch)
+        if self.keras.backend.backend() == "openvino":  # its predict takes arrays (a tensor is a graph constant)
+            return x, y
         return self.keras.ops.convert_to_tensor(x), self.keras.ops.convert_to_tensor(y)
 
     def infer(self, x, _):
@@ -233,6 +241,11 @@ class KerasRunner:
 
     def train(self, x, y):
         self.model.train_on_batch(x, y)
+
+    @property
+    def trains(self) -> bool:
+        """Keras' OpenVINO backend runs inference only."""
+        return self.keras.backend.backend() != "openvino"
 
 
 class TimmRunner:
@@ -267,6 +280,8 @@ class TimmRunner:
         with self.torch.inference_mode(), self.autocast():
             self.forward(x)
 
+    trains = True
+
     def train(self, x, y):
         self.model.train()
         with self.autocast():
@@ -287,6 +302,15 @@ def _thread_info(name: str) -> str:
         )
     import keras
 
+    if keras.backend.backend() == "openvino":
+        import openvino
+
+        from keras_vit.precision import openvino_precision
+
+        return (
+            f"keras {keras.__version__} on openvino {openvino.get_version().split('-')[0]} "
+            f"(INFERENCE_PRECISION_HINT {openvino_precision()}, its own thread pool: every core)"
+        )
     if keras.backend.backend() != "tensorflow":
         return f"keras {keras.__version__} on {keras.backend.backend()}"
     import tensorflow as tf
@@ -318,6 +342,9 @@ def worker_main(spec: str, variant: str, image_size: int) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         key = (request["phase"], request["batch"])
+        if key[0] == "train" and not runner.trains:
+            reply.write(json.dumps({"seconds": math.nan, "cpu_seconds": math.nan}) + "\n")
+            continue
         step = runner.train if key[0] == "train" else runner.infer
         result = {}
         if key not in seen:
@@ -466,12 +493,19 @@ def _ratio_table(runs: dict, phases: list[str], first: str, how: str) -> list[st
     ]
     for spec in list(runs)[1:]:
         ratios = [statistics.median(a / b for a, b in zip(runs[first][p], runs[spec][p])) for p in phases]
-        lines.append(f"| {spec} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
+        lines.append(f"| {spec} | " + " | ".join(_number(v, "{:.2f}x") for v in ratios) + " |")
     return lines
 
 
-def report(results: dict, args) -> str:
-    """Markdown tables: images/s, ratios keras_vit / peer, fraction of peak, memory."""
+def _number(value: float, form: str) -> str:
+    """``form`` filled with ``value``, or ``-`` where there is none (NaN: a phase the worker's backend cannot run)."""
+    return "-" if math.isnan(value) else form.format(value)
+
+
+def report(results: dict, args, own_peaks: dict | None = None) -> str:
+    """Markdown tables: images/s, ratios keras_vit / peer, fraction of peak, memory. ``own_peaks``: every
+    framework's own matmul peaks (:func:`machine`), beside the TensorFlow one of each round."""
+    own_peaks = own_peaks or {}
     lines = []
     for variant, r in results.items():
         phases, runs, first = r["phases"], r["runs"], args.frameworks[0]
@@ -487,8 +521,8 @@ def report(results: dict, args) -> str:
             "|---" * (3 + 2 * len(phases)) + "|",
         ]
         for spec, per_phase in runs.items():
-            rates = [f"{statistics.median(per_phase[p]):.2f}" for p in phases]
-            mem = [f"{r['memory'][spec].get(p, float('nan')) / 1024:.2f} GB" for p in phases]
+            rates = [_number(statistics.median(per_phase[p]), "{:.2f}") for p in phases]
+            mem = [_number(r["memory"][spec].get(p, math.nan) / 1024, "{:.2f} GB") for p in phases]
             params = f"{r['info'][spec]['params'] / 1e6:.2f} M"
             lines.append(f"| {spec} | {backend_of(spec)} | {params} | " + " | ".join(rates + mem) + " |")
         lines += _ratio_table(runs, phases, first, "(median of per-round ratios)")
@@ -504,7 +538,8 @@ def report(results: dict, args) -> str:
             *roofline_lines(r),
             "",
             f"FLOP/s reached ({r['flops'] / 1e9:.1f} GFLOP per image forward, 3x "
-            "for a train step) as a fraction of the TensorFlow matmul peak of the path's precision:",
+            "for a train step) as a fraction of the TensorFlow matmul peak of the path's precision (TF) and of the "
+            "peak of the worker's own framework in that precision (own):",
             "",
             "| framework | precision | " + " | ".join(phases) + " |",
             "|---" * (2 + len(phases)) + "|",
@@ -513,7 +548,12 @@ def report(results: dict, args) -> str:
             cells, precision = [], r["precision"][spec]
             for p in phases:
                 gflops = statistics.median(per_phase[p]) * r["flops"] * (3 if p.startswith("train") else 1) / 1e9
-                cells.append(f"{gflops:.0f} GFLOP/s ({gflops / peak[precision]:.0%})")
+                own = own_peaks.get(backend_of(spec), {}).get(precision, math.nan)  # roofline names its backend
+                if math.isnan(gflops):
+                    cells.append("-")
+                    continue
+                own_share = _number(gflops / own, "{:.0%}")
+                cells.append(f"{gflops:.0f} GFLOP/s ({gflops / peak[precision]:.0%} TF, {own_share} own)")
             lines.append(f"| {spec} | {precision} | " + " | ".join(cells) + " |")
         lines += ["", "Workers: " + "; ".join(f"{s}: {r['info'][s]['info']}" for s in runs), ""]
     return "\n".join(lines)
@@ -745,7 +785,9 @@ def main(argv=None) -> None:
         return
     measure_and_report(
         lambda: {"machine": machine(args), "variants": compare(args)},
-        lambda results: "\n".join(machine_lines(results["machine"])) + "\n" + report(results["variants"], args),
+        lambda results: "\n".join(machine_lines(results["machine"]))
+        + "\n"
+        + report(results["variants"], args, results["machine"]["peaks"]),
         args.json,
     )
 

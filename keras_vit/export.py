@@ -1,11 +1,16 @@
-"""Export a model for serving (SavedModel, LiteRT/TFLite float32 or int8, ONNX) and run the exported files.
+"""Export a model for serving (SavedModel, LiteRT/TFLite float32 or int8, ONNX, OpenVINO) and run the exported files.
 
     from keras_vit import export
     export.export_saved_model(model, "vit_savedmodel")                 # a folder, tf.saved_model.load-able
     export.export_litert(model, "vit.tflite")                          # float32
     export.export_litert(model, "vit_int8.tflite", quantize="dynamic_int8")
     export.export_onnx(model, "vit.onnx")                              # needs tf2onnx, onnx (+ onnxruntime to run)
+    export.export_openvino(model, "vit_openvino")                      # a folder: model.xml, model.bin (openvino)
     logits = export.load("vit.tflite")(images)                         # numpy in, numpy out, any format
+
+OpenVINO's runtime computes in bfloat16 on CPUs with bfloat16 units (AMX, AVX512_BF16) unless told otherwise
+(:func:`load`'s ``precision``; :func:`keras_vit.precision.openvino_precision`): on an AMX Xeon the fastest way
+to serve a ViT on a CPU measured here (docs/performance.md).
 
 The exported graphs take what the Keras model takes: float32 images of its resolution scaled to [-1, 1]
 (:func:`with_preprocessing` bakes :class:`~keras_vit.preprocessing.ImagePreprocessor` in front, so that
@@ -42,6 +47,7 @@ __all__ = [
     "compare",
     "export_litert",
     "export_onnx",
+    "export_openvino",
     "export_saved_model",
     "float32_model",
     "load",
@@ -55,6 +61,8 @@ Runner = Callable[[np.ndarray], np.ndarray]
 # An export's check: float32 outputs within TOLERANCE x max(1, largest |output|) of the float32 Keras model's.
 TOLERANCE = 1e-3
 _HALF_DTYPES = ("bfloat16", "float16")
+OPENVINO_FILE = "model.xml"  # in an OpenVINO folder, beside model.bin
+OPENVINO_PRECISIONS = ("f32", "bf16")
 
 # (backend, format) -> why Keras' exporter does not run there (keras 3.15, torch 2.14; docs/backends.md).
 UNSUPPORTED = {
@@ -62,6 +70,9 @@ UNSUPPORTED = {
     ("torch", "litert"): "Keras' torch path needs litert-torch and fixes the batch size; not tested here",
     ("torch", "saved_model"): "Keras' torch SavedModel export fails in torch.export, even for a Dense layer",
     ("torch", "onnx"): "Keras' torch ONNX export fails on its own LayerNormalization",
+    ("jax", "openvino"): "Keras' jax2tf path leaves an XlaCallModule op that OpenVINO cannot convert",
+    ("torch", "openvino"): "Keras traces the model with torch.jit.trace, which fixes a model with preprocessing "
+    "inside to the traced batch",
 }
 
 
@@ -130,6 +141,17 @@ def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: i
     return _export(model, path, "onnx", opset_version=opset_version, **kwargs)
 
 
+def export_openvino(model: keras.Model, path: str | os.PathLike, **kwargs) -> Path:
+    """An OpenVINO IR folder at ``path`` (which must not exist yet): ``model.xml`` (the graph) and ``model.bin``
+    (float32 weights), written by ``model.export(format="openvino")`` (needs ``openvino``). :func:`load` runs it in
+    the CPU's fastest precision; the check before it is kept runs it in float32."""
+    _check_backend("openvino")
+    require("openvino", "OpenVINO export")
+    if os.path.lexists(path):
+        raise ValueError(f"{path} exists; remove it or choose another folder for the OpenVINO model.")
+    return _export(model, path, "openvino", file_name=OPENVINO_FILE, **kwargs)
+
+
 def float32_model(model: keras.Model) -> keras.Model:
     """``model`` itself when every layer computes in float32, else the same model rebuilt in float32 (every dtype
     policy of its config float32, its weights cast): what the exporters write, since a graph of a mixed policy
@@ -152,14 +174,20 @@ def _in_float32(config):
     return "float32" if config in _HALF_DTYPES else config
 
 
-def _export(model: keras.Model, path: str | os.PathLike, fmt: str, *, exact: bool = True, **kwargs) -> Path:
+def _export(
+    model: keras.Model, path: str | os.PathLike, fmt: str, *, exact: bool = True, file_name: str = "", **kwargs
+) -> Path:
     """``model`` in float32 (:func:`float32_model`) exported to ``path`` as ``fmt``, and the written file run once
     in its own runtime (:func:`check_export`) before it is renamed into place: a file that fails the check is
     removed, and the ``ValueError`` says why. ``exact=False`` (int8 weights): the check asks for finite outputs
-    of the right shape, not for the Keras model's values."""
+    of the right shape, not for the Keras model's values. ``file_name``: ``path`` is a new folder and Keras writes
+    this file (and its companions) in it."""
     model = float32_model(model)
     with atomic_path(path) as temporary:
-        model.export(temporary, format=fmt, verbose=False, **kwargs)
+        if file_name:
+            os.mkdir(temporary)
+        target = os.path.join(temporary, file_name) if file_name else temporary
+        model.export(target, format=fmt, verbose=False, **kwargs)
         check_export(model, temporary, exact=exact, input_signature=kwargs.get("input_signature"), shown_as=path)
     return Path(path)
 
@@ -186,7 +214,7 @@ def check_export(
     expected = keras.tree.flatten(model(images, training=False))[0]
     expected = keras.ops.convert_to_numpy(expected).astype("float32")
     try:
-        got = np.asarray(load(path)(images), dtype="float32")
+        got = np.asarray(load(path, precision="f32" if _is_openvino(Path(path)) else None)(images), dtype="float32")
     except ImportError:
         raise
     except Exception as exc:  # whatever the runtime raises (onnxruntime's own types, LiteRT's RuntimeError)
@@ -239,16 +267,39 @@ def _onnx_runner(path: Path) -> Runner:
     return lambda images: session.run(None, {inp.name: np.asarray(images)})[0]
 
 
-def load(path: str | os.PathLike) -> Runner:
-    """A function ``images -> outputs`` (numpy) that runs an export: a SavedModel folder, ``.tflite`` or ``.onnx``."""
+def _openvino_runner(path: Path, precision: str | None) -> Runner:
+    openvino = require("openvino", "Running an OpenVINO model")
+    from keras_vit.precision import openvino_precision
+
+    precision = check_choice(precision or openvino_precision(), OPENVINO_PRECISIONS, "OpenVINO precision")
+    xml = path / OPENVINO_FILE if path.is_dir() else path
+    compiled = openvino.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": precision})
+    return lambda images: np.asarray(compiled(np.asarray(images))[0])
+
+
+def _is_openvino(path: Path) -> bool:
+    return path.suffix == ".xml" or (path / OPENVINO_FILE).is_file()
+
+
+def load(path: str | os.PathLike, *, precision: str | None = None) -> Runner:
+    """A function ``images -> outputs`` (numpy) that runs an export: a SavedModel folder, ``.tflite``, ``.onnx``,
+    or an OpenVINO folder (or its ``.xml``). ``precision`` is OpenVINO's (``"f32"``, ``"bf16"``; ``None``:
+    :func:`~keras_vit.precision.openvino_precision`, bfloat16 on CPUs with bfloat16 units); the other formats run
+    in the precision they were written in."""
     path = Path(path)
+    if _is_openvino(path):
+        return _openvino_runner(path, precision)
+    if precision is not None:
+        raise ValueError(f"precision={precision!r} is OpenVINO's; {path} runs in the precision it was written in.")
     if path.is_dir():
         return _saved_model_runner(path)
     if path.suffix == ".tflite":
         return _litert_runner(path)
     if path.suffix == ".onnx":
         return _onnx_runner(path)
-    raise ValueError(f"Can't tell the format of {path}: expected a SavedModel folder, a .tflite or an .onnx file.")
+    raise ValueError(
+        f"Can't tell the format of {path}: expected a SavedModel or OpenVINO folder, a .tflite, .onnx or .xml file."
+    )
 
 
 # --- measuring an export against the Keras model ---------------------------------------------------------------
@@ -258,6 +309,7 @@ FORMATS = {  # name -> (file name in the output folder, exporter)
     "litert": ("model.tflite", export_litert),
     "litert_int8": ("model_int8.tflite", lambda model, path: export_litert(model, path, quantize="dynamic_int8")),
     "onnx": ("model.onnx", export_onnx),
+    "openvino": ("openvino", export_openvino),
 }
 
 

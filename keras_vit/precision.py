@@ -11,6 +11,7 @@ GPU, compute capability 7.x (Volta, Turing)            ``mixed_float16``
 GPU below 7.0, or of unknown capability                ``float32``
 CPU with bfloat16 units (AVX512_BF16, AMX)             ``mixed_bfloat16``
   ... but on the JAX backend                           ``float32``
+  ... but on the OpenVINO backend (inference only)     ``float32``
 any other CPU                                          ``float32``
 =====================================================  ==================
 
@@ -18,8 +19,12 @@ On a 2-core AMD EPYC with AVX512_BF16, TensorFlow's oneDNN kernels run B/16 infe
 ``mixed_bfloat16`` than in float32; on CPUs without bfloat16 units the same policy runs slower than
 float32 (docs/performance.md). XLA's CPU compiler (the JAX backend) has no bfloat16 matmul kernels:
 there a bfloat16 ``jnp.dot`` ran at 0.75x float32's speed on the same CPU, so JAX on CPU stays in
-float32. Device detection asks the active Keras backend (``tf.config``,
-``jax.devices()`` or ``torch.cuda``) and never imports TensorFlow on the JAX or torch backends.
+float32. Keras' OpenVINO backend (inference only) keeps the Keras weights and graph in float32: OpenVINO's CPU
+runtime computes it in bfloat16 itself where the CPU has bfloat16 units (its ``INFERENCE_PRECISION_HINT``;
+:func:`openvino_precision` is the same rule, for the runtimes keras_vit starts itself), and a Keras-side
+``mixed_bfloat16`` graph ran B/16 no faster there (docs/performance.md). Device detection asks the active Keras
+backend (``tf.config``, ``jax.devices()`` or ``torch.cuda``) and never imports TensorFlow on the JAX or torch
+backends.
 Every probe can be bypassed by passing its answer (``device``, ``features``, ``gpu_capability``).
 """
 
@@ -46,6 +51,7 @@ __all__ = [
     "cpu_features",
     "detect_device",
     "global_policy",
+    "openvino_precision",
     "policy_for",
     "policy_of_choice",
     "with_policy",
@@ -95,7 +101,7 @@ def _capability(value) -> tuple[int, int] | None:
 def policy_for(device: str, features: Iterable[str] = (), gpu_capability=None, backend: str | None = None) -> str:
     """The rule alone: the policy for ``device`` ("cpu", "gpu", "tpu") with these facts, no probing.
 
-    ``backend`` (Keras' backend name) matters only on CPUs: ``"jax"`` keeps float32 there.
+    ``backend`` (Keras' backend name) matters only on CPUs: ``"jax"`` and ``"openvino"`` keep float32 there.
     """
     device = _normalise_device(device)
     if device == "tpu":
@@ -105,9 +111,17 @@ def policy_for(device: str, features: Iterable[str] = (), gpu_capability=None, b
         if capability is None or capability < (7, 0):
             return "float32"
         return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
-    if backend == "jax":
+    if backend in ("jax", "openvino"):
         return "float32"
     return "mixed_bfloat16" if BF16_CPU_FLAGS & {f.lower() for f in features} else "float32"
+
+
+def openvino_precision(features: Iterable[str] | None = None) -> str:
+    """OpenVINO's ``INFERENCE_PRECISION_HINT`` for a CPU with these flags (``None``: :func:`cpu_features`):
+    ``"bf16"`` where it has bfloat16 units (:data:`BF16_CPU_FLAGS`), else ``"f32"``: the rule :func:`policy_for`
+    follows, and the choice OpenVINO's CPU runtime makes by default on such CPUs."""
+    features = cpu_features() if features is None else features
+    return "bf16" if BF16_CPU_FLAGS & {f.lower() for f in features} else "f32"
 
 
 def _normalise_device(device: str) -> str:

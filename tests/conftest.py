@@ -34,6 +34,7 @@ OPTIONAL = {
     "onnxruntime": "pip install -e '.[export]'",
     "ai_edge_litert": "pip install -e '.[export]'",
     "jax2onnx": "pip install jax2onnx",
+    "openvino": "pip install -e '.[openvino]'",
     "keras_hub": "pip install --no-deps keras-hub kagglehub kagglesdk regex sentencepiece tokenizers pyyaml",
 }
 

@@ -1,11 +1,12 @@
 """Round trips of keras_vit.export: each exported file reloads and agrees with the Keras model.
 
-Tolerances (outputs of order 1-3): SavedModel, LiteRT float32 and ONNX within 1e-4; LiteRT with int8
-weights (dynamic range) within 0.15 and at least 3/4 of the top-1 classes the same.
+Tolerances (outputs of order 1-3): SavedModel, LiteRT float32, ONNX and OpenVINO run in float32 within 1e-4;
+LiteRT with int8 weights (dynamic range) within 0.15 and at least 3/4 of the top-1 classes the same.
 
 Backends (docs/backends.md): SavedModel from TensorFlow and JAX (jax2tf); LiteRT from TensorFlow only; ONNX
-from TensorFlow (tf2onnx, any batch) and JAX (jax2onnx, a fixed shape); nothing from torch, where each format
-is a ValueError that says to export from a TensorFlow process.
+from TensorFlow (tf2onnx, any batch) and JAX (jax2onnx, a fixed shape); OpenVINO from TensorFlow
+(tests/test_openvino.py: its bfloat16 runtime); every format from torch, and OpenVINO from JAX, is a ValueError
+that says to export from a TensorFlow process.
 """
 
 import os
@@ -81,12 +82,13 @@ def test_onnx(model, images, tmp_path):
         pytest.param(
             "onnx", marks=[pytest.mark.backends("tensorflow"), pytest.mark.requires("tf2onnx", "onnxruntime")]
         ),
+        pytest.param("openvino", marks=[pytest.mark.backends("tensorflow"), pytest.mark.requires("openvino")]),
     ],
 )
 def test_with_preprocessing_takes_uint8_of_any_size(model, tmp_path, fmt):
     serving = export.with_preprocessing(model)
     filename, exporter = export.FORMATS[fmt]
-    run = export.load(exporter(serving, tmp_path / filename))
+    run = export.load(exporter(serving, tmp_path / filename), precision="f32" if fmt == "openvino" else None)
     for crop in export.photo_crops(3, seed=1):
         expected = model.predict_on_batch(ImagePreprocessor(32)(crop)[None])
         np.testing.assert_allclose(run(crop[None]), expected, atol=FLOAT_ATOL)
@@ -116,7 +118,11 @@ def test_a_format_this_backend_cannot_write_says_what_to_do(model, tmp_path, fmt
     assert not (tmp_path / filename).exists()
 
 
-EXPORTABLE = [f for f in export.FORMATS if (keras.backend.backend(), f.removesuffix("_int8")) not in export.UNSUPPORTED]
+EXPORTABLE = [
+    pytest.param(f, marks=pytest.mark.requires("openvino")) if f == "openvino" else f
+    for f in export.FORMATS
+    if (keras.backend.backend(), f.removesuffix("_int8")) not in export.UNSUPPORTED
+]
 
 
 @pytest.mark.parametrize("fmt", EXPORTABLE)

@@ -45,6 +45,17 @@ def test_jax_on_cpu_stays_float32():
     assert precision.auto_policy("gpu", gpu_capability=(9, 0), backend="jax") == "mixed_bfloat16"
 
 
+def test_openvino_keeps_keras_in_float32_and_its_runtime_follows_the_bfloat16_units(monkeypatch):
+    """Keras' OpenVINO backend keeps the graph float32 (its runtime computes in bfloat16 itself); the runtime's
+    precision (:func:`~keras_vit.precision.openvino_precision`) follows the CPU flags as the TensorFlow rule does."""
+    assert precision.auto_policy("cpu", features=SAPPHIRE_RAPIDS, backend="openvino") == "float32"
+    assert precision.auto_policy("gpu", gpu_capability=(9, 0), backend="openvino") == "mixed_bfloat16"
+    precisions = [precision.openvino_precision(flags) for flags in (SAPPHIRE_RAPIDS, ZEN4, ZEN3, set())]
+    assert precisions == ["bf16", "bf16", "f32", "f32"]
+    monkeypatch.setattr(precision, "cpu_features", lambda: frozenset(ZEN3))
+    assert precision.openvino_precision() == "f32"
+
+
 def test_cpu_probe_is_used_and_mockable(monkeypatch):
     monkeypatch.setattr(precision, "cpu_features", lambda: frozenset(ZEN4))
     assert precision.auto_policy("cpu", backend="tensorflow") == "mixed_bfloat16"
