@@ -785,9 +785,11 @@ def main(argv=None) -> None:
         return
     measure_and_report(
         lambda: {"machine": machine(args), "variants": compare(args)},
-        lambda results: "\n".join(machine_lines(results["machine"]))
-        + "\n"
-        + report(results["variants"], args, results["machine"]["peaks"]),
+        lambda results: (
+            "\n".join(machine_lines(results["machine"]))
+            + "\n"
+            + report(results["variants"], args, results["machine"]["peaks"])
+        ),
         args.json,
     )
 

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -242,6 +243,28 @@ def test_throughput_backend_option_sets_the_workers_keras_backend(bench_scripts)
     for bad in ("keras_vit+jax+torch", "keras_vit+torch+onednn", "keras_vit+jax+xla"):
         with pytest.raises(ValueError, match="one Keras backend at most"):
             throughput._split_spec(bad)
+
+
+@pytest.mark.requires("openvino")
+def test_an_openvino_worker_predicts_and_reports_no_training_step(bench_scripts):
+    """Keras' OpenVINO backend runs inference only: its worker times predict and answers NaN for a training step,
+    which the tables print as ``-``; its precision is the one OpenVINO's runtime picks here."""
+    import throughput
+
+    from keras_vit.precision import openvino_precision
+
+    assert throughput.backend_of("keras_vit+openvino") == "openvino"
+    expected = "bfloat16" if openvino_precision() == "bf16" else "float32"
+    assert throughput.precision_of("keras_vit+openvino") == expected
+    worker = throughput.Worker("keras_vit+openvino", "Ti/16", 32, 1)
+    try:
+        assert "on openvino" in worker.hello["info"] and worker.hello["params"] > 5e6
+        inference = worker.measure("infer", 2, 0.0)
+        assert inference["seconds"] > 0 and inference["peak_mb"] > 0
+        assert math.isnan(worker.measure("train", 2, 0.0)["seconds"])
+    finally:
+        worker.close()
+    assert (throughput._number(math.nan, "{:.2f}"), throughput._number(1.5, "{:.2f}x")) == ("-", "1.50x")
 
 
 def _write_trace(path, events):
