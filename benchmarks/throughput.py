@@ -48,7 +48,9 @@ TensorFlow's own default for keras-hub (Eigen on CPUs without AVX-512); the work
 which ran. A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_compile=True)``),
 ``+onednn`` / ``+eigen`` (``TF_ENABLE_ONEDNN_OPTS=1`` / ``0``), ``+bf16`` (``mixed_bfloat16``),
 ``+remat`` (keras_vit only: ``ViT(remat=True)``, blocks recomputed in the backward pass), ``+jax`` /
-``+torch`` (the Keras backend, TensorFlow by default: the tables' backend column; ``+xla`` is JAX's default),
+``+torch`` / ``+openvino`` (the Keras backend, TensorFlow by default: the tables' backend column; ``+xla`` is
+JAX's default; OpenVINO runs inference only, its training cells print ``-``, and computes in the precision its
+runtime picks, bfloat16 on CPUs with bfloat16 units, on its own thread pool of every core),
 e.g. ``--frameworks keras_vit keras_hub keras_hub+onednn keras_vit+eigen timm`` (the same kernels
 side by side); ``timm+bf16`` runs timm under ``torch.autocast("cpu", torch.bfloat16)``, ``timm+compile``
 its model through ``torch.compile`` (inductor; the compilation is the untimed first call). Workers get
