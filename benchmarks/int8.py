@@ -5,10 +5,13 @@
 1. One Dense of a B/16 MLP (``(32, 197, 768) @ (768, 3072)``), as ``tf.function``: float32, Keras'
    int8 Dense (``Dense.quantize("int8")``), and its two parts alone: the input quantiser (abs-max per
    token, round, cast) and the ``int8 x int8 -> int32`` matmul Keras hands TensorFlow.
-2. Whether ONNX Runtime's int8 GEMM (MLAS) runs on AMX here, in a process of its own (no TensorFlow, whose
-   oneDNN asks for AMX too): the AMX tile permission Linux gives the process before and after importing
-   ONNX Runtime (MLAS asks for it only to select its AMX uint8 x int8 kernels), and one
-   ``(1576, 768) @ (768, 3072)`` matmul in float32 and as ``MatMulInteger`` with uint8 and int8 activations.
+2. Whether ONNX Runtime's and LiteRT's int8 GEMMs run on AMX here, each in a process of its own (no
+   TensorFlow, whose oneDNN asks for AMX too): the AMX tile permission Linux gives the process before and after
+   ONNX Runtime is imported / LiteRT's XNNPACK delegate is created (MLAS asks for it only to select its AMX
+   uint8 x int8 kernels; XNNPACK when it enables its AMX kernels), and one ``(1576, 768) @ (768, 3072)``
+   matmul: ONNX Runtime's float32 ``MatMul`` and ``MatMulInteger`` with uint8 and int8 activations, LiteRT's
+   float32 and dynamic-range int8 ``FULLY_CONNECTED``. Above AVX512-VNNI's peak (at most two 512-bit
+   ``VPDPBUSD``, 2 x 128 int8 ops, per cycle and core), an int8 rate can only be AMX's.
 3. The whole model at each batch, every route (``ROUTES``) timed in turn ``--rounds`` times on crops of real
    photos (median images/s, median per-round ratio to Keras float32). Beside each route: on ``--images``
    evaluation crops, the largest absolute logit difference from Keras float32, the lowest cosine similarity
@@ -32,7 +35,16 @@ import time
 import warnings
 from dataclasses import dataclass
 
-__all__ = ["ROUTES", "Bench", "dense_probe", "main", "ort_amx_probe", "quality"]
+__all__ = [
+    "ROUTES",
+    "Bench",
+    "dense_probe",
+    "litert_amx_probe",
+    "litert_dense_files",
+    "main",
+    "ort_amx_probe",
+    "quality",
+]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,8 +96,9 @@ def _timing_table(title: str, paths: dict, flops: float) -> list[str]:
     return rows
 
 
-# --- does ONNX Runtime's int8 GEMM run on AMX? ----------------------------------------------------------------
+# --- do ONNX Runtime's and LiteRT's int8 GEMMs run on AMX? -------------------------------------------------
 
+_PROBE_SHAPE = (8 * 197, 768, 3072)  # one B/16 MLP Dense at batch 8: (m, k) @ (k, n)
 _ARCH_GET_XCOMP_PERM, _XFEATURE_XTILEDATA = 0x1022, 18  # linux/arch/x86/include/uapi/asm/prctl.h, fpu/types.h
 
 
@@ -101,7 +114,7 @@ def _amx_permitted() -> bool | None:
     return bool(mask.value & (1 << _XFEATURE_XTILEDATA))
 
 
-def ort_amx_probe(m: int = 8 * 197, k: int = 768, n: int = 3072) -> list[str]:
+def ort_amx_probe() -> list[str]:
     """Markdown rows (run in a process without TensorFlow): the AMX permission before and after ONNX Runtime's
     import, and one matmul in float32, uint8 x int8 and int8 x int8 (``MatMulInteger``)."""
     before = _amx_permitted()
@@ -110,6 +123,7 @@ def ort_amx_probe(m: int = 8 * 197, k: int = 768, n: int = 3072) -> list[str]:
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
+    m, k, n = _PROBE_SHAPE
     rng = np.random.default_rng(0)
 
     def session(a_type, b):
@@ -151,12 +165,49 @@ def ort_amx_probe(m: int = 8 * 197, k: int = 768, n: int = 3072) -> list[str]:
     return rows
 
 
-def _ort_amx_report() -> list[str]:
-    """:func:`ort_amx_probe` run in a fresh process (``--ort-probe``)."""
+def litert_dense_files(folder: str) -> None:
+    """``dense-float32.tflite`` and ``dense-dynamic.tflite`` in ``folder``: one Dense of :data:`_PROBE_SHAPE`,
+    exported from Keras in float32 and with dynamic-range int8 weights (run by :func:`litert_amx_probe`)."""
+    import keras
+    import tensorflow as tf
+
+    _, k, n = _PROBE_SHAPE
+    dense = keras.Sequential([keras.Input((k,)), keras.layers.Dense(n)])
+    for name, kwargs in (("float32", {}), ("dynamic", {"optimizations": [tf.lite.Optimize.DEFAULT]})):
+        dense.export(os.path.join(folder, f"dense-{name}.tflite"), format="litert", verbose=False, **kwargs)
+
+
+def litert_amx_probe(folder: str) -> list[str]:
+    """Markdown rows (run in a process without TensorFlow): the AMX permission before LiteRT is imported and
+    after its XNNPACK delegate ran, and the float32 and dynamic-range int8 Dense of :func:`litert_dense_files`."""
+    import numpy as np
+
+    before = _amx_permitted()
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        return ["LiteRT probe skipped: ai_edge_litert is not installed (tf.lite would bring TensorFlow's oneDNN)"]
+    m, k, n = _PROBE_SHAPE
+    paths = {}
+    for name in ("float32", "dynamic"):
+        interpreter = Interpreter(model_path=os.path.join(folder, f"dense-{name}.tflite"), num_threads=os.cpu_count())
+        (inp,) = interpreter.get_input_details()
+        interpreter.resize_tensor_input(inp["index"], (m, k))  # the export's batch is free
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(inp["index"], np.random.default_rng(0).standard_normal((m, k)).astype("float32"))
+        paths[f"{name} FULLY_CONNECTED (XNNPACK)"] = interpreter.invoke
+    rows = _timing_table(f"LiteRT (ai_edge_litert), ({m}, {k}) @ ({k}, {n})", paths, 2 * m * k * n)
+    after = _amx_permitted()
+    rows.insert(0, f"AMX tile permission of the process: before importing LiteRT {before}, after its runs {after}")
+    return rows
+
+
+def _probe_report(*argv: str) -> list[str]:
+    """``python benchmarks/int8.py --amx-probe *argv`` in a fresh process: its rows, or its error."""
     done = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--ort-probe"], capture_output=True, text=True, check=False
+        [sys.executable, os.path.abspath(__file__), "--amx-probe", *argv], capture_output=True, text=True, check=False
     )
-    return (done.stdout or done.stderr).strip().splitlines()
+    return (done.stdout if done.returncode == 0 else done.stderr).strip().splitlines()
 
 
 # --- the routes: each returns (call images -> logits, size in MB or None, a note or a function giving one) ------
@@ -415,11 +466,11 @@ def main(argv=None) -> None:
     parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES))
     parser.add_argument("--images", type=int, default=64, help="evaluation crops (seed 2; default 64)")
     parser.add_argument("--calibration", type=int, default=32, help="calibration crops (seed 1; default 32)")
-    parser.add_argument("--no-probes", action="store_true", help="skip the Dense and ONNX Runtime matmul probes")
-    parser.add_argument("--ort-probe", action="store_true", help=argparse.SUPPRESS)  # the probe's own process
+    parser.add_argument("--no-probes", action="store_true", help="skip the Dense and int8 GEMM (AMX) probes")
+    parser.add_argument("--amx-probe", nargs="+", help=argparse.SUPPRESS)  # a probe's own process: ort | litert DIR
     args = parser.parse_args(argv)
-    if args.ort_probe:
-        print("\n".join(ort_amx_probe()))
+    if args.amx_probe:
+        print("\n".join(ort_amx_probe() if args.amx_probe[0] == "ort" else litert_amx_probe(args.amx_probe[1])))
         return
     if "keras-f32" not in args.routes:
         args.routes.insert(0, "keras-f32")  # the reference
@@ -439,7 +490,10 @@ def main(argv=None) -> None:
     if not args.no_probes:
         print("\n".join(dense_probe()) + "\n", flush=True)
         if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnx"):
-            print("\n".join(_ort_amx_report()) + "\n", flush=True)
+            print("\n".join(_probe_report("ort")) + "\n", flush=True)
+        with tempfile.TemporaryDirectory() as folder:
+            litert_dense_files(folder)
+            print("\n".join(_probe_report("litert", folder)) + "\n", flush=True)
     model = keras_vit.ViT(args.variant, image_size=args.image_size)
     head = model.get_layer("head")  # zero-initialised, as published: random logits to compare
     head.kernel.assign(np.random.default_rng(1).normal(0, 0.1, head.kernel.shape))
