@@ -342,17 +342,20 @@ def onnxruntime_route(bench: Bench, mode: str = "float32", activations: str = "u
 
 
 def openvino_route(bench: Bench, mode: str = "f32"):
-    """``model.export(path.xml, format="openvino")`` compiled for ``CPU``: ``f32`` or ``bf16``
+    """``keras_vit.export.export_openvino`` (an IR folder) compiled for ``CPU``: ``f32`` or ``bf16``
     (``INFERENCE_PRECISION_HINT``), or ``int8``: NNCF post-training quantisation (``nncf.quantize``,
     ``ModelType.TRANSFORMER``, all calibration crops) compiled with the plugin's default precision. The note
     (a function, called after the timing) counts the kernels of the compiled graph's matmuls and convolution
     (``..._amx_...``: AMX tiles)."""
     import openvino
 
+    from keras_vit.export import OPENVINO_FILE, export_openvino
+
     core = openvino.Core()
-    xml = bench.path("openvino.xml")
-    if not os.path.exists(xml):
-        bench.model.export(xml, format="openvino", verbose=False)
+    folder = bench.path("openvino")
+    if not os.path.exists(folder):
+        export_openvino(bench.model, folder)
+    xml = os.path.join(folder, OPENVINO_FILE)
     model = core.read_model(xml)
     config = {"INFERENCE_PRECISION_HINT": mode} if mode != "int8" else {}
     if mode == "int8":
