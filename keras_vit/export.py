@@ -53,6 +53,7 @@ __all__ = [
     "load",
     "main",
     "photo_crops",
+    "photo_images",
     "with_preprocessing",
 ]
 
@@ -328,6 +329,16 @@ def photo_crops(count: int = 16, seed: int = 0) -> list[np.ndarray]:
     return crops
 
 
+def photo_images(image_size: int | tuple[int, int], count: int = 16, seed: int = 0) -> np.ndarray:
+    """``(count, H, W, 3)`` float32 in [-1, 1]: :func:`photo_crops` ``(count, seed)`` through
+    :class:`~keras_vit.preprocessing.ImagePreprocessor` at ``image_size``, the inputs a model of that size takes.
+    Different seeds give different crops (e.g. calibration and evaluation sets for int8 quantisation)."""
+    from keras_vit.preprocessing import ImagePreprocessor
+
+    preprocess = ImagePreprocessor(image_size)
+    return np.stack([keras.ops.convert_to_numpy(preprocess(crop)) for crop in photo_crops(count, seed)])
+
+
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
 
@@ -365,7 +376,6 @@ def _export_and_compare(args: argparse.Namespace) -> None:
     """The command's work: each format written, run and compared with the model (one table row each), in a
     staging folder inside ``OUT_DIR``; the files enter ``OUT_DIR`` only when every format is done."""
     import keras_vit
-    from keras_vit.preprocessing import ImagePreprocessor
 
     out = Path(args.out)
     targets = {name: out / FORMATS[name][0] for name in args.formats}
@@ -376,8 +386,7 @@ def _export_and_compare(args: argparse.Namespace) -> None:
         model = keras_vit.model_from_checkpoint(args.weights)
     except (OSError, ValueError) as exc:
         raise CommandError(f"weights {args.weights!r}: {shown(exc)}") from exc
-    preprocess = ImagePreprocessor(tuple(model.input_shape[1:3]))
-    images = np.stack([np.asarray(preprocess(crop)) for crop in photo_crops(args.images)])
+    images = photo_images(tuple(model.input_shape[1:3]), args.images)
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
     try:
