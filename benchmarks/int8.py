@@ -343,8 +343,8 @@ def onnxruntime_route(bench: Bench, mode: str = "float32", activations: str = "u
 
 def openvino_route(bench: Bench, mode: str = "f32"):
     """``keras_vit.export.export_openvino`` (an IR folder) compiled for ``CPU``: ``f32`` or ``bf16``
-    (``INFERENCE_PRECISION_HINT``), or ``int8``: NNCF post-training quantisation (``nncf.quantize``,
-    ``ModelType.TRANSFORMER``, all calibration crops) compiled with the plugin's default precision. The note
+    (``INFERENCE_PRECISION_HINT``), or ``int8``: ``export_openvino(quantize="int8")`` (NNCF post-training
+    quantisation for transformers on all calibration crops) compiled with the plugin's default precision. The note
     (a function, called after the timing) counts the kernels of the compiled graph's matmuls and convolution
     (``..._amx_...``: AMX tiles)."""
     import openvino
@@ -352,19 +352,13 @@ def openvino_route(bench: Bench, mode: str = "f32"):
     from keras_vit.export import OPENVINO_FILE, export_openvino
 
     core = openvino.Core()
-    folder = bench.path("openvino")
+    folder = bench.path(f"openvino-{mode}" if mode == "int8" else "openvino")
     if not os.path.exists(folder):
-        export_openvino(bench.model, folder)
+        int8 = dict(quantize="int8", calibration=bench.calibration) if mode == "int8" else {}
+        export_openvino(bench.model, folder, **int8)
     xml = os.path.join(folder, OPENVINO_FILE)
     model = core.read_model(xml)
     config = {"INFERENCE_PRECISION_HINT": mode} if mode != "int8" else {}
-    if mode == "int8":
-        import nncf
-
-        dataset = nncf.Dataset([image[None] for image in bench.calibration])
-        model = nncf.quantize(model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(bench.calibration))
-        xml = bench.path("openvino-int8.xml")
-        openvino.save_model(model, xml)
     compiled = core.compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
 

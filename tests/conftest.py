@@ -35,7 +35,7 @@ OPTIONAL = {
     "ai_edge_litert": "pip install -e '.[export]'",
     "jax2onnx": "pip install jax2onnx",
     "openvino": "pip install -e '.[openvino]'",
-    "nncf": "pip install nncf",
+    "nncf": "pip install -e '.[openvino]'",
     "keras_hub": "pip install --no-deps keras-hub kagglehub kagglesdk regex sentencepiece tokenizers pyyaml",
 }
 

@@ -1,8 +1,9 @@
 """The int8 routes of benchmarks/int8.py that its table recommends are correct on a tiny model (speed: the benchmark).
 
-OpenVINO with NNCF post-training quantisation (the fastest correct int8 route at batch 8 on the AMX Xeon,
-docs/performance.md): int8 kernels run, and on crops of real photos its logits keep a cosine similarity >= 0.99
-with float32 and at least 14 of 16 top-1 classes (measured: 0.997 and 16/16). Calibration and evaluation crops
+OpenVINO with NNCF post-training quantisation (``keras_vit.export.export_openvino(quantize="int8")``, the fastest
+correct int8 route at batch 8 on the AMX Xeon, docs/performance.md): int8 kernels run, and on crops of real photos
+its logits keep a cosine similarity >= 0.99 with float32 and at least 14 of 16 top-1 classes (measured: 0.997 and
+16/16). Calibration and evaluation crops
 differ (seeds 1 and 0). LiteRT dynamic-range int8, the other recommended route, is tested in test_export.py.
 """
 
@@ -47,7 +48,9 @@ def test_quality_is_the_largest_difference_lowest_cosine_and_top1_agreement(int8
 
 
 @pytest.mark.requires("openvino", "nncf")
-def test_openvino_nncf_int8_runs_int8_and_agrees_with_float32(int8, model, tmp_path):
+def test_openvino_int8_export_runs_int8_kernels_and_agrees_with_float32(int8, model, tmp_path):
+    """``export.export_openvino(quantize="int8", calibration=...)``, through the benchmark's route (which reads
+    the compiled graph's kernels) and through ``export.load``."""
     calibration, evaluation = export.photo_images(32, 8, seed=1), export.photo_images(32, 16, seed=0)
     call, size, kernels = int8.openvino_route(int8.Bench(model, None, 32, str(tmp_path), calibration), mode="int8")
     got = call(evaluation)
@@ -57,3 +60,16 @@ def test_openvino_nncf_int8_runs_int8_and_agrees_with_float32(int8, model, tmp_p
     matmuls = kernels().split("kernels: ")[1]  # what the compiled graph ran at the call above
     assert "FullyConnected" in matmuls and all("i8" in kind.lower() for kind in matmuls.split(", ")), matmuls
     assert size < 0.5 * sum(w.nbytes for w in model.get_weights()) / 1e6 + 0.1  # int8 weights (+ the graph)
+    folder = tmp_path / "openvino-int8"
+    assert sorted(os.listdir(folder)) == ["model.bin", "model.xml"]
+    np.testing.assert_allclose(export.load(folder)(evaluation), got, atol=1e-2 * np.abs(got).max())
+
+
+@pytest.mark.requires("openvino")
+def test_openvino_int8_needs_calibration_images_and_writes_nothing_without(model, tmp_path):
+    for calibration in (None, np.zeros((0, 32, 32, 3), "float32")):
+        with pytest.raises(ValueError, match="needs calibration images"):
+            export.export_openvino(model, tmp_path / "int8", quantize="int8", calibration=calibration)
+    with pytest.raises(ValueError, match="quantize"):
+        export.export_openvino(model, tmp_path / "int8", quantize="int4")
+    assert os.listdir(tmp_path) == []
