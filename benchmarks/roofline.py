@@ -9,9 +9,9 @@
   AVX2 kernels on an AVX-512 CPU), once with the environment as it is; each with the kernel OpenBLAS
   picked (threadpoolctl's ``architecture``, when installed).
 
-* torch (``torch.matmul``), JAX (jitted ``jnp.dot``) and OpenVINO (a one-``MatMul`` model compiled for the
-  CPU with ``INFERENCE_PRECISION_HINT`` f32 or bf16: the precision its runtime computes in, float32 in and
-  out), float32 and bfloat16, each in its own process (``--framework``; :func:`framework_peaks` runs them
+* torch (``torch.matmul``), JAX (jitted ``jnp.dot``) and OpenVINO (a one-``MatMul`` model of an input and a
+  constant, as a layer's weights are, compiled for the CPU with ``INFERENCE_PRECISION_HINT`` f32 or bf16: the
+  precision its runtime computes in, float32 in and out), float32 and bfloat16, each in its own process (``--framework``; :func:`framework_peaks` runs them
   all): every framework's own peak.
 
 ``benchmarks/throughput.py`` divides each path's FLOP/s by the TensorFlow peak of its precision and prints
@@ -93,11 +93,11 @@ def matmul_gflops(framework: str, dtype: str = "float32", size: int = 4096, repe
         import openvino
         import openvino.opset13 as ops
 
-        x = ops.parameter([size, size], openvino.Type.f32)
-        model = openvino.Model([ops.matmul(x, x, False, False)], [x])
+        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+        x = ops.parameter([size, size], openvino.Type.f32)  # activations times a constant: a layer's weights
+        model = openvino.Model([ops.matmul(x, ops.constant(a), False, False)], [x])
         hint = {"float32": "f32", "bfloat16": "bf16"}[dtype]
         compiled = openvino.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
-        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
         request = compiled.create_infer_request()
         return _best_gflops(lambda: request.infer([a]), size, repeats)
     raise ValueError(f"Unknown framework {framework!r}; expected one of {FRAMEWORKS}.")
