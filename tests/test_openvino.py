@@ -134,3 +134,12 @@ def test_export_to_openvino_runs_in_float32_exactly_and_in_bfloat16_closely(tmp_
         export.load(path, precision="int4")
     with pytest.raises(ValueError, match="vit_openvino exists"):
         export.export_openvino(model, path)
+
+
+def test_training_on_the_openvino_backend_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "keras_vit.training.finetune", "--output-dir", str(run), "--steps", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, env=openvino_env(), timeout=300, check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("error: Keras' openvino backend runs inference only")
+    assert "Traceback" not in done.stderr and not run.exists()

@@ -307,6 +307,11 @@ def get_strategy(name: str = "auto", tpu: str | None = None, model_devices: int 
     kept off the GPUs (it only runs the tf.data pipeline).
     """
     check_choice(name, STRATEGIES, "strategy")
+    if keras.backend.backend() == "openvino":
+        raise ValueError(
+            "Keras' openvino backend runs inference only: train with KERAS_BACKEND=tensorflow, jax or torch (the "
+            "model.keras a run writes then predicts on openvino)."
+        )
     if keras.backend.backend() != "tensorflow":
         with contextlib.suppress(RuntimeError):  # too late once TensorFlow has started: then it stays as it is
             tf.config.set_visible_devices([], "GPU")
