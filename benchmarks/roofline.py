@@ -11,8 +11,8 @@
 
 * torch (``torch.matmul``), JAX (jitted ``jnp.dot``) and OpenVINO (a one-``MatMul`` model of an input and a
   constant, as a layer's weights are, compiled for the CPU with ``INFERENCE_PRECISION_HINT`` f32 or bf16: the
-  precision its runtime computes in, float32 in and out), float32 and bfloat16, each in its own process (``--framework``; :func:`framework_peaks` runs them
-  all): every framework's own peak.
+  precision its runtime computes in, float32 in and out), float32 and bfloat16, each in its own process
+  (``--framework``; :func:`framework_peaks` runs them all): every framework's own peak.
 
 ``benchmarks/throughput.py`` divides each path's FLOP/s by the TensorFlow peak of its precision and prints
 every framework's peak beside it.
