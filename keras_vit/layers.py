@@ -98,18 +98,38 @@ def unrows(y, like):
     return ops.reshape(y, (*ops.shape(like)[:-1], y.shape[-1]))
 
 
+def _plain(dense: layers.Layer) -> bool:
+    """A float ``Dense`` with a bias: not quantised, no LoRA adapter."""
+    return dense.quantization_mode is None and not dense.lora_enabled and dense.use_bias
+
+
+def dense_rows(dense: layers.Layer, x):
+    """``dense`` (activation-free) applied to rows ``x`` ``(R, D)``.
+
+    On torch a plain ``Dense`` runs as ``torch.nn.functional.linear``: one ``addmm``, the bias added inside the
+    matmul as timm's layers run; Keras' ``Dense`` there is a matmul and a separate add, whose adds took 18% of a
+    B/16 bfloat16 inference step on an AMX Xeon (``benchmarks/torch_profile.py``, docs/performance.md). Elsewhere
+    the ``Dense`` itself, which TensorFlow fuses into one oneDNN kernel on rows.
+    """
+    if keras.backend.backend() != "torch" or not _plain(dense):
+        return dense(x)
+    import torch.nn.functional as F
+
+    kernel, bias = (ops.cast(weight, x.dtype) for weight in (dense.kernel, dense.bias))
+    return F.linear(x, kernel.T, bias)
+
+
 def project(dense: layers.Layer, x, training=None):
     """``dense`` (a bias-carrying, activation-free ``Dense``) applied to the last axis of ``x`` ``(B, N, D)``.
 
     Inference in bfloat16 on TensorFlow runs ``x @ kernel[None] + bias``: a batched matmul whose bias TensorFlow
     fuses into oneDNN's brgemm matmul, which uses AMX; the 2-D ``MatMul`` + ``BiasAdd`` of :func:`rows` runs
     oneDNN's inner product there, whose bfloat16 gemm took 1.4x the time on an AMX Xeon
-    (docs/performance.md). Everywhere else, and for quantised or LoRA layers, the ``Dense`` runs on rows.
+    (docs/performance.md). Everywhere else, and for quantised or LoRA layers, :func:`dense_rows` on rows.
     """
-    plain = dense.quantization_mode is None and not dense.lora_enabled and dense.use_bias
     bfloat16 = keras.backend.standardize_dtype(x.dtype) == "bfloat16"
-    if training or not (plain and bfloat16) or keras.backend.backend() != "tensorflow":
-        return unrows(dense(rows(x)), x)
+    if training or not (_plain(dense) and bfloat16) or keras.backend.backend() != "tensorflow":
+        return unrows(dense_rows(dense, rows(x)), x)
     kernel = ops.expand_dims(ops.cast(dense.kernel, x.dtype), 0)  # (1, D, E): a batched matmul, not tensordot
     return ops.matmul(x, kernel) + ops.cast(dense.bias, x.dtype)
 
@@ -335,7 +355,7 @@ class MlpBlock(layers.Layer):
     def call(self, x, training=None, dropout_keep=None):
         """``dropout_keep``: ``(hidden, output)`` bool masks drawn beforehand, used instead of the dropout's draws."""
         hidden_keep, out_keep = (None, None) if dropout_keep is None else dropout_keep
-        h = self.fc1(rows(x))
+        h = dense_rows(self.fc1, rows(x))
         if self.mlp_type == "swiglu":
             a, b = ops.split(h, 2, axis=-1)
             h = ops.silu(a) * b

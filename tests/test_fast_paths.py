@@ -295,6 +295,44 @@ def test_projection_in_bfloat16_inference_is_a_batched_matmul_equal_to_the_dense
         assert "BatchMatMulV2" not in _graph_ops(lambda t: project(dense, t), x)
 
 
+@pytest.mark.backends("torch")
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "float32"])
+def test_dense_rows_on_torch_is_one_addmm_equal_to_the_dense(policy):
+    """``keras_vit.layers.dense_rows`` on torch: ``F.linear`` (one ``addmm``, the bias fused) gives the ``Dense``'s
+    outputs and the same gradients for input, kernel and bias; a LoRA layer runs its own call."""
+    import torch
+
+    from keras_vit.layers import dense_rows
+    from keras_vit.precision import global_policy
+
+    with global_policy(policy):
+        dense = keras.layers.Dense(48, bias_initializer="glorot_uniform")
+        dense.build((None, 32))
+    rng = np.random.default_rng(0)
+    results = []
+    for run in (dense_rows, lambda layer, x: layer(x)):
+        x = torch.tensor(rng.standard_normal((51, 32)), dtype=torch.float32, requires_grad=True)
+        with torch.profiler.profile() as trace:
+            y = run(dense, x.to(getattr(torch, dense.compute_dtype)))
+        ops = {event.key for event in trace.key_averages()}
+        y.float().square().sum().backward()
+        grads = [x.grad] + [w.value.grad.clone() for w in (dense.kernel, dense.bias)]
+        for w in (dense.kernel, dense.bias):
+            w.value.grad = None
+        results.append((y.float().detach().numpy(), [g.float().numpy() for g in grads], ops))
+        rng = np.random.default_rng(0)
+    (fast, fast_grads, fast_ops), (plain, plain_grads, plain_ops) = results
+    assert "aten::addmm" in fast_ops and "aten::addmm" not in plain_ops
+    tolerance = 0.03 if policy == "mixed_bfloat16" else FLOAT32_ATOL
+    np.testing.assert_allclose(fast, plain, atol=tolerance * np.abs(plain).max())
+    for ours, theirs in zip(fast_grads, plain_grads, strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=tolerance * np.abs(theirs).max())
+    dense.enable_lora(2)
+    with torch.profiler.profile() as trace:
+        dense_rows(dense, torch.ones((4, 32), dtype=getattr(torch, dense.compute_dtype)))
+    assert "aten::addmm" not in {event.key for event in trace.key_averages()}
+
+
 def test_bfloat16_inference_of_a_block_equals_its_training_path_without_dropout():
     """A whole encoder block in ``mixed_bfloat16``: inference (batched-matmul projections) against the training
     call (Dense on rows; no dropout, so the same function) and against float32."""
