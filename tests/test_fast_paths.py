@@ -295,6 +295,7 @@ def test_projection_in_bfloat16_inference_is_a_batched_matmul_equal_to_the_dense
         assert "BatchMatMulV2" not in _graph_ops(lambda t: project(dense, t), x)
 
 
+@pytest.mark.requires("torch")
 @pytest.mark.backends("torch")
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "float32"])
 def test_dense_rows_on_torch_is_one_addmm_equal_to_the_dense(policy):
