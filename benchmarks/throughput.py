@@ -49,8 +49,9 @@ which ran. A TF worker name takes options after ``+``: ``+xla`` (``compile(jit_c
 ``+onednn`` / ``+eigen`` (``TF_ENABLE_ONEDNN_OPTS=1`` / ``0``), ``+bf16`` (``mixed_bfloat16``),
 ``+remat`` (keras_vit only: ``ViT(remat=True)``, blocks recomputed in the backward pass), ``+jax`` /
 ``+torch`` / ``+openvino`` (the Keras backend, TensorFlow by default: the tables' backend column; ``+xla`` is
-JAX's default; OpenVINO runs inference only, its training cells print ``-``, and computes in the precision its
-runtime picks, bfloat16 on CPUs with bfloat16 units, on its own thread pool of every core),
+JAX's default, and on torch Keras' ``jit_compile=True``, ``torch.compile`` of its steps; OpenVINO runs inference
+only, its training cells print ``-``, and computes in the precision its runtime picks, bfloat16 on CPUs with
+bfloat16 units, on its own thread pool of every core),
 e.g. ``--frameworks keras_vit keras_hub keras_hub+onednn keras_vit+eigen timm`` (the same kernels
 side by side); ``timm+bf16`` runs timm under ``torch.autocast("cpu", torch.bfloat16)``, ``timm+compile``
 its model through ``torch.compile`` (inductor; the compilation is the untimed first call). Workers get
@@ -163,8 +164,11 @@ def _split_spec(spec: str) -> tuple[str, set[str]]:
     if "remat" in options and name != "keras_vit":
         raise ValueError(f"{spec!r}: +remat is a keras_vit option (ViT(remat=True)).")
     backends = set(options) & set(BACKENDS)
-    if len(backends) > 1 or (backends and set(options) & {"onednn", "eigen", "xla"}):
-        raise ValueError(f"{spec!r}: one Keras backend at most, and +onednn/+eigen/+xla are TensorFlow's.")
+    compiles = {"xla"} if backends == {"torch"} else set()  # Keras' jit_compile=True on torch is torch.compile
+    if len(backends) > 1 or (backends and set(options) & ({"onednn", "eigen", "xla"} - compiles)):
+        raise ValueError(
+            f"{spec!r}: one Keras backend at most; +onednn/+eigen are TensorFlow's, +xla TensorFlow's or torch's."
+        )
     return name, set(options)
 
 

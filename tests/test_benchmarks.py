@@ -240,7 +240,8 @@ def test_throughput_backend_option_sets_the_workers_keras_backend(bench_scripts)
     ]
     assert throughput.worker_env("keras_vit+jax", None)["KERAS_BACKEND"] == "jax"
     assert throughput.worker_env("peak", None)["KERAS_BACKEND"] == "tensorflow"
-    for bad in ("keras_vit+jax+torch", "keras_vit+torch+onednn", "keras_vit+jax+xla"):
+    assert throughput._split_spec("keras_vit+torch+bf16+xla") == ("keras_vit", {"torch", "bf16", "xla"})
+    for bad in ("keras_vit+jax+torch", "keras_vit+torch+onednn", "keras_vit+jax+xla", "keras_vit+openvino+xla"):
         with pytest.raises(ValueError, match="one Keras backend at most"):
             throughput._split_spec(bad)
 
