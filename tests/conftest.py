@@ -2,7 +2,8 @@
 
 A test runs on every Keras backend unless marked ``@pytest.mark.backends("tensorflow", ...)`` (on the test, or
 a file's ``pytestmark``; the closest mark counts): then it runs only on the backends it names and is skipped, saying
-why, on the others. CI runs the whole suite again under ``KERAS_BACKEND=jax`` and under torch, so the marks alone
+why, on the others. A test whose behaviour does not depend on the backend (file readers, the zoo, argument checks)
+is marked ``@pytest.mark.backend_independent`` and runs once, in the TensorFlow pass. CI runs the whole suite again under ``KERAS_BACKEND=jax`` and under torch, so the marks alone
 choose what each backend runs.
 A test marked ``@pytest.mark.requires("timm", "torch")`` needs those optional packages, in its own process or in
 a subprocess, and is skipped, naming the install, where one is missing: the README's set-up installs none of
@@ -46,6 +47,8 @@ def missing_packages(modules) -> list[str]:
 
 
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("backend_independent") and keras.backend.backend() != "tensorflow":
+        pytest.skip("backend-independent: runs in the TensorFlow pass only")
     marker = item.get_closest_marker("backends")
     if marker is not None and keras.backend.backend() not in marker.args:
         pytest.skip(f"needs the {' or '.join(marker.args)} backend, this run is {keras.backend.backend()}")
