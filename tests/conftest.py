@@ -3,8 +3,8 @@
 A test runs on every Keras backend unless marked ``@pytest.mark.backends("tensorflow", ...)`` (on the test, or
 a file's ``pytestmark``; the closest mark counts): then it runs only on the backends it names and is skipped, saying
 why, on the others. A test whose behaviour does not depend on the backend (file readers, the zoo, argument checks)
-is marked ``@pytest.mark.backend_independent`` and runs once, in the TensorFlow pass. CI runs the whole suite again under ``KERAS_BACKEND=jax`` and under torch, so the marks alone
-choose what each backend runs.
+is marked ``@pytest.mark.backend_independent`` and runs once, in the TensorFlow pass. CI runs the whole suite again
+under ``KERAS_BACKEND=jax`` and under torch, so the marks alone choose what each backend runs.
 A test marked ``@pytest.mark.requires("timm", "torch")`` needs those optional packages, in its own process or in
 a subprocess, and is skipped, naming the install, where one is missing: the README's set-up installs none of
 them. ``tests/test_package.py`` checks that every test file using an optional package carries the marker.

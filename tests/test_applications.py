@@ -18,11 +18,11 @@ TINY = dict(depth=1)
 
 @pytest.mark.parametrize("name", sorted(keras_vit.applications.NAMED_CONSTRUCTORS))
 def test_each_named_constructor_takes_every_argument_of_vit(name):
-    """Written out (``def ViT_B16``), with ViT's arguments, kinds, defaults and annotations: the image size
-    first, the rest by keyword, then ``**options`` (the config's fields)."""
+    """As ``inspect`` (``help``, IDEs) sees it: ViT's arguments, kinds, defaults and annotations, the image size
+    first, the rest by keyword, then ``**options``; a plain ``def`` of its own name."""
     constructor = getattr(keras_vit, name)
     assert constructor is keras_vit.applications.NAMED_CONSTRUCTORS[name]
-    assert inspect.getsource(constructor).startswith(f"def {name}(")
+    assert constructor.__name__ == name and constructor.__code__.co_name == name
     ours = dict(inspect.signature(constructor).parameters)
     theirs = {k: v for k, v in inspect.signature(ViT).parameters.items() if k != "variant"}
     assert list(ours) == ["image_size", *(k for k in theirs if k != "image_size")]
@@ -41,6 +41,29 @@ def test_each_named_constructor_takes_every_argument_of_vit(name):
         "classes",
         "classifier_activation",
     } <= set(ours)
+    with pytest.raises(TypeError):
+        constructor(32, True)  # everything after the image size is keyword-only, as in ViT
+
+
+def test_typed_arguments_are_vits_keywords():
+    """``ViTArguments`` (the named constructors' ``**kwargs`` type) lists exactly ViT's keyword-only arguments."""
+    keywords = [k for k, p in inspect.signature(ViT).parameters.items() if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    assert list(keras_vit.applications.ViTArguments.__annotations__) == [k for k in keywords if k != "image_size"]
+
+
+@pytest.mark.parametrize("name", ["ViT_Ti16", "ViT_R26_S32", "DeiT_Ti16_Distilled", "SigLIP_B16", "DINOv2_S14_Reg4"])
+def test_named_constructor_is_vit_of_its_variant(name):
+    """A call equals ``ViT(variant, ...)`` with the same arguments: same config, same weights, same logits."""
+    from keras_vit.variants import FAMILY_VARIANTS, NAMED_VARIANTS, constructor_name
+
+    variant = next(v for v in (*NAMED_VARIANTS, *FAMILY_VARIANTS) if constructor_name(v) == name)
+    arguments = dict(depth=1, num_classes=3, image_size=56 if "14" in name else 64)
+    named = getattr(keras_vit, name)(**arguments)
+    built = ViT(variant, **arguments)
+    assert named.name == built.name and named.config == built.config
+    built.set_weights(named.get_weights())
+    images = np.random.default_rng(0).uniform(-1, 1, (2, *named.input_shape[1:])).astype("float32")
+    np.testing.assert_array_equal(to_numpy(named(images)), to_numpy(built(images)))
 
 
 def _same_weights(model: keras.Model, other: keras.Model) -> None:
@@ -176,7 +199,7 @@ def test_with_new_head_keeps_the_backbone_and_its_flags_and_starts_a_zero_head(t
     ],
 )
 def test_timm_and_catalogue_names_give_the_architecture_and_resolution(name, variant, size):
-    from keras_vit.applications import _name_parts
+    from keras_vit.names import name_parts as _name_parts
 
     assert _name_parts(name)[:2] == (variant, size)
 
@@ -192,7 +215,7 @@ def test_vit_takes_timm_and_catalogue_names():
 
 
 def test_weights_take_timm_tags_to_their_catalogue_entry():
-    from keras_vit.applications import _checkpoint_name
+    from keras_vit.names import checkpoint_name as _checkpoint_name
 
     assert _checkpoint_name("augreg_in21k_ft_in1k", "B/16", 384, None) == "B_16.augreg_in21k_ft_in1k_384"
     assert _checkpoint_name("vit_base_patch16_224.augreg_in1k", None, None, None) == "B_16.augreg_in1k_224"

@@ -464,7 +464,7 @@ def test_a_file_of_another_architecture_is_neither_cached_nor_loaded_under_a_cat
 
 def test_weights_imagenet_and_imagenet21k_resolve_per_variant_and_resolution(tmp_path, serve, monkeypatch, capsys):
     """keras.applications' ``weights="imagenet"``: the catalogue's recommended entry for the variant and size."""
-    from keras_vit.applications import _alias_checkpoint
+    from keras_vit.names import alias_checkpoint as _alias_checkpoint
 
     assert _alias_checkpoint("imagenet", "B/16", None) == "B_16.augreg_in21k_ft_in1k_224"
     assert _alias_checkpoint("imagenet", "ViT_B16", 384) == "B_16.augreg_in21k_ft_in1k_384"

@@ -1,0 +1,75 @@
+"""What a name given to :func:`keras_vit.ViT` means: a variant, a timm model name or a catalogue name, and which
+checkpoint ``weights=`` names (an alias, a timm tag, a catalogue name or a path)."""
+
+from __future__ import annotations
+
+from keras_vit import zoo
+from keras_vit.config import DEFAULT_IMAGE_SIZE
+from keras_vit.variants import NAMED_VARIANTS, parse_timm_name, parse_variant
+
+
+def name_parts(name: str | None) -> tuple[str | None, int | None, str | None]:
+    """``(variant, image size, checkpoint tag)`` of what ``ViT``'s first argument names: a variant (``"B/16"``: no
+    size, no tag), a timm model name (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``: its size and tag) or a
+    catalogue name (``"B_16.augreg_in21k_ft_in1k_384"``: its variant and resolution, the name as the tag)."""
+    timm = None if name is None else parse_timm_name(name)
+    if timm is not None:
+        return timm
+    entry = None if name is None else zoo.find(name)
+    if entry is not None:
+        return entry.variant, entry.image_size, entry.name
+    return name, None, None
+
+
+def _catalogue_size(weights: str, variant: str | None, image_size) -> tuple[list, int]:
+    """The catalogue entries of ``variant`` and the (square) resolution asked for, for ``weights=`` to choose from."""
+    if variant is None:
+        raise ValueError(f"weights={weights!r} needs a variant ('B/16', ...) to choose its checkpoint.")
+    size = image_size or DEFAULT_IMAGE_SIZE
+    height, width = (size, size) if isinstance(size, int) else size
+    if height != width:
+        raise ValueError(f"weights={weights!r}: the published checkpoints are square, got image_size={size}.")
+    architecture = parse_variant(variant)
+    entries = [e for e in zoo.catalogue() if e.variant in NAMED_VARIANTS and parse_variant(e.variant) == architecture]
+    return entries, height
+
+
+def alias_checkpoint(alias: str, variant: str | None, image_size) -> str:
+    """The catalogue name ``weights=alias`` (``"imagenet"``, ...) stands for with ``variant`` at ``image_size``."""
+    return zoo.resolve_alias(alias, *_catalogue_size(alias, variant, image_size))
+
+
+def tag_checkpoint(tag: str, variant: str | None, image_size) -> str:
+    """The catalogue entry of ``variant`` at ``image_size`` whose tag is timm's ``tag`` (``"augreg_in21k_ft_in1k"``;
+    the catalogue writes a fine-tune's resolution after it, ``..._224``); a ``ValueError`` when there is none."""
+    entries, size = _catalogue_size(tag, variant, image_size)
+    for entry in entries:
+        if entry.image_size == size and entry.name.partition(".")[2] in (tag, f"{tag}_{size}"):
+            return entry.name
+    there = ", ".join(f"{e.name} ({e.image_size} px)" for e in entries) or "none"
+    raise ValueError(
+        f"timm's tag {tag!r} of {variant} at {size} px has no checkpoint in the keras-vit catalogue (Google's "
+        "files); a timm or Hugging Face file of it loads by its path (weights='model.safetensors'). The catalogue "
+        f"has: {there}."
+    )
+
+
+def checkpoint_name(weights: str, variant: str | None, image_size, tag: str | None) -> str:
+    """What ``weights=`` names: an alias (``"imagenet"``: the model name's tag when it has one, else the catalogue's
+    choice for the variant and size), a tagged timm name or a timm tag of the variant (its catalogue entry), or
+    else itself (a catalogue name, a path)."""
+    if weights in zoo.aliases():
+        if tag is None:
+            return alias_checkpoint(weights, variant, image_size)
+        return tag if zoo.find(tag) is not None else tag_checkpoint(tag, variant, image_size)
+    timm = parse_timm_name(weights)
+    if timm is not None and timm[2] is not None:
+        named, size, tag = timm
+        if variant is not None and parse_variant(named) != parse_variant(variant):
+            raise ValueError(f"weights={weights!r} is timm's {named}; the model is {variant}.")
+        return tag_checkpoint(tag, named, image_size or size)
+    if zoo.find(weights) is not None or "/" in weights or "." in weights:
+        return weights
+    if variant is not None and any(e.name.partition(".")[2].startswith(weights) for e in zoo.catalogue()):
+        return tag_checkpoint(weights, variant, image_size)
+    return weights
