@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -22,6 +23,7 @@ __all__ = [
     "atomic_path",
     "finite_json",
     "naming",
+    "open_regular",
     "still_linked",
     "temporary_path",
     "temporary_target",
@@ -94,6 +96,23 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, durable: bool = Fa
     new, encoding = mode.replace("w", "x"), None if "b" in mode else "utf-8"
     with atomic_path(path, durable=durable) as temporary, open(temporary, new, encoding=encoding) as file:
         yield file
+
+
+def open_regular(path: str | os.PathLike, mode: str = "xb") -> IO[bytes]:
+    """``path`` opened without following a link (``O_NOFOLLOW``): ``"xb"`` a new file, ``"ab"`` an existing
+    regular file to append to. Raises ``OSError`` naming ``path`` when it is a link or not a regular file."""
+    flags = {"xb": os.O_CREAT | os.O_EXCL, "ab": os.O_APPEND}[mode] | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP or os.path.islink(path):
+            raise OSError(errno.ELOOP, "is a symbolic link: not written through", os.fspath(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "is not a regular file: not written", os.fspath(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode.replace("x", "w"))
 
 
 def still_linked(fd: int, path: str | os.PathLike) -> bool:

@@ -649,3 +649,60 @@ def test_zips_of_damaged_npy_headers_are_only_ever_a_corrupt_checkpoint(edits):
                 member[where] = value
             archive.writestr(key + ".npy", bytes(member))
     judge(buffer.getvalue())
+
+
+# --- links in the cache and credentials on redirects (issue 36) ---------------------------------------------
+
+
+@pytest.mark.backend_independent
+def test_a_partial_file_that_is_a_link_is_replaced_never_written_through(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload})
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"my own notes\n")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "a.npz.part").symlink_to(notes)
+    path = fetch_file(server, tmp_path)
+    assert notes.read_bytes() == b"my own notes\n"  # the link's target is untouched
+    assert not path.is_symlink() and path.is_file() and path.read_bytes() == payload
+    assert cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
+
+
+@pytest.mark.backend_independent
+def test_a_lock_file_that_is_a_link_is_refused_naming_the_cache(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload})
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"my own notes\n")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "a.npz.lock").symlink_to(notes)
+    with pytest.raises(DownloadError, match=r"Cannot write to the cache folder .*cache") as failed:
+        fetch_file(server, tmp_path)
+    assert "\n" not in str(failed.value) and server.requests == []
+    assert notes.read_bytes() == b"my own notes\n" and not (tmp_path / "cache" / "a.npz").exists()
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("other_host", ["localhost", "127.0.0.1"])
+def test_credentials_are_not_sent_to_the_host_a_redirect_names(tmp_path, payload, serve, other_host):
+    target = serve({"/a.npz": payload})
+    port = target.url.rsplit(":", 1)[1]
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://{other_host}:{port}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    mirror = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=mirror.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        url = f"http://reader:s3cret@127.0.0.1:{mirror.server_address[1]}/a.npz"
+        dest = download(url, tmp_path / "cache" / "a.npz", backoff=0, timeout=5, deadline=20, validate=check_npz)
+    finally:
+        mirror.shutdown()
+        mirror.server_close()
+    assert dest.read_bytes() == payload
+    assert target.authorizations == [None]  # another port (or host) than the URL's: no Authorization header

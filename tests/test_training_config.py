@@ -4,12 +4,15 @@ learning-rate schedules (Keras' own, checked against the paper's formula), strat
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_vit.fields import option_fields
 from keras_vit.training import ablation, finetune, pretrain
 from keras_vit.training.config import (
     PRESET,
@@ -23,7 +26,6 @@ from keras_vit.training.config import (
     resolve,
     run_differences,
 )
-from keras_vit.training.fields import option_fields
 from keras_vit.training.schedules import WarmupDecay
 from keras_vit.training.steps import build_model
 from keras_vit.training.strategy import choose_strategy, get_strategy
@@ -354,3 +356,13 @@ def test_get_strategy_by_name(monkeypatch):
     with pytest.raises(ValueError, match="TF_CONFIG is not valid JSON"):
         choose_strategy({"TF_CONFIG": "{"}, num_gpus=0)
     assert get_strategy("one_device").num_replicas_in_sync == 1
+
+
+@pytest.mark.backend_independent
+def test_config_imports_neither_tensorflow_nor_keras():
+    code = (
+        "import sys, keras_vit.training.config\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

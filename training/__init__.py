@@ -44,7 +44,6 @@ _SUBMODULES = (
     "config",
     "data",
     "errors",
-    "fields",
     "finetune",
     "launch",
     "loop",

@@ -21,14 +21,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from keras_vit import fields
 from keras_vit.cli import add_debug_flag, command_errors
 from keras_vit.config import CLASSIFIERS
+from keras_vit.fields import option
 from keras_vit.files import atomic_open
 from keras_vit.position import POSITION_EMBEDDINGS, check_position_embedding
 from keras_vit.training import config as config_lib
-from keras_vit.training import fields, outputs, steps
+from keras_vit.training import outputs, steps
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.fields import option
 from keras_vit.training.runner import train
 from keras_vit.training.supervised import Classification
 

@@ -3,7 +3,7 @@
 A config has four sections -- ``model`` (:class:`ModelConfig`), ``data`` (:class:`DataConfig`),
 ``optim`` (:class:`OptimConfig`) and ``run`` (:class:`RunConfig`: how a run runs, which a resumed run
 may change) -- and a ``preset``. Each field is declared once with its default and help text (see
-:mod:`keras_vit.training.fields`; the command-line options are generated from them). Fields whose
+:mod:`keras_vit.fields`; the command-line options are generated from them). Fields whose
 default is ``None`` and that a preset names come from the preset (:func:`resolve`):
 
 * ``finetune`` -- the paper's fine-tuning recipe (Dosovitskiy et al. 2021, App. B.1.1): SGD momentum
@@ -36,26 +36,28 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from keras_vit import fields
 from keras_vit.checks import check_choice
 from keras_vit.config import ViTConfig, field_names, model_flags
+from keras_vit.fields import flag_name, option, option_fields
 from keras_vit.precision import MIXED_PRECISION
-from keras_vit.training import fields
-from keras_vit.training.fields import flag_name, option, option_fields
-from keras_vit.training.optimizers import OPTIMIZERS
-from keras_vit.training.schedules import DECAYS
-from keras_vit.training.strategy import STRATEGIES
 from keras_vit.variants import parse_variant
 
 __all__ = [
     "ARCHITECTURE_FIELDS",
+    "DECAYS",
     "FINETUNE_ADJUSTMENTS",
     "FLAT_NAMES",
+    "JAX_STRATEGIES",
     "MODEL_OPTIONS",
+    "OPTIMIZERS",
     "PRESET",
     "PRESETS",
     "RANGES",
     "RUN_ONLY_FIELDS",
     "SECTIONS",
+    "STRATEGIES",
+    "TF_STRATEGIES",
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
@@ -71,6 +73,12 @@ __all__ = [
     "run_differences",
 ]
 
+# The choices of the optimiser, schedule and strategy fields (here, so that this module imports no TensorFlow).
+OPTIMIZERS = ("sgd", "adamw", "adam")
+DECAYS = ("cosine", "linear", "constant")
+TF_STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
+JAX_STRATEGIES = ("data_parallel", "model_parallel")
+STRATEGIES = ("auto", "default", *TF_STRATEGIES, *JAX_STRATEGIES)
 PRESET = "the preset's"  # what None means for the fields a preset sets
 ARCHITECTURE_FIELDS = field_names("architecture")
 

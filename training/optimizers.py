@@ -16,10 +16,9 @@ import tensorflow as tf
 
 from keras_vit.checks import check_choice
 from keras_vit.position import POSITION_VARIABLES
+from keras_vit.training.config import OPTIMIZERS
 
 __all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "ReplicaClipping", "build_optimizer", "no_decay_variables"]
-
-OPTIMIZERS = ("sgd", "adamw", "adam")
 
 
 class ReplicaClipping:

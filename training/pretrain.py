@@ -32,11 +32,12 @@ from collections.abc import Sequence
 
 import keras
 
+from keras_vit import fields
 from keras_vit.cli import add_debug_flag, command_errors
+from keras_vit.fields import option
 from keras_vit.training import config as config_lib
-from keras_vit.training import fields, outputs, steps
+from keras_vit.training import outputs, steps
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.fields import option
 from keras_vit.training.masked_patch import MaskedPatches
 from keras_vit.training.runner import train
 from keras_vit.training.steps import Setup

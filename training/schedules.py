@@ -21,10 +21,9 @@ import keras
 from keras import ops
 
 from keras_vit.checks import check_choice
+from keras_vit.training.config import DECAYS
 
 __all__ = ["DECAYS", "WarmupDecay"]
-
-DECAYS = ("cosine", "linear", "constant")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit_training")

@@ -43,6 +43,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit.checks import check_choice
+from keras_vit.training.config import JAX_STRATEGIES, STRATEGIES, TF_STRATEGIES
 from keras_vit.training.launch import JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID
 
 __all__ = [
@@ -69,9 +70,6 @@ __all__ = [
     "vit_layout_map",
 ]
 
-TF_STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
-JAX_STRATEGIES = ("data_parallel", "model_parallel")
-STRATEGIES = ("auto", "default", *TF_STRATEGIES, *JAX_STRATEGIES)
 DEFAULT_CONNECT_TIMEOUT = 600.0
 JAX_CLUSTER = "KERAS_VIT_JAX_CLUSTER"  # "auto": jax.distributed.initialize() finds the cluster itself
 # Variable path (a regular expression matching the whole path) -> its layout on the ("batch", "model") mesh of

@@ -18,7 +18,8 @@ file is left in place). One downloader at a time holds ``<dest>.lock``; the othe
 lock included (checked between reads, so it may be overshot by up to ``timeout``). A name that does not resolve
 (offline) fails at once, naming the mirror variable. Credentials in a URL (``http://user:secret@host/``) never
 appear in a message or a file: they go in an ``Authorization`` header (HTTP basic authentication), and messages
-show :func:`redact`'s form.
+show :func:`redact`'s form; a redirect to another scheme, host or port drops that header. The cache never writes
+through a link: a ``.part`` that is one is replaced, a ``.lock`` that is one refused.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import os
 import re
 import socket
 import ssl
+import stat
 import time
 import urllib.error
 import urllib.parse
@@ -39,7 +41,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from keras_vit.files import atomic_open
+from keras_vit.files import atomic_open, open_regular
 
 from .cache import ensure_intact, record, sha256sum
 from .errors import CorruptCheckpointError, DownloadError
@@ -77,6 +79,21 @@ def _credentials(url: str) -> tuple[str, str | None]:
     return plain, f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
 
 
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _SameHostAuthorization(urllib.request.HTTPRedirectHandler):
+    """Redirects that keep the ``Authorization`` header only on the URL's own scheme, host and port."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
 def _url_key(url: str) -> str:
     """What the resume state keeps of the URL: its sha256 (the URL may hold credentials)."""
     return hashlib.sha256(url.encode()).hexdigest()
@@ -102,9 +119,10 @@ def _resumable(part: Path, state: Path, url: str) -> tuple[int, str | None]:
     """How many bytes of ``part`` may be resumed, and the validator for ``If-Range``; ``(0, None)``: start over."""
     try:
         saved = json.loads(state.read_text())
-        have = part.stat().st_size
+        info = part.lstat()
     except (OSError, ValueError):
         return 0, None
+    have = info.st_size if stat.S_ISREG(info.st_mode) else 0  # a link or other file: replaced, never followed
     if not isinstance(saved, dict) or saved.get("url_sha256") != _url_key(url):
         return 0, None
     if not saved.get("validator") or not have:
@@ -144,7 +162,7 @@ def _attempt(
     if credentials:
         headers["Authorization"] = f"Basic {base64.b64encode(credentials.encode()).decode()}"
     try:
-        response = urllib.request.urlopen(
+        response = urllib.request.build_opener(_SameHostAuthorization).open(
             urllib.request.Request(plain, headers=headers), timeout=_seconds_left(end, timeout)
         )
     except urllib.error.HTTPError as exc:
@@ -169,7 +187,8 @@ def _attempt(
             raise DownloadError(f"the server announces {total} bytes, the catalogue {size}")
         if not have:
             _save_state(state, url, _validator(response.headers))
-        with open(part, "ab" if have else "wb") as f:
+            _discard(part)  # the cache owns the name: a link found there is removed, its target left alone
+        with open_regular(part, "ab" if have else "xb") as f:
             while chunk := response.read1(CHUNK):
                 f.write(chunk)
                 if progress:
@@ -190,6 +209,8 @@ def _accept(
     url: str, part: Path, state: Path, dest: Path, sha256: str | None, validate: Callable[[Path], None] | None
 ) -> None:
     """Check the finished ``part`` (deleted when it fails), record its sha256 and move it onto ``dest``."""
+    if not stat.S_ISREG(part.lstat().st_mode):
+        raise DownloadError(f"{part} is not a regular file (a link?): refused, not moved into the cache")
     try:
         digest = sha256sum(part)
         if sha256 is not None and digest != sha256.lower():

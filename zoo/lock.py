@@ -38,7 +38,7 @@ def file_lock(path: str | os.PathLike, end: float | None = None) -> Iterator[Non
     reaches ``end``, then raise a ``DownloadError``. ``OSError`` when the file cannot be created."""
     path = Path(path)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             while not _try_lock(fd):
                 if end is not None and time.monotonic() >= end:
