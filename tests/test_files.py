@@ -18,7 +18,7 @@ from keras_vit.training.loop import save_outputs
 from keras_vit.training.outputs import write_json
 from keras_vit.zoo.cache import record, recorded
 
-pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 
 @pytest.fixture

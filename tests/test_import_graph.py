@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 REPO = Path(__file__).resolve().parents[1]
 # Source folder -> the package it installs as (setup.cfg, package_dir).

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 REPO = Path(__file__).resolve().parents[1]
 # Distributions that install the `tensorflow` package (PyPI names, normalised).

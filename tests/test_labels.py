@@ -5,7 +5,7 @@ import pytest
 
 from keras_vit import labels
 
-pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 
 def test_counts_and_order():

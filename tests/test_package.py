@@ -25,7 +25,7 @@ from test_import_graph import module_files
 import keras_vit
 from keras_vit import zoo
 
-pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}  # the backend of this run (conftest.py sets KERAS_BACKEND)

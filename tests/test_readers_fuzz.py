@@ -30,7 +30,7 @@ from keras_vit.checkpoints.read import catalogue_check, read_checkpoint
 from keras_vit.cli import REPORTED
 from keras_vit.training.checkpoint import Checkpointer
 
-pytestmark = pytest.mark.backends("tensorflow")  # the readers are numpy and file code: backend-independent
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 EXPECTED = REPORTED  # what a command reports in one line: ValueError, OSError, ImportError, CommandError
 SECONDS = 10.0  # per read: a malformed header must not make a reader loop for long...

@@ -12,7 +12,7 @@ from PIL import Image
 import keras_vit
 from keras_vit.labels import decode_predictions, read_label_file
 
-pytestmark = pytest.mark.backends("tensorflow")  # file handling: backend-independent
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 TINY = dict(image_size=32, patch_size=16, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
 NAMES = ("cat", "dog", "emu")

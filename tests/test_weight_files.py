@@ -22,7 +22,7 @@ from keras_vit.analysis.__main__ import main as analysis_main
 from keras_vit.checkpoints.read import read_checkpoint
 from keras_vit.zoo.__main__ import main as zoo_main
 
-pytestmark = pytest.mark.backends("tensorflow")  # file reading: backend-independent
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 TINY = dict(patch=8, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), num_classes=3)
 

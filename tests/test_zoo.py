@@ -21,7 +21,7 @@ from keras_vit import zoo
 from keras_vit.variants import parse_variant
 from keras_vit.zoo.__main__ import main as zoo_main
 
-pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
+pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
 
 GCS = "https://storage.googleapis.com/vit_models/"
 
