@@ -355,15 +355,22 @@ def test_a_trickling_server_fails_at_the_deadline(tmp_path, payload, serve):
 
 
 @pytest.mark.backend_independent
-def test_a_trickling_mirror_ends_at_the_default_deadline_set_by_the_environment(tmp_path, payload, serve, monkeypatch):
+def test_a_trickling_mirror_ends_at_the_default_deadline_set_by_the_environment(
+    tmp_path, payload, serve, monkeypatch, capsys
+):
     entry = zoo.get("Ti_16.augreg_in21k")
-    server = serve({"/" + entry.path: payload}, faults=["trickle"])
+    server = serve({"/" + entry.path: payload}, faults=["trickle", "trickle"])
     monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
     monkeypatch.setenv("KERAS_VIT_ZOO_DEADLINE", "2")
     start = time.monotonic()
     with pytest.raises(DownloadError, match=r"the deadline passed \(2 s .*KERAS_VIT_ZOO_DEADLINE=SECONDS.*--deadline"):
         zoo.fetch(entry, tmp_path)  # default options: no deadline argument
     assert 1.9 < time.monotonic() - start < 4.0 and len(server.requests) == 1
+    monkeypatch.setenv("KERAS_VIT_ZOO_DEADLINE", "1")
+    with pytest.raises(SystemExit):
+        zoo_main(["--cache-dir", str(tmp_path), "download", entry.name])
+    assert re.search(r"error: .*the deadline passed \(1 s .*KERAS_VIT_ZOO_DEADLINE", capsys.readouterr().err)
+    assert time.monotonic() - start < 7.0 and len(server.requests) == 2
     monkeypatch.setenv("KERAS_VIT_ZOO_DEADLINE", "soon")
     with pytest.raises(DownloadError, match="KERAS_VIT_ZOO_DEADLINE='soon' is not a positive number of seconds"):
         zoo.fetch(entry, tmp_path)
