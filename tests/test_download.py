@@ -44,7 +44,8 @@ class Server:
     ``faults``: one per request, in order (then none): ``"drop"`` half the body then a closed connection,
     ``"drop-nolength"`` the same without ``Content-Length``, ``"truncate"``/``"long"`` a shorter/longer body with
     a matching ``Content-Length``, ``"html"`` an HTML page with status 200, ``"stall"`` headers and half the
-    body then silence, ``"trickle"`` a byte every 50 ms, ``"slow"`` half the body, a pause of 1.5 s, the rest.
+    body then silence, ``"trickle"`` a byte every 50 ms, ``"slow"`` half the body, a pause of 1.5 s, the rest,
+    ``"zeros"`` zeros without ``Content-Length`` (64 MiB at most).
     ``changes``: ``{path: new bytes}`` served after the first dropped answer. ``etag=False``: no validators;
     ``ranges=False``: Range headers are ignored.
     """
@@ -84,12 +85,18 @@ class Server:
             def reply(self, status, body, kind, fault=None, **headers):
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
-                if fault != "drop-nolength":
+                if fault not in ("drop-nolength", "zeros"):
                     self.send_header("Content-Length", str(len(body)))
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.end_headers()
                 half = len(body) // 2
+                if fault == "zeros":
+                    for _ in range(256):
+                        if server.stop.is_set():
+                            return
+                        self.wfile.write(bytes(1 << 18))
+                    return
                 if fault == "trickle":
                     for i in range(len(body)):
                         if server.stop.wait(0.05):
@@ -345,6 +352,58 @@ def test_a_trickling_server_fails_at_the_deadline(tmp_path, payload, serve):
         fetch_file(server, tmp_path, timeout=1.0, deadline=0.6)
     assert 0.5 < time.monotonic() - start < 1.6  # the deadline, overshot by less than the idle timeout
     assert len(server.requests) == 1
+
+
+@pytest.mark.backend_independent
+def test_a_trickling_mirror_ends_at_the_default_deadline_set_by_the_environment(
+    tmp_path, payload, serve, monkeypatch, capsys
+):
+    entry = zoo.get("Ti_16.augreg_in21k")
+    server = serve({"/" + entry.path: payload}, faults=["trickle", "trickle"])
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    monkeypatch.setenv("KERAS_VIT_ZOO_DEADLINE", "2")
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match=r"the deadline passed \(2 s .*KERAS_VIT_ZOO_DEADLINE=SECONDS.*--deadline"):
+        zoo.fetch(entry, tmp_path)  # default options: no deadline argument
+    assert 1.9 < time.monotonic() - start < 4.0 and len(server.requests) == 1
+    monkeypatch.setenv("KERAS_VIT_ZOO_DEADLINE", "1")
+    with pytest.raises(SystemExit):
+        zoo_main(["--cache-dir", str(tmp_path), "download", entry.name])
+    assert re.search(r"error: .*the deadline passed \(1 s .*KERAS_VIT_ZOO_DEADLINE", capsys.readouterr().err)
+    assert time.monotonic() - start < 7.0 and len(server.requests) == 2
+    monkeypatch.setenv("KERAS_VIT_ZOO_DEADLINE", "soon")
+    with pytest.raises(DownloadError, match="KERAS_VIT_ZOO_DEADLINE='soon' is not a positive number of seconds"):
+        zoo.fetch(entry, tmp_path)
+
+
+@pytest.mark.backend_independent
+def test_the_default_deadline_scales_with_the_size_from_ten_minutes(monkeypatch):
+    from keras_vit.zoo.download import default_deadline
+
+    monkeypatch.delenv("KERAS_VIT_ZOO_DEADLINE", raising=False)
+    assert default_deadline(1 << 20) == 600 and default_deadline(None) == 3600
+    assert default_deadline(1 << 30) == (1 << 30) / (1 << 16)  # 64 KiB/s: about 4.5 hours for 1 GiB
+
+
+@pytest.mark.backend_independent
+def test_zeros_without_a_length_stop_at_the_size_the_parameters_imply(tmp_path, serve, monkeypatch):
+    import dataclasses
+
+    entry = dataclasses.replace(zoo.get("Ti_16.augreg_in21k"), parameters=1000, size=None, sha256=None)
+    limit = 1000 * 5 + (1 << 20)
+    assert entry.most_bytes == limit
+    server = serve({"/" + entry.path: b""}, faults=["zeros"])
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url.replace("://", "://user:secret@") + "/")
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as caught:
+        zoo.fetch(entry, tmp_path, backoff=0)
+    message = str(caught.value)
+    assert f"more than {limit} bytes" in message and "4 bytes per parameter x 1.25 + 1 MiB" in message
+    assert f"Could not download http://user:***@127.0.0.1:{server.url.rsplit(':', 1)[1]}/{entry.path}" in message
+    assert "secret" not in message and "partial download" not in message
+    assert time.monotonic() - start < 5 and len(server.requests) == 1  # refused, not retried
+    folder = zoo.cache_path(entry, tmp_path).parent
+    assert sorted(p.name for p in folder.iterdir()) == []  # no partial file, no resume state, no lock left
 
 
 def test_fetch_takes_timeout_and_deadline(tmp_path, payload, serve, monkeypatch):

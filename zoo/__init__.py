@@ -86,6 +86,12 @@ class Checkpoint:
         return own or base_url() + self.path
 
     @property
+    def most_bytes(self) -> int | None:
+        """The most bytes the file can be: its ``size``, else 4 bytes (float32) per parameter x 1.25 + 1 MiB (the
+        archive's headers); None when neither is recorded."""
+        return self.size or (self.parameters and int(self.parameters * 4 * 1.25) + (1 << 20))
+
+    @property
     def pre_logits(self) -> bool:
         """Whether the file holds a tanh ``pre_logits`` layer (as wide as the model): the original ImageNet-21k ones."""
         return self.family == "original" and self.finetune is None
@@ -188,10 +194,11 @@ def fetch(
 ) -> Path:
     """The local path of a catalogue checkpoint, downloading it first when it is not cached.
 
-    ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call (None: no
-    limit); ``progress``: a progress bar on stderr; other keywords (``retries``, ``backoff``) go to
-    :func:`~keras_vit.zoo.download.download`. A cached file whose sha256 no longer matches its record is a
-    ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again behind the user's back.
+    ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call (None: the
+    default, :func:`~keras_vit.zoo.download.default_deadline`); ``progress``: a progress bar on stderr; other
+    keywords (``retries``, ``backoff``) go to :func:`~keras_vit.zoo.download.download`. A cached file whose sha256
+    no longer matches its record is a ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again
+    behind the user's back.
     ``check(path)`` raises ``CorruptCheckpointError`` for a file that is not the entry's (the loader passes its
     architecture check, :func:`keras_vit.checkpoints.read.catalogue_check`): run on a download before it enters
     the cache (it is deleted then) and on the cached file at every call (kept, named).
@@ -208,6 +215,7 @@ def fetch(
         cache_path(entry, cache_dir),
         sha256=entry.sha256,
         size=entry.size,
+        limit=entry.most_bytes,
         validate=validate,
         timeout=timeout,
         deadline=deadline,

@@ -21,7 +21,7 @@ from keras_vit import zoo
 from keras_vit.cli import add_debug_flag, command_errors
 from keras_vit.config import RESIZE_METHODS, field_names, model_flags
 from keras_vit.fields import add_arguments, given
-from keras_vit.zoo.download import redact
+from keras_vit.zoo.download import DEADLINE_ENV, redact
 from keras_vit.zoo.progress import ProgressBar
 
 # convert's model flags: what a checkpoint's model may be built with (fields of keras_vit.config.ViTConfig).
@@ -207,7 +207,11 @@ def main(argv: list[str] | None = None) -> None:
         default=zoo.DEFAULT_TIMEOUT,
         help="seconds without a byte before a try fails (default: %(default)s)",
     )
-    download.add_argument("--deadline", type=float, help="seconds for each file, all tries included (default: none)")
+    download.add_argument(
+        "--deadline",
+        type=float,
+        help=f"seconds for each file, all tries included (default: ${DEADLINE_ENV}, else from the size)",
+    )
     download.set_defaults(run=_download)
     verify = commands.add_parser("verify", help="check cached files against their recorded sha256")
     verify.add_argument("names", nargs="*", help="catalogue names (default: every cached checkpoint)")

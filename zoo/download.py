@@ -15,7 +15,9 @@ A file enters the cache (``dest``) only once it is proven whole:
 A cached ``dest`` is checked against that record on every call (``CorruptCheckpointError`` when it changed; the
 file is left in place). One downloader at a time holds ``<dest>.lock``; the others wait and then use its file.
 ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call, waiting for the
-lock included (checked between reads, so it may be overshot by up to ``timeout``). A name that does not resolve
+lock included (checked between reads, so it may be overshot by up to ``timeout``); by default
+``$KERAS_VIT_ZOO_DEADLINE``, else :func:`default_deadline`. A body without a ``Content-Length`` stops at ``limit``
+bytes (the most the file can be): the ``.part`` is deleted. A name that does not resolve
 (offline) fails at once, naming the mirror variable. Credentials in a URL (``http://user:secret@host/``) never
 appear in a message or a file: they go in an ``Authorization`` header (HTTP basic authentication), and messages
 show :func:`redact`'s form; a redirect to another scheme, host or port drops that header. The cache never writes
@@ -47,10 +49,22 @@ from .cache import ensure_intact, record, sha256sum
 from .errors import CorruptCheckpointError, DownloadError
 from .lock import file_lock
 
-__all__ = ["DEFAULT_TIMEOUT", "CorruptCheckpointError", "DownloadError", "download", "redact", "sha256sum"]
+__all__ = [
+    "DEADLINE_ENV",
+    "DEFAULT_TIMEOUT",
+    "CorruptCheckpointError",
+    "DownloadError",
+    "default_deadline",
+    "download",
+    "redact",
+    "sha256sum",
+]
 
 CHUNK = 1 << 20
 DEFAULT_TIMEOUT = 30.0
+DEADLINE_ENV = "KERAS_VIT_ZOO_DEADLINE"
+SLOWEST_RATE = 1 << 16  # bytes/s: the default deadline lets a file come at this rate ...
+SHORTEST_DEADLINE = 600.0  # ... and never gives less than ten minutes
 NETWORK_ERRORS = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError)
 Progress = Callable[[int, "int | None"], None]
 
@@ -143,17 +157,50 @@ def _check_partial(response, have: int, validator: str) -> None:
         raise _Retry("the server's partial answer does not continue the partial file; starting over")
 
 
-def _seconds_left(end: float | None, timeout: float) -> float:
-    if end is None:
-        return timeout
-    left = end - time.monotonic()
-    if left <= 0:
-        raise DownloadError("the deadline passed")
-    return min(timeout, left)
+def default_deadline(expected: int | None) -> float:
+    """Seconds for a download of ``expected`` bytes (None: unknown): ``$KERAS_VIT_ZOO_DEADLINE`` when set, else
+    the time at 64 KiB/s, at least ten minutes (an hour when the size is unknown). Raises ``DownloadError`` for a
+    variable that is not a positive number."""
+    value = os.environ.get(DEADLINE_ENV)
+    if value is None:
+        return max(SHORTEST_DEADLINE, expected / SLOWEST_RATE) if expected else 6 * SHORTEST_DEADLINE
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise DownloadError(f"{DEADLINE_ENV}={value!r} is not a positive number of seconds")
+    return seconds
+
+
+class _Deadline:
+    """When the whole call must end; ``left(timeout)`` raises ``DownloadError`` naming it once it has passed."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.end = seconds, time.monotonic() + seconds
+
+    def passed(self) -> str:
+        return (
+            f"the deadline passed ({self.seconds:g} s for the whole download; raise it with {DEADLINE_ENV}=SECONDS, "
+            "deadline=SECONDS or --deadline SECONDS)"
+        )
+
+    def left(self, timeout: float) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise DownloadError(self.passed())
+        return min(timeout, left)
 
 
 def _attempt(
-    url: str, part: Path, state: Path, size: int | None, timeout: float, end: float | None, progress: Progress | None
+    url: str,
+    part: Path,
+    state: Path,
+    size: int | None,
+    limit: int | None,
+    timeout: float,
+    end: _Deadline,
+    progress: Progress | None,
 ) -> bool:
     """One request into ``part``; True when its length is proven (``Content-Length`` or ``size``)."""
     have, validator = _resumable(part, state, url)
@@ -163,7 +210,7 @@ def _attempt(
         headers["Authorization"] = f"Basic {base64.b64encode(credentials.encode()).decode()}"
     try:
         response = urllib.request.build_opener(_SameHostAuthorization).open(
-            urllib.request.Request(plain, headers=headers), timeout=_seconds_left(end, timeout)
+            urllib.request.Request(plain, headers=headers), timeout=end.left(timeout)
         )
     except urllib.error.HTTPError as exc:
         if exc.code == 416:  # the .part does not fit the file (any more): start over
@@ -185,16 +232,27 @@ def _attempt(
         total = have + int(length) if length.isdigit() else size
         if size is not None and total != size:
             raise DownloadError(f"the server announces {total} bytes, the catalogue {size}")
+        cap = limit if total is None else None
+        if total is not None and limit is not None and total > limit:
+            raise DownloadError(f"the server announces {total} bytes, more than the {limit} this file can be")
         if not have:
             _save_state(state, url, _validator(response.headers))
             _discard(part)  # the cache owns the name: a link found there is removed, its target left alone
         with open_regular(part, "ab" if have else "xb") as f:
             while chunk := response.read1(CHUNK):
+                if cap is not None and f.tell() + len(chunk) > cap:
+                    break
                 f.write(chunk)
                 if progress:
                     progress(f.tell(), total)
-                _seconds_left(end, timeout)
+                end.left(timeout)
             done = f.tell()
+    if chunk:  # stopped at the cap: not the file
+        _discard(part, state)
+        raise DownloadError(
+            f"no Content-Length and more than {cap} bytes, the most the catalogue entry allows (4 bytes per "
+            "parameter x 1.25 + 1 MiB): stopped, the partial file was deleted"
+        )
     if total is not None and done < total:
         raise _Retry(f"connection closed after {done} of {total} bytes")
     if total is not None and done > total:
@@ -231,10 +289,11 @@ def _transfer(
     *,
     sha256: str | None,
     size: int | None,
+    limit: int | None,
     validate,
     retries: int,
     timeout: float,
-    end: float | None,
+    end: _Deadline,
     backoff: float,
     progress: Progress | None,
 ) -> None:
@@ -243,12 +302,12 @@ def _transfer(
     failures: list[str] = []
     for attempt in range(retries):
         pause = backoff * 2 ** (attempt - 1) if attempt else 0.0
-        if end is not None and time.monotonic() + pause >= end:
-            failures.append("the deadline passed")
+        if time.monotonic() + pause >= end.end:
+            failures.append(end.passed())
             break
         time.sleep(pause)
         try:
-            proven = _attempt(url, part, state, size, timeout, end, progress)
+            proven = _attempt(url, part, state, size, limit, timeout, end, progress)
         except urllib.error.HTTPError as exc:
             failures.append(f"HTTP {exc.code} {exc.reason}")
             if 400 <= exc.code < 500 and exc.code not in (408, 416, 429):
@@ -297,6 +356,7 @@ def download(
     retries: int = 5,
     timeout: float = DEFAULT_TIMEOUT,
     deadline: float | None = None,
+    limit: int | None = None,
     backoff: float = 1.0,
     progress: Progress | None = None,
 ) -> Path:
@@ -304,16 +364,17 @@ def download(
 
     ``sha256``/``size``: expected, when known. ``validate(path)`` raises ``CorruptCheckpointError`` for a file
     that is not whole. ``retries`` tries, ``backoff`` * 2**n seconds apart. ``timeout``: idle seconds per try;
-    ``deadline``: seconds for the whole call (None: no limit). ``progress(bytes_so_far, total_or_None)``.
+    ``deadline``: seconds for the whole call (None: :func:`default_deadline`); ``limit``: the most bytes of a body
+    without a ``Content-Length``. ``progress(bytes_so_far, total_or_None)``.
     Raises ``DownloadError`` (``CorruptCheckpointError`` for a bad or changed file).
     """
     dest = Path(dest)
-    end = None if deadline is None else time.monotonic() + deadline
     if dest.is_file():  # files enter the cache by an atomic rename: no lock needed to read one
         return ensure_intact(dest, sha256=sha256, validate=validate)
+    end = _Deadline(default_deadline(size or limit) if deadline is None else deadline)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with file_lock(dest.with_name(dest.name + ".lock"), end):
+        with file_lock(dest.with_name(dest.name + ".lock"), end.end):
             if dest.is_file():  # another downloader finished while we waited
                 return ensure_intact(dest, sha256=sha256, validate=validate)
             _transfer(
@@ -321,6 +382,7 @@ def download(
                 dest,
                 sha256=sha256,
                 size=size,
+                limit=limit,
                 validate=validate,
                 retries=retries,
                 timeout=timeout,
