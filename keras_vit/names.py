@@ -57,7 +57,9 @@ def tag_checkpoint(tag: str, variant: str | None, image_size) -> str:
 def checkpoint_name(weights: str, variant: str | None, image_size, tag: str | None) -> str:
     """What ``weights=`` names: an alias (``"imagenet"``: the model name's tag when it has one, else the catalogue's
     choice for the variant and size), a tagged timm name or a timm tag of the variant (its catalogue entry), or
-    else itself (a catalogue name, a path)."""
+    else itself (a catalogue name, a path). Raises ``ValueError`` for an empty name."""
+    if not weights.strip():
+        raise ValueError(f"weights={weights!r} names no checkpoint: pass a catalogue name, a file, or None (random).")
     if weights in zoo.aliases():
         if tag is None:
             return alias_checkpoint(weights, variant, image_size)

@@ -230,3 +230,10 @@ def test_weights_take_timm_tags_to_their_catalogue_entry():
         _checkpoint_name("imagenet", "B/16", 224, "augreg2_in21k_ft_in1k")
     with pytest.raises(ValueError, match=r"is timm's S/16; the model is B/16"):
         _checkpoint_name("vit_small_patch16_224.augreg_in21k", "B/16", None, None)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("weights", ["", "  "])
+def test_an_empty_weights_name_is_refused_not_read_as_the_current_folder(weights):
+    with pytest.raises(ValueError, match=r"names no checkpoint"):
+        ViT_Ti16(weights=weights, **TINY)
