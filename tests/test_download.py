@@ -713,13 +713,19 @@ def test_zips_of_damaged_npy_headers_are_only_ever_a_corrupt_checkpoint(edits):
 # --- links in the cache and credentials on redirects (issue 36) ---------------------------------------------
 
 
-@pytest.mark.backend_independent
-def test_a_partial_file_that_is_a_link_is_replaced_never_written_through(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload})
+def _user_file_linked_from_cache(tmp_path, name: str):
+    """A user's file outside the cache, and the cache's ``name`` a symbolic link to it."""
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"my own notes\n")
     (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "a.npz.part").symlink_to(notes)
+    (tmp_path / "cache" / name).symlink_to(notes)
+    return notes
+
+
+@pytest.mark.backend_independent
+def test_a_partial_file_that_is_a_link_is_replaced_never_written_through(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload})
+    notes = _user_file_linked_from_cache(tmp_path, "a.npz.part")
     path = fetch_file(server, tmp_path)
     assert notes.read_bytes() == b"my own notes\n"  # the link's target is untouched
     assert not path.is_symlink() and path.is_file() and path.read_bytes() == payload
@@ -729,10 +735,7 @@ def test_a_partial_file_that_is_a_link_is_replaced_never_written_through(tmp_pat
 @pytest.mark.backend_independent
 def test_a_lock_file_that_is_a_link_is_refused_naming_the_cache(tmp_path, payload, serve):
     server = serve({"/a.npz": payload})
-    notes = tmp_path / "notes.txt"
-    notes.write_bytes(b"my own notes\n")
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "a.npz.lock").symlink_to(notes)
+    notes = _user_file_linked_from_cache(tmp_path, "a.npz.lock")
     with pytest.raises(DownloadError, match=r"Cannot write to the cache folder .*cache") as failed:
         fetch_file(server, tmp_path)
     assert "\n" not in str(failed.value) and server.requests == []
