@@ -17,8 +17,8 @@ import math
 import keras
 from keras import layers, ops
 
-from keras_vit.checks import check_choice, check_positive_int, check_positive_number
-from keras_vit.config import GELUS, LAYER_NORM_EPSILON
+from keras_vit.checks import check_positive_int, check_positive_number
+from keras_vit.config import LAYER_NORM_EPSILON
 from keras_vit.layers import MlpBlock, layer_norm, rows, unrows
 
 __all__ = ["MAP_PREFIX", "MAPHead"]
@@ -45,12 +45,11 @@ class MAPHead(layers.Layer):
     ):
         super().__init__(**kwargs)
         self.num_heads = check_positive_int(num_heads, "num_heads")
-        self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
-        self.gelu = check_choice(gelu, GELUS, "gelu")
         self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         policy = self.dtype_policy
         self.norm = layer_norm("LayerNorm_0", policy, self.layer_norm_epsilon)
-        self.mlp = MlpBlock(mlp_dim, gelu=gelu, name="MlpBlock_0", dtype=policy)
+        self.mlp = MlpBlock(mlp_dim, gelu=gelu, name="MlpBlock_0", dtype=policy)  # checks mlp_dim and gelu
+        self.mlp_dim, self.gelu = self.mlp.mlp_dim, self.mlp.gelu
 
     def build(self, input_shape):
         width = input_shape[-1]

@@ -454,30 +454,31 @@ class TransformerBlock(layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.mlp_type = mlp_type
         self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         self.remat = check_bool(remat, "remat")
         self.layer_scale_init = optional(check_positive_number)(layer_scale_init, "layer_scale_init")
-        self.num_heads = check_positive_int(num_heads, "num_heads")
-        self.mlp_dim = check_positive_int(mlp_dim, "mlp_dim")
-        self.dropout_rate = check_fraction(dropout, "dropout")
-        self.attention_dropout = check_fraction(attention_dropout, "attention_dropout")
         self.drop_path_rate = check_fraction(drop_path, "drop_path")
         self.gelu = gelu
         policy = self.dtype_policy
         epsilon = self.layer_norm_epsilon
         self.norm1 = layer_norm("LayerNorm_0", policy, epsilon)
-        self.attn = MultiHeadSelfAttention(
+        self.attn = MultiHeadSelfAttention(  # checks num_heads, attention_dropout and qk_norm
             num_heads,
             attention_dropout,
-            qk_norm=self.qk_norm,
+            qk_norm=qk_norm,
             layer_norm_epsilon=epsilon,
             name="MultiHeadDotProductAttention_1",
             dtype=policy,
         )
         self.norm2 = layer_norm("LayerNorm_2", policy, epsilon)
-        self.mlp = MlpBlock(mlp_dim, dropout, gelu, mlp_type, name="MlpBlock_3", dtype=policy)
+        self.mlp = MlpBlock(mlp_dim, dropout, gelu, mlp_type, name="MlpBlock_3", dtype=policy)  # checks those
+        self.num_heads, self.attention_dropout, self.qk_norm = (
+            self.attn.num_heads,
+            self.attn.attention_dropout,
+            self.attn.qk_norm,
+        )
+        self.mlp_dim, self.dropout_rate = self.mlp.mlp_dim, self.mlp.dropout_rate
         self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, name="drop_path", dtype=policy)
         self.ls1, self.ls2 = (

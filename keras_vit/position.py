@@ -469,9 +469,10 @@ class RelativeTransformerBlock(TransformerBlock):
 def position_embedding_layer(
     position_embedding: str, grid_size, num_prefix_tokens: int, name: str = "posembed_input"
 ) -> AddPositionEmbs | None:
-    """The layer adding absolute position embeddings of that kind, or ``None`` (``"relative"``, ``"none"``)."""
+    """The layer adding absolute position embeddings of that kind (checked by ``ViTConfig``), or ``None``
+    (``"relative"``, ``"none"``)."""
     cls = {"learned_1d": AddPositionEmbs, "learned_2d": AddPositionEmbs2D, "sincos_2d": SinCosPositionEmbs}.get(
-        check_position_embedding(position_embedding)
+        position_embedding
     )
     return None if cls is None else cls(grid_size, num_prefix_tokens=num_prefix_tokens, name=name)
 
@@ -486,7 +487,7 @@ def dynamic_position_embedding_layer(
 ) -> DynamicPositionEmbs | None:
     """The layer of :func:`position_embedding_layer` for inputs of any size, interpolating with ``method``
     (``None`` for ``"none"``); ``NotImplementedError`` for the kinds that do not interpolate in the graph yet."""
-    if check_position_embedding(position_embedding) == "none":
+    if position_embedding == "none":
         return None
     if position_embedding != "learned_1d":
         raise NotImplementedError(
@@ -500,7 +501,7 @@ def transformer_block(
     position_embedding: str, grid_size, num_prefix_tokens: int, num_heads: int, mlp_dim: int, **kwargs
 ) -> TransformerBlock:
     """An encoder block: a :class:`RelativeTransformerBlock` for ``"relative"``, else a plain one."""
-    if check_position_embedding(position_embedding) == "relative":
+    if position_embedding == "relative":
         return RelativeTransformerBlock(
             num_heads, mlp_dim, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens, **kwargs
         )

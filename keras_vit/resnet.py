@@ -171,7 +171,7 @@ class BottleneckUnit(layers.Layer):
         self.strides = int(strides)
         self.std_conv_epsilon = float(std_conv_epsilon)
         self.group_norm_epsilon = float(group_norm_epsilon)
-        self.weight_standardization = _check_standardization(weight_standardization)
+        self.weight_standardization = weight_standardization  # checked by the StdConv2D layers built below
         conv = dict(epsilon=self.std_conv_epsilon, standardization=self.weight_standardization, dtype=self.dtype_policy)
         norm = dict(epsilon=self.group_norm_epsilon, dtype=self.dtype_policy)
         self.conv1 = StdConv2D(self.features, 1, name="conv1", **conv)
@@ -278,7 +278,7 @@ class ResNetStem(layers.Layer):
         self.width = width
         self.std_conv_epsilon = float(std_conv_epsilon)
         self.group_norm_epsilon = float(group_norm_epsilon)
-        self.weight_standardization = _check_standardization(weight_standardization)
+        self.weight_standardization = weight_standardization  # checked by the StdConv2D layers built below
         policy = self.dtype_policy
         self.conv_root = StdConv2D(
             width,
