@@ -37,7 +37,7 @@ import numpy as np
 from keras_vit.checks import check_choice
 from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
 from keras_vit.files import atomic_path
-from keras_vit.optional import require
+from keras_vit.optional import INSTALL, require
 
 __all__ = [
     "FORMATS",
@@ -411,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace exported files OUT_DIR already holds")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
+    if args.images < 1:
+        parser.error(f"--images must be positive, got {args.images}.")
     with command_errors(args):
         _export_and_compare(args)
     return 0
@@ -422,6 +424,8 @@ def _export_and_compare(args: argparse.Namespace) -> None:
     import keras_vit
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"OUT_DIR {out} is a file, not a folder.")
     targets = {name: out / FORMATS[name][0] for name in args.formats}
     existing = [str(path) for path in targets.values() if path.exists()]
     if existing and not args.overwrite:
@@ -435,12 +439,13 @@ def _export_and_compare(args: argparse.Namespace) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
     try:
         print(f"{'format':<12} {'size (MB)':>10} {'max |diff|':>11} {'top-1 agree':>12} {'max |out|':>10}")
-        written = []
+        written, skipped = [], []
         for name, target in targets.items():
             try:
                 FORMATS[name][1](model, staging / target.name)
             except (ImportError, ValueError) as exc:  # a converter not installed, a format this backend can't write
-                print(f"{name:<12} skipped: {exc}")
+                print(f"{name:<12} skipped: {_why_skipped(exc)}")
+                skipped.append(name)
                 continue
             written.append(target)
             row = compare(model, staging / target.name, images)
@@ -454,6 +459,16 @@ def _export_and_compare(args: argparse.Namespace) -> None:
             os.replace(staging / target.name, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    if skipped:
+        raise CommandError(f"not exported: {', '.join(skipped)} (see the table above).")
+
+
+def _why_skipped(error: Exception) -> str:
+    """The table's reason for a skipped format; a missing package names its install command."""
+    module = getattr(error, "name", None) if isinstance(error, ImportError) else None
+    if module is None or "pip install" in str(error):
+        return str(error)
+    return f"{error}: {INSTALL.get(module.split('.')[0], 'pip install ' + module.split('.')[0])}"
 
 
 if __name__ == "__main__":

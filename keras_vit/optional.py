@@ -19,6 +19,10 @@ INSTALL = {
     "tensorflow_datasets": "pip install tensorflow-datasets",
     "ai_edge_litert": "pip install ai-edge-litert",
     "onnxruntime": "pip install onnxruntime",
+    "onnx": "pip install 'keras-vit[export]'",
+    "tf2onnx": "pip install 'keras-vit[export]'",
+    "openvino": "pip install 'keras-vit[openvino]'",
+    "nncf": "pip install 'keras-vit[openvino]'",
 }
 
 

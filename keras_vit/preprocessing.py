@@ -66,8 +66,12 @@ def _pixel_scale(values) -> np.ndarray:
 
 def _to_model_range(images, xp, mean=MEAN, std=STD):
     """``(x - 255 mean) / (255 std)`` in float32 with the operations ``xp`` (numpy, Keras' or TensorFlow's):
-    ``(x - 127.5) / 127.5`` for the published checkpoints."""
+    ``(x - 127.5) / 127.5`` for the published checkpoints. 16-bit values (uint16) are first scaled to 8 bits,
+    ``x / 257`` (65535 -> 255), as :func:`keras_vit.images.read_image` does."""
+    sixteen_bit = str(getattr(images.dtype, "name", images.dtype)).endswith("uint16")
     images = images.astype("float32") if xp is np else xp.cast(images, "float32")
+    if sixteen_bit:
+        images = images / 257.0
     return (images - _pixel_scale(mean)) / _pixel_scale(std)
 
 
@@ -75,7 +79,7 @@ DATA_FORMATS = ("channels_last", "channels_first")
 
 
 def preprocess_input(images, data_format: str | None = None):
-    """Scale pixel values in [0, 255] to [-1, 1] as float32, the range the published checkpoints expect.
+    """Scale pixel values in [0, 255] (uint16: [0, 65535]) to [-1, 1] as float32, as the published checkpoints expect.
 
     Returns what it was given, as ``keras.applications``' ``preprocess_input`` does: a numpy array (or a list) for
     a numpy array, the backend's tensor for one, a ``tf.Tensor`` for one (e.g. in a ``tf.data`` map) on any backend.

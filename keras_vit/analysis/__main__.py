@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from keras_vit.cli import add_debug_flag, command_errors
+from keras_vit.cli import CommandError, add_debug_flag, command_errors
 from keras_vit.config import field_names, model_flags
 from keras_vit.fields import add_arguments, given
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
@@ -42,6 +42,14 @@ __all__ = [
 ]
 
 ANALYSES = ("attention", "distance", "position", "filters", "fewshot")
+# analysis -> the figure it draws; every run also writes results.json
+FIGURES = {
+    "attention": "attention_maps.png",
+    "distance": "attention_distance.png",
+    "position": "position_similarity.png",
+    "filters": "embedding_filters.png",
+    "fewshot": "few_shot.png",
+}
 # The model's flags: the image size, the architecture and what makes the model (fields of keras_vit.config.ViTConfig).
 MODEL_FLAGS = model_flags(
     "ModelFlags",
@@ -100,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dpi", type=int, default=100)
     parser.add_argument("--output-dir", default="vit_analysis")
+    parser.add_argument("--overwrite", action="store_true", help="replace figures and results.json OUTPUT_DIR holds")
     add_debug_flag(parser)
     return parser
 
@@ -254,6 +263,7 @@ def run(args: argparse.Namespace) -> dict:
         else:
             originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
     split = few_shot_split(args) if "fewshot" in chosen else None
+    _check_output_dir(args.output_dir, [*(FIGURES[name] for name in chosen), "results.json"], args.overwrite)
 
     results: dict = {
         "variant": args.variant or model.name,
@@ -311,6 +321,15 @@ def run(args: argparse.Namespace) -> dict:
     results["figures"] = [name for name, _ in drawings]
     _write_outputs(args.output_dir, drawings, results)
     return results
+
+
+def _check_output_dir(out_dir: str, names: list[str], overwrite: bool) -> None:
+    """A ``CommandError`` if ``out_dir`` is a file, or holds any of ``names`` and not ``overwrite``."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CommandError(f"--output-dir {out_dir} is a file, not a folder.")
+    existing = [os.path.join(out_dir, name) for name in names if os.path.lexists(os.path.join(out_dir, name))]
+    if existing and not overwrite:
+        raise CommandError(f"{', '.join(existing)} already exist: pass --overwrite to replace them.")
 
 
 def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]], results: dict) -> None:

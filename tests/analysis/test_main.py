@@ -461,7 +461,7 @@ def test_a_failure_while_drawing_leaves_the_folder_as_it_was(tmp_path, monkeypat
         raise ValueError("the disk is full")
 
     monkeypatch.setattr(plots, "plot_filter_components", broken)  # the last figure drawn
-    assert exit_code([*argv[:-2], "--dpi", "50", "--output-dir", str(out)]) == 1
+    assert exit_code([*argv[:-2], "--dpi", "50", "--overwrite", "--output-dir", str(out)]) == 1
     assert "the disk is full" in capsys.readouterr().err
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before  # no temporary file either
     assert exit_code([*argv[:-2], "--output-dir", str(tmp_path / "new")]) == 1
@@ -501,3 +501,26 @@ def test_the_analyses_in_bfloat16_match_float32(tmp_path):
     accuracies = [np.asarray([r["mean"] for r in results[c]["few_shot"].values()]) for c in ("bfloat16", "none")]
     np.testing.assert_allclose(*distances, atol=0.05)
     np.testing.assert_allclose(*accuracies, atol=0.02)
+
+
+def test_an_output_folder_holding_the_user_s_results_is_refused_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "figures"
+    out.mkdir()
+    (out / "results.json").write_text('{"mine": true}')
+    argv = [*TINY_ARGS, "--analyses", "position", "--output-dir", str(out)]
+    assert exit_code(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.splitlines()) == 1
+    assert str(out / "results.json") in err and "--overwrite" in err
+    assert os.listdir(out) == ["results.json"] and (out / "results.json").read_text() == '{"mine": true}'
+    assert main([*argv, "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == ["position_similarity.png", "results.json"]
+    assert json.loads((out / "results.json").read_text())["figures"] == ["position_similarity.png"]
+
+
+def test_an_output_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    path = tmp_path / "a_file"
+    path.write_text("not a folder")
+    assert exit_code([*TINY_ARGS, "--analyses", "position", "--output-dir", str(path)]) == 1
+    assert capsys.readouterr().err == f"error: --output-dir {path} is a file, not a folder.\n"
+    assert path.read_text() == "not a folder"

@@ -14,6 +14,7 @@ import pytest
 
 import keras_vit
 from keras_vit import config as config_lib
+from keras_vit import models
 from keras_vit.config import ViTConfig
 from keras_vit.fields import add_arguments, given
 
@@ -241,3 +242,63 @@ def test_choice_lists_are_written_once():
         text = path.read_text()
         for pattern in patterns:
             assert not pattern.search(text), f"{path.relative_to(REPO)} types out {pattern.pattern}"
+
+
+# --- bad model arguments: a ValueError naming the argument and its value, raised before any layer is built ---------
+
+BAD_INPUT_TINY = dict(image_size=32, patch_size=8, depth=1, num_classes=5)
+BAD_INPUT_HYBRID = ("R26+S/32", dict(image_size=32, depth=1, num_classes=5))
+
+# (argument, bad value): each must be a ValueError naming both, from keras_vit.ViT and the named constructors.
+BAD_MODEL_ARGUMENTS = [
+    ("image_size", 0),
+    ("image_size", -32),
+    ("image_size", (32, 0)),
+    ("image_size", True),
+    ("patch_size", 0),
+    ("patch_size", True),
+    ("num_heads", 0),
+    ("depth", 0),
+    ("depth", -1),
+    ("channels", 0),
+    ("channels", True),
+    ("num_classes", 0),
+    ("drop_path", 1.0),
+    ("drop_path", -0.1),
+    ("drop_path", float("nan")),
+    ("dropout", 1.0),
+    ("dropout", -0.5),
+    ("attention_dropout", 1.5),
+    ("attention_dropout", -0.1),
+]
+
+
+def _ids(cases):
+    return [f"{name}={value!r}" for name, value in cases]
+
+
+@pytest.fixture
+def no_layers(monkeypatch):
+    """Fail the test if the builder gets as far as making a layer."""
+
+    def embed(*args, **kwargs):
+        raise AssertionError("a layer was built before the arguments were checked")
+
+    monkeypatch.setattr(models, "embed", embed)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name, value", BAD_MODEL_ARGUMENTS, ids=_ids(BAD_MODEL_ARGUMENTS))
+def test_vit_rejects_a_bad_argument_naming_it_before_building(no_layers, name, value):
+    with pytest.raises(ValueError, match=name) as error:
+        keras_vit.ViT("Ti/16", **{**BAD_INPUT_TINY, name: value})
+    assert repr(value) in str(error.value)
+    with pytest.raises(ValueError, match=name):
+        keras_vit.ViT_Ti16(**{**BAD_INPUT_TINY, name: value})
+
+
+@pytest.mark.parametrize("name, value", [("image_size", 0), ("drop_path", 1.0), ("channels", 0), ("depth", 0)])
+@pytest.mark.backends("tensorflow", "torch")  # slow to compile on JAX
+def test_hybrid_constructors_reject_bad_arguments_too(no_layers, name, value):
+    with pytest.raises(ValueError, match=name):
+        keras_vit.ViT_R26_S32(**{**BAD_INPUT_HYBRID[1], name: value})

@@ -272,3 +272,34 @@ def test_an_export_that_does_not_run_is_removed_and_says_why(bfloat16_model, tmp
     with pytest.raises(ValueError, match=rf"{filename}: the exported file does not run, so it was not kept"):
         exporter(bfloat16_model, tmp_path / filename)
     assert os.listdir(tmp_path) == []
+
+
+def test_the_command_refuses_a_file_as_out_dir_and_no_images_in_one_line(checkpoint, tmp_path, capsys):
+    path = tmp_path / "a_file"
+    path.write_text("not a folder")
+    with pytest.raises(SystemExit) as exited:
+        export.main([str(path), "--weights", checkpoint, "--formats", "saved_model"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == f"error: OUT_DIR {path} is a file, not a folder.\n"
+    assert path.read_text() == "not a folder"
+    with pytest.raises(SystemExit) as exited:
+        export.main([str(tmp_path / "out"), "--weights", checkpoint, "--images", "0"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: --images must be positive, got 0.")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.backends("tensorflow")
+def test_a_skipped_format_names_the_install_and_fails_the_command(checkpoint, tmp_path, capsys, monkeypatch):
+    def onnx_missing(model, path, **kwargs):
+        raise ImportError("No module named 'onnx'", name="onnx")
+
+    monkeypatch.setitem(export.FORMATS, "onnx", ("model.onnx", onnx_missing))
+    out = tmp_path / "exported"
+    with pytest.raises(SystemExit) as exited:
+        export.main([str(out), "--weights", checkpoint, "--formats", "saved_model", "onnx", "--images", "2"])
+    assert exited.value.code == 1
+    captured = capsys.readouterr()
+    assert "onnx         skipped: No module named 'onnx': pip install 'keras-vit[export]'" in captured.out
+    assert captured.err == "error: not exported: onnx (see the table above).\n"
+    assert os.listdir(out) == ["saved_model"]  # what was asked and done is kept

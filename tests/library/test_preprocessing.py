@@ -158,3 +158,12 @@ def test_rejects_bad_arguments():
         ImagePreprocessor(224, crop_fraction=1.5)
     with pytest.raises(ValueError, match="image_size"):
         ImagePreprocessor((224, 224, 3))
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+def test_16_bit_values_are_scaled_into_the_model_range(as_tensor):
+    values = np.array([[[[0, 32896, 65535]]]], dtype=np.uint16)  # 32896 = 128 * 257
+    got = preprocess_input(keras.ops.convert_to_tensor(values) if as_tensor else values)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got), [[[[-1.0, 0.5 / 127.5, 1.0]]]], atol=1e-6)
+    eight_bit = preprocess_input(np.array([[[[0, 128, 255]]]], dtype=np.uint8))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got), eight_bit, atol=1e-6)
