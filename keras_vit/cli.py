@@ -1,17 +1,7 @@
-"""How every keras-vit command reports an error: one line on stderr and a documented exit status.
+"""How every keras-vit command reports an error: one line ``error: ...`` on stderr and a documented exit status.
 
-The commands (``keras_vit.predict``, ``keras_vit.export``, ``keras_vit.zoo``, ``keras_vit.analysis`` and the
-training commands) run their work inside :func:`command_errors` and take ``--debug`` (:func:`add_debug_flag`).
-
-Exit statuses:
-
-    0    done
-    1    an error the user can fix, as one line ``error: ...`` on stderr: bad settings or input, a missing,
-         corrupt or foreign file, no network, a diverged run (:data:`REPORTED`)
-    2    a command line argparse refuses (unknown option, a value of the wrong type or out of its choices)
-    130  interrupted (Ctrl-C)
-
-``--debug`` or ``KERAS_VIT_DEBUG=1`` lets the traceback through instead of the one line.
+Exit statuses: 0 done; 1 an error the user can fix (:data:`REPORTED`); 2 a command line argparse refuses;
+130 interrupted. ``--debug`` or ``KERAS_VIT_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations

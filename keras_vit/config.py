@@ -1,20 +1,10 @@
-"""The model config: :class:`ViTConfig`, one frozen record of everything a ViT is built from.
+"""The model config: :class:`ViTConfig`, one frozen record of everything a ViT is built from (plain Python).
 
-    config = ViTConfig.from_variant("B/16", image_size=384, gelu="exact")   # parse, replace
-    model = keras_vit.models.build_vit(config)                              # build
-    model.get_config()["config"] == config.to_dict()                       # and back
+    config = ViTConfig.from_variant("B/16", image_size=384, gelu="exact")
+    model = keras_vit.models.build_vit(config)       # model.get_config()["config"] == config.to_dict()
 
-It is what :func:`keras_vit.models.build_vit` takes, what a model's ``get_config()`` stores, what
-:func:`keras_vit.checkpoints.checkpoint_config` reads from a file, training's model section and the source of
-every model flag of the commands (:func:`model_flags`). Each field is declared once, with its default, its
-check, its help text and choices, its ``group`` (which commands offer it as a flag) and the ``layer`` argument
-it becomes (``"block"``: every :class:`~keras_vit.layers.TransformerBlock`; ``"resnet"``: the hybrids'
-:class:`~keras_vit.resnet.ResNetStem`). The :class:`~keras_vit.variants.Architecture` is one field; its own
-fields (``patch_size``, ``depth``, ...) read and replace like the others.
-
-Groups: ``"architecture"``; ``"input"`` and ``"output"`` (the shape of what goes in and comes out);
-``"structure"`` (what a checkpoint file fixes: its keys or shapes show it); ``"numerics"`` (what a file may not
-record: GELU, a ResNet's epsilons); ``"training"`` (regularisation, rematerialisation). Plain Python (no Keras).
+Each field is declared once: default, check, help, choices, ``group`` (which commands offer it as a flag) and
+the ``layer`` argument it becomes. See docs/design.md.
 """
 
 from __future__ import annotations

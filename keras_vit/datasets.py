@@ -1,8 +1,5 @@
-"""Small labelled data the library ships or shares: scikit-learn's digits and a stratified hold-out split.
-
-Both the offline training job (:mod:`keras_vit.training.data`) and the few-shot analysis
-(:mod:`keras_vit.analysis.data`) read the digits through :func:`load_digits` and hold out examples
-with :func:`stratified_split`, so the two see the same images and the same splits.
+"""Small labelled data shared by training and the analyses: scikit-learn's digits (:func:`load_digits`) and a
+stratified hold-out split (:func:`stratified_split`), so both see the same images and splits.
 """
 
 from __future__ import annotations

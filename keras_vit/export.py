@@ -1,24 +1,10 @@
 """Export a model for serving (SavedModel, LiteRT/TFLite float32 or int8, ONNX, OpenVINO) and run the exported files.
 
-    from keras_vit import export
-    export.export_saved_model(model, "vit_savedmodel")                 # a folder, tf.saved_model.load-able
-    export.export_litert(model, "vit.tflite")                          # float32
-    export.export_litert(model, "vit_int8.tflite", quantize="dynamic_int8")
-    export.export_onnx(model, "vit.onnx")                              # needs tf2onnx, onnx (+ onnxruntime to run)
-    export.export_openvino(model, "vit_openvino")                      # a folder: model.xml, model.bin (openvino)
-    logits = export.load("vit.tflite")(images)                         # numpy in, numpy out, any format
+    export.export_litert(model, "vit.tflite")        # also export_saved_model, export_onnx, export_openvino
+    logits = export.load("vit.tflite")(images)       # numpy in, numpy out, any format
+    python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH     # every format, compared with Keras
 
-OpenVINO's runtime computes in bfloat16 on CPUs with bfloat16 units (AMX, AVX512_BF16) unless told otherwise
-(:func:`load`'s ``precision``; :func:`keras_vit.precision.openvino_precision`): on an AMX Xeon the fastest way
-to serve a ViT on a CPU measured here (docs/performance.md).
-
-The exported graphs take what the Keras model takes: float32 images of its resolution scaled to [-1, 1]
-(:func:`with_preprocessing` bakes :class:`~keras_vit.preprocessing.ImagePreprocessor` in front, so that
-uint8 images of any size go in). Each file or folder appears at its path only when complete
-(:mod:`keras_vit.files`): a converter that fails half-way leaves nothing. Measured sizes and differences:
-``docs/export.md``, reproduced by
-
-    python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH     # exports every format, compares with Keras
+Each file appears at its path only when complete. Formats, sizes and differences: docs/export.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Dataclass fields that carry their own help text, and the command-line options generated from them.
 
-A setting is declared once, as a field::
-
     lr: float | None = option("base learning rate", unset="the preset's")
 
-and :func:`add_arguments` turns every field of a dataclass into an ``argparse`` option: ``--lr``
-(the field name with dashes, or ``flag=`` from the metadata), its type from the annotation
-(``int``, ``float``, ``str``; ``bool`` as ``--x/--no-x``; ``tuple[a, b]`` as ``a,b``), ``choices`` and
-the help text from the metadata, and the default, shown in the help, from the dataclass. Options left
-out of the command line are left out of the parsed namespace, so defaults live only in the dataclass.
-
-The training settings (:mod:`keras_vit.training.config`) and the model config (:mod:`keras_vit.config`) are
-declared this way. Plain Python (argparse, no Keras).
+:func:`add_arguments` turns every field into an ``argparse`` option (``--lr``; ``bool`` as ``--x/--no-x``;
+``tuple`` as ``a,b``); options not given are left out of the namespace. Plain Python.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Pooling heads beyond the paper's class token and mean: multihead attention pooling (MAP).
+"""Multihead attention pooling (MAP), SigLIP's and big_vision's ``MAPHead``:
 
-    a = MHA(probe, z_L)        a learned probe ``(1, 1, D)`` attends over the encoded tokens
-    y = a + MLP(LN(a))         then a residual MLP, as in an encoder block (the probe has no LN before it)
-
-The MAP head of SigLIP (Zhai et al., 2023) and of big_vision's ``MAPHead`` ("Scaling Vision Transformers",
-Zhai et al., 2022); timm's ``AttentionPoolLatent`` (``global_pool="map"``) and transformers'
-``SiglipMultiheadAttentionPoolingHead`` compute the same. Its weights map to big_vision's keys
-(``MAPHead_0/probe``, ``MAPHead_0/MultiHeadDotProductAttention_0/{query,key,value,out}``, ``MAPHead_0/LayerNorm_0``,
-``MAPHead_0/MlpBlock_0/Dense_{0,1}``; :mod:`keras_vit.checkpoints.keymap`).
+a = MHA(probe, z_L);  y = a + MLP(LN(a))
 """
 
 from __future__ import annotations

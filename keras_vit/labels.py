@@ -1,14 +1,7 @@
-"""Class names: of the published heads, ImageNet-1k (1,000 classes) and Google's ImageNet-21k (21,843), and of any
-other head (a model trained by keras-vit records its classes: ``model.config.class_names``).
+"""Class names: ImageNet-1k and ImageNet-21k (shipped, from timm 1.0.31), a model's own, or a label file.
 
-    from keras_vit import labels
-    labels.class_names("imagenet1k")[0]          # "tench"
-    labels.decode_predictions(logits, top=3)     # [[("n01443537", "goldfish", 7.1), ...], ...]
-    labels.decode_predictions(logits, labels=model.config.class_names)   # [[("2", "emu", 3.2), ...], ...]
-    labels.read_label_file("runs/finetune/classes.txt")                   # ("cat", "dog", "emu")
-
-The lists ship with the package (``keras_vit/data/*.tsv.gz``, one ``wnid<TAB>synonyms`` line per class, in
-the order of the heads); they come from timm 1.0.31 (Apache-2.0), see ``keras_vit/data/README.md``.
+labels.decode_predictions(logits, top=3)     # [[("n01443537", "goldfish", 7.1), ...], ...]
+labels.read_label_file("runs/finetune/classes.txt")
 """
 
 from __future__ import annotations

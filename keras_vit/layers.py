@@ -1,12 +1,8 @@
-"""The Vision Transformer's layers, one per line of the paper's equations (Dosovitskiy et al., 2021, Eq. 1-4).
+"""The Vision Transformer's layers, one per line of the paper's equations (Eq. 1-4).
 
-    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos      PatchEmbed, ClassToken (E_pos: position.py)
-    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                     TransformerBlock (MultiHeadSelfAttention)
-    z_l = MLP(LN(z'_l)) + z'_l                            TransformerBlock (MlpBlock)
-    y = LN(z_L^0)                                         encoder_norm in models.py
-
-Every layer serialises with ``get_config`` so models save and load as ``.keras`` files. The position
-embeddings ``E_pos``, of every kind, are in :mod:`keras_vit.position`.
+z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos      PatchEmbed, ClassToken (E_pos: position.py)
+z'_l = MSA(LN(z_{l-1})) + z_{l-1}                     TransformerBlock (MultiHeadSelfAttention)
+z_l = MLP(LN(z'_l)) + z'_l                            TransformerBlock (MlpBlock)
 """
 
 from __future__ import annotations
@@ -240,20 +236,11 @@ def fused_attention_available() -> bool:
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(layers.Layer):
-    """MSA: ``softmax(q k^T / sqrt(d_h)) v`` over ``num_heads`` heads, then an output projection.
+    """MSA: ``softmax(q k^T / sqrt(d_h)) v`` over ``num_heads`` heads from one fused ``qkv`` projection, then ``out``.
 
-    q, k and v come from one fused ``qkv`` projection (on :func:`rows`) whose kernel is ``[W_q | W_k | W_v]``, split
-    by one transpose into head-major ``(B, heads, N, d_h)`` tensors so both attention products are
-    plain batched matmuls. ``call(..., return_attention_scores=True)`` also returns the attention
-    probabilities ``(B, heads, N, N)``. Where :func:`fused_attention_available`, and no
-    probabilities or attention dropout are needed, ``keras.ops.dot_product_attention`` runs instead
-    (tests/test_fast_paths.py checks all paths agree within 1e-5). ``attention_bias``
-    (broadcastable to ``(B, heads, N, N)``) is added to the logits before the softmax (relative
-    position biases). ``dropout_keep``, a bool ``(B, heads, N, N)`` mask drawn beforehand
-    (:func:`draw_keep_mask`), replaces the attention dropout's own draw (a rematerialised block's recomputation
-    must drop what its forward pass dropped). ``qk_norm=True`` normalises every head's queries and keys with
-    LayerNorms over ``d_h`` (sub-layers ``q_norm``, ``k_norm``, epsilon ``layer_norm_epsilon``) before their
-    product, as timm's ``Attention(qk_norm=True)``.
+    ``call(..., return_attention_scores=True)`` also returns the probabilities ``(B, heads, N, N)``;
+    ``attention_bias`` is added to the logits; ``dropout_keep`` (a mask from :func:`draw_keep_mask`) replaces the
+    attention dropout's draw; ``qk_norm=True`` normalises queries and keys per head (timm's ``qk_norm``).
     """
 
     def __init__(
@@ -427,15 +414,9 @@ def _scaled(scale: LayerScale | None, x):
 class TransformerBlock(layers.Layer):
     """One pre-LN encoder block (Eq. 2-3): ``z' = z + MSA(LN(z))``, ``z'' = z' + MLP(LN(z'))``.
 
-    Sub-layer names follow the Flax checkpoints (``LayerNorm_0``, ``MultiHeadDotProductAttention_1``,
-    ``LayerNorm_2``, ``MlpBlock_3``). ``remat=True`` rematerialises the block while training: its
-    activations are not kept for the backward pass but recomputed there (``keras.remat``: TensorFlow's
-    ``recompute_grad``, ``jax.checkpoint``, torch's ``checkpoint``), trading one more forward pass of the
-    block for memory. Every dropout mask is drawn before the rematerialised function, so the recomputation
-    drops what the forward pass dropped and the results equal the plain path's. ``layer_scale_init`` (default
-    ``None``: off) scales the attention and MLP outputs by :class:`LayerScale` sub-layers ``ls1`` and ``ls2``
-    before their residual additions, as timm's ``Block(init_values=...)``. ``qk_norm`` and ``layer_norm_epsilon``
-    (every LayerNorm's, the qk-norms' too) are the attention's and the norms'.
+    ``remat=True`` recomputes the block in the backward pass (``keras.remat``) with the forward pass's dropout
+    masks; ``layer_scale_init`` adds timm's :class:`LayerScale` (``ls1``, ``ls2``) to both branches. Sub-layers
+    are named as in the Flax checkpoints. Raises ``ValueError`` naming a bad argument.
     """
 
     def __init__(

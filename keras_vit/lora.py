@@ -1,18 +1,9 @@
 """Parameter-efficient fine-tuning with LoRA (Hu et al., 2021) through Keras' own ``Dense.enable_lora``.
 
-    enable_lora(model, rank=8)     # adapters on every block's qkv, out, MLP Dense_0 / Dense_1; the rest frozen
-    model.compile(...); model.fit(...)
-    plain = merge_lora(model)      # the same outputs, adapters folded into the kernels, no LoRA left
+    enable_lora(model, rank=8)     # adapters on every block's qkv, out, Dense_0, Dense_1; the rest frozen
+    plain = merge_lora(model)      # the same outputs, adapters folded into the kernels
 
-Each adapted ``Dense`` computes ``x W + (alpha / rank) x A B`` with ``W`` frozen, ``A`` ``(in, rank)`` and
-``B`` ``(rank, out)`` (``B`` starts at zero, so a fresh adapter changes nothing). Only ``A``, ``B`` and the
-layers named in ``trainable_layers`` (the classification ``head``) train: :func:`lora_parameter_count`
-counts the adapters, e.g. rank 8 on ViT-B/16 adds 1,179,648 (1.4 % of its 86 M parameters) and on
-ViT-Ti/16 294,912.
-
-Keras saves an adapted ``Dense`` with its merged kernel, so ``model.save("x.keras")`` already writes the
-merged model (it reloads without LoRA); to continue LoRA training after reloading, call
-:func:`enable_lora` again (which also re-freezes: trainability is not saved).
+A saved ``.keras`` holds the merged kernels; call :func:`enable_lora` again after reloading to continue.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""The graph of a Vision Transformer, built from a :class:`~keras_vit.config.ViTConfig`.
+"""The graph of a Vision Transformer, built from a :class:`~keras_vit.config.ViTConfig` (no files, no checkpoints).
 
-    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos     embed: [ResNet], PatchEmbed, ClassToken, E_pos
+    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos     embed
     z_l = TransformerBlock(z_{l-1}),  l = 1 ... L      encode
-    y = LN(z_L^0)                                      encode: encoder_norm; head: pooling (class token,
-                                                       mean, or the MAP head of keras_vit.heads)
-    logits = head(y)                                   head: [pre_logits], head
+    logits = head(pool(LN(z_L)))                       head
 
-:class:`VisionTransformer` is the functional ``keras.Model`` of a config: its ``get_config()`` holds the config
-record, and a ``.keras`` file builds the model from it again. Pure graph building: no files, no network, no
-checkpoints (those are :mod:`keras_vit.checkpoints`; the user-facing ``ViT`` that reads variant names and weights
-is :mod:`keras_vit.applications`).
+:class:`VisionTransformer`'s ``get_config()`` holds the config record.
 """
 
 from __future__ import annotations

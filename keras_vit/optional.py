@@ -1,10 +1,4 @@
-"""Dependencies imported only by the functions that need them, with the command that installs them in the error.
-
-TensorFlow is the default Keras backend and a default requirement, but under ``KERAS_BACKEND=jax`` or ``torch``
-the library runs without it: building, loading weights, predicting, training and the analyses use
-``keras.ops`` only. What is TensorFlow's own (SavedModel and LiteRT export, ``tf.data`` and TensorFlow
-Datasets) imports it through :func:`require` when called.
-"""
+"""Dependencies imported only by the functions that need them (:func:`require`), naming the install command."""
 
 from __future__ import annotations
 

@@ -1,29 +1,6 @@
-"""Position embeddings, all of them: the learned 1-D ones the paper publishes, the variants of its
-Appendix D.4 ablation, fixed 2-D sin-cos, and resizing any of them for another image size.
-
-Pass a kind by name as ``ViT(..., position_embedding=...)``:
-
-- ``"learned_1d"`` (default, the published models): one learned ``D``-vector per token, ``E_pos`` of
-  Eq. 1 (:class:`AddPositionEmbs`).
-- ``"learned_2d"``: a learned row (Y) and column (X) embedding of ``D/2`` each; patch ``(i, j)`` gets
-  ``concat(row_i, col_j)`` and the class token its own learned ``D``-vector (:class:`AddPositionEmbs2D`).
-- ``"sincos_2d"``: fixed 2-D sin-cos embeddings as in MoCo v3 and MAE, ``D/4`` frequencies per axis;
-  the class token gets zeros (:class:`SinCosPositionEmbs`). No weights.
-- ``"relative"``: no absolute embedding; every encoder block adds a learned bias per head and per
-  relative offset ``(dy, dx)`` between query and key patch to its attention logits, plus learned
-  per-head biases for class-token rows and columns (:class:`RelativeTransformerBlock`).
-- ``"none"``: no position information at all.
-
-Resizing (fine-tune or run a model at another image size): the embeddings are ``(1, prefix + gh * gw, D)``,
-``prefix`` tokens (the class token's) then one per patch of a ``gh x gw`` grid; the grid part is
-resized by 2-D interpolation, the prefix part kept. Every layer here knows its patch grid and has
-``resized_weights(grid_size, method)``, which :func:`resize_position_embeddings` calls to run a whole
-model at another size. Methods (:data:`METHODS`), by name:
-
-- ``"zoom_linear"`` (default): ``scipy.ndimage.zoom(order=1)`` on the grid, corner aligned: what the
-  original code (``vit_jax/checkpoint.py``) does when it fine-tunes at a higher resolution.
-- ``"bilinear"``: bilinear with half-pixel centres and no antialiasing: what timm's ``.npz`` loader does.
-- ``"bicubic"``: bicubic with antialiasing: timm's default elsewhere (``resample_abs_pos_embed``).
+"""Position embeddings of every kind (``ViT(position_embedding=...)``: :data:`POSITION_EMBEDDINGS`) and resizing
+them for another image size (:func:`resize_position_embeddings`, methods :data:`METHODS`). The kinds and methods
+are described in docs/models.md and docs/weights.md.
 """
 
 from __future__ import annotations

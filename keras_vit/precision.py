@@ -1,31 +1,8 @@
-"""Mixed precision chosen by the hardware: the Keras dtype policy a ViT should run under here.
+"""Mixed precision chosen by the hardware: :func:`auto_policy` is the Keras dtype policy a ViT runs fastest under.
 
-:func:`auto_policy` returns a Keras dtype-policy name from the device Keras runs on:
-
-=====================================================  ==================
-hardware                                               policy
-=====================================================  ==================
-TPU                                                    ``mixed_bfloat16``
-GPU, compute capability >= 8.0 (Ampere, Hopper, ...)   ``mixed_bfloat16``
-GPU, compute capability 7.x (Volta, Turing)            ``mixed_float16``
-GPU below 7.0, or of unknown capability                ``float32``
-CPU with bfloat16 units (AVX512_BF16, AMX)             ``mixed_bfloat16``
-  ... but on the JAX backend                           ``float32``
-  ... but on the OpenVINO backend (inference only)     ``float32``
-any other CPU                                          ``float32``
-=====================================================  ==================
-
-On a 2-core AMD EPYC with AVX512_BF16, TensorFlow's oneDNN kernels run B/16 inference 1.5x faster in
-``mixed_bfloat16`` than in float32; on CPUs without bfloat16 units the same policy runs slower than
-float32 (docs/performance.md). XLA's CPU compiler (the JAX backend) has no bfloat16 matmul kernels:
-there a bfloat16 ``jnp.dot`` ran at 0.75x float32's speed on the same CPU, so JAX on CPU stays in
-float32. Keras' OpenVINO backend (inference only) keeps the Keras weights and graph in float32: OpenVINO's CPU
-runtime computes it in bfloat16 itself where the CPU has bfloat16 units (its ``INFERENCE_PRECISION_HINT``;
-:func:`openvino_precision` is the same rule, for the runtimes keras_vit starts itself), and a Keras-side
-``mixed_bfloat16`` graph ran B/16 no faster there (docs/performance.md). Device detection asks the active Keras
-backend (``tf.config``, ``jax.devices()`` or ``torch.cuda``) and never imports TensorFlow on the JAX or torch
-backends.
-Every probe can be bypassed by passing its answer (``device``, ``features``, ``gpu_capability``).
+``mixed_bfloat16`` on TPUs, GPUs of compute capability >= 8.0 and CPUs with bfloat16 units (not on the JAX or
+OpenVINO backends); ``mixed_float16`` on GPUs of capability 7.x; ``float32`` elsewhere. Each probe can be bypassed
+by passing its answer (``device``, ``features``, ``gpu_capability``). Measurements: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Classify images: ``python -m keras_vit.predict IMAGE_OR_FOLDER... --weights NAME_OR_PATH``.
 
     python -m keras_vit.predict cat.jpg dog.png --weights B_16.augreg_in21k_ft_in1k --top 3
-    python -m keras_vit.predict cat.jpg --weights ViT-B_16.npz --json
-    python -m keras_vit.predict photos/ --weights runs/finetune/model.keras      # every image, the run's classes
+    python -m keras_vit.predict photos/ --weights runs/finetune/model.keras --json
 
-A folder stands for every image in it and its sub-folders. Each image is read by :func:`keras_vit.images.read_image`
-(as training reads it: EXIF orientation applied, 16-bit images scaled), resized and scaled by
-:class:`keras_vit.preprocessing.ImagePreprocessor` to the model's resolution, and the ``top`` classes are printed
-with their scores (softmax probabilities unless ``--scores`` says otherwise). Class names: ``--labels`` (ImageNet's
-sets, or a file of one name a line), else those the model records (a keras-vit training run's), else ImageNet's
-by the head's size. The model runs in the precision the hardware runs fastest (``--mixed-precision auto``: bfloat16
-on CPUs with bfloat16 units; ``none`` for float32). Errors (a missing or unreadable image, unknown weights) are one
-line on stderr and exit status 1.
+Class names: ``--labels``, else the model's own, else ImageNet's by the head's size. Errors are one line on
+stderr and exit status 1.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Input preprocessing of the published checkpoints: resize to the resolution, scale to [-1, 1].
 
-    from keras_vit.preprocessing import ImagePreprocessor
-    preprocess = ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_224")   # 224 x 224
-    x = preprocess(images)            # uint8 or float images in [0, 255], any size, (B, H, W, 3) or (H, W, 3)
+    preprocess = ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_224")
+    x = preprocess(images)            # [0, 255] images, any size, (B, H, W, 3) or (H, W, 3)
 
-This is what the evaluation of google-research/vision_transformer does: ``tf.image.resize`` (bilinear,
-no antialiasing) of the whole image to ``image_size``, then ``(x - 127.5) / 127.5``.
-
-Both run on every Keras backend: on the backend's own tensors (and numpy) with ``keras.ops``, and on a
-``tf.Tensor`` with TensorFlow's ops when Keras runs JAX or torch, which is what a ``tf.data`` ``map`` passes
-(as Keras' own preprocessing layers switch to TensorFlow there). The steps are written once,
-:func:`_preprocess`, over a small namespace of the operations they need; only that namespace differs.
+Runs on every backend's tensors, numpy, and ``tf.Tensor`` inside ``tf.data`` (TensorFlow's ops there).
 """
 
 from __future__ import annotations

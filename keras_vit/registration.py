@@ -1,10 +1,5 @@
-"""Keras finds keras_vit's layers in a saved ``.keras`` model once ``import keras_vit`` has run.
-
-Keras rebuilds a custom layer only if the module defining it has run its ``register_keras_serializable``
-decorator, and ``import keras_vit`` imports neither Keras nor those modules. :func:`register_when_keras_loads`
-(run by ``import keras_vit``) imports them as soon as Keras is loaded: at once if it already is, else through
-an import hook. The hook waits until Keras's import and any import of those modules are over: they import
-Keras on their first lines, so the first import of Keras can come from inside one of them, half run.
+"""Keras finds keras_vit's layers in a saved ``.keras`` model once ``import keras_vit`` has run:
+:func:`register_when_keras_loads` imports the layer modules as soon as Keras is loaded (an import hook if not yet).
 """
 
 from __future__ import annotations

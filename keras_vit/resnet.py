@@ -1,16 +1,7 @@
-"""The BiT-style ResNet that the paper's hybrids (Sec. 3.1, "Hybrid Architecture") put before the ViT.
+"""The BiT ResNet (weight-standardised convolutions, GroupNorm) that the paper's hybrids put before the ViT.
 
-Weight-standardised convolutions with GroupNorm (Kolesnikov et al., "Big Transfer"), post-activation
-bottleneck units with the stride on the 3x3 convolution, and the usual 7x7 root with max-pooling:
-
-    conv_root (7x7 /2) -> gn_root -> relu -> max-pool (3x3 /2)       ResNetStem
-    block{s}/unit{u}: conv1 (1x1) -> gn1 -> relu -> conv2 (3x3 /stride) -> gn2 -> relu
-                      -> conv3 (1x1) -> gn3, shortcut conv_proj -> gn_proj if the shape changes,
-                      relu(shortcut + branch)                          BottleneckUnit
-
-Names follow the Flax checkpoints, so :meth:`ResNetStem.npz_key_map` tells
-:func:`keras_vit.checkpoints.load.load_weights` where every ``.npz`` array goes. Which stages make which
-hybrid (R50, R26) is in :mod:`keras_vit.variants`.
+Layer names follow the Flax checkpoints; which stages make which hybrid is in :mod:`keras_vit.variants`;
+the architecture is drawn in docs/hybrids.md.
 """
 
 from __future__ import annotations

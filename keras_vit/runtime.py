@@ -1,16 +1,7 @@
-"""TensorFlow's CPU kernels: oneDNN on by default for keras_vit users.
+"""TensorFlow's CPU kernels: oneDNN on by default for keras_vit users (faster ViTs; docs/performance.md).
 
-TensorFlow ships two sets of CPU kernels, Eigen's and oneDNN's, and turns oneDNN on by itself only
-on CPUs with AVX-512-class features. Elsewhere (AMD Zen, older Intel) it runs Eigen's, and ViT
-runs slower with those: on a 2-core Zen 3, B/16 inference at batch 32 is 1.36x faster with oneDNN
-and a training step 1.16x faster, mostly because Eigen's batched matmuls (the two attention
-products) reach a third to a half of oneDNN's speed (README, Performance).
-The switch is the environment variable ``TF_ENABLE_ONEDNN_OPTS``, read once when TensorFlow loads.
-
-``import keras_vit`` calls :func:`prefer_onednn` (and imports no Keras itself): on x86-64, if TensorFlow
-is not loaded yet and the variable is unset, it sets it to ``1``. A value the user set, ``0``
-included, is kept; if TensorFlow was imported first, nothing changes (import keras_vit first, or
-set the variable). :func:`onednn_enabled` says which kernels this process runs.
+``import keras_vit`` calls :func:`prefer_onednn`: on x86-64, before TensorFlow loads, it sets an unset
+``TF_ENABLE_ONEDNN_OPTS`` to ``1`` (a value the user set is kept). :func:`onednn_enabled` says which kernels run.
 """
 
 from __future__ import annotations

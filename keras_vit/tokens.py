@@ -2,11 +2,7 @@
 
     z_0 = [x_class; x_dist; x_reg^1 ... x_reg^R; x_p^1 E; ...; x_p^N E]
 
-``x_dist`` (Touvron et al. 2021, DeiT) follows the class token and has a position embedding and its own head,
-``head_dist``; the model's logits are the mean of both heads, and :func:`distillation_model` returns both for
-distillation training. The register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"; DINOv2
-reg4) come next and have no position embedding: they are inserted after the position embeddings are added,
-as DINOv2's code does. Every pooling and every patch map skips all of these (:func:`num_prefix_tokens`).
+Registers get no position embedding; every pooling skips all prefix tokens (:func:`num_prefix_tokens`).
 """
 
 from __future__ import annotations

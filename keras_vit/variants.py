@@ -1,13 +1,7 @@
-"""The one table of ViT variants and the architecture record that every part of keras-vit reads.
+"""The one table of ViT variants and the :class:`Architecture` record every part of keras-vit reads (plain Python).
 
-A variant is a short name: ``"B/16"`` (the size from Table 1 of the paper, then the patch size) or,
-for the paper's hybrids, ``"R50+B/16"`` (a BiT ResNet of 50 layers, then the size and the total
-stride of ResNet and embedding together). :func:`parse_variant` also takes the spellings users type:
-``"ViT-B/16"``, ``"ViT_B16"``, ``"vit-b16"``, ``"R50+ViT-B/16"``, ``"ViT_R50_B16"``.
-
-This module is plain Python (no Keras): the zoo, the checkpoint readers, the model builder and the
-commands all decode names here, so a name means the same everywhere. Each :class:`Architecture` field
-carries its help text, for the commands' flags (:mod:`keras_vit.config`).
+A variant is ``"B/16"`` (size, patch) or a hybrid ``"R50+B/16"``; :func:`parse_variant` also takes the
+spellings users type (``"ViT-B/16"``, ``"ViT_B16"``, ``"vit-b16"``, ``"ViT_R50_B16"``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The paper's analyses of a trained ViT (Section 4.5, Figures 6-7) as functions returning arrays.
-
-- :mod:`~keras_vit.analysis.attention`: attention rollout maps and mean attention distance.
-- :mod:`~keras_vit.analysis.embeddings`: position-embedding similarity, embedding-filter PCA.
-- :mod:`~keras_vit.analysis.fewshot`: few-shot linear evaluation of frozen features (a scikit-learn probe).
-- :mod:`~keras_vit.analysis.plots`: the figures (imported on demand: it loads matplotlib).
-
-``python -m keras_vit.analysis VARIANT`` writes all figures for a model (see ``--help``).
+"""The paper's analyses of a trained ViT (Section 4.5, Figures 6-7) as functions returning arrays: attention
+rollout and distance (:mod:`.attention`), position similarity and filter PCA (:mod:`.embeddings`), few-shot
+linear evaluation (:mod:`.fewshot`), figures (:mod:`.plots`). ``python -m keras_vit.analysis`` draws them all.
 """
 
 from keras_vit.analysis.attention import (

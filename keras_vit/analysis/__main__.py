@@ -1,17 +1,9 @@
 """``python -m keras_vit.analysis [VARIANT] [--weights ...]``: write the paper's analysis figures for a model.
 
-Example (a random-init tiny model, all five figures into ./vit_analysis)::
-
     python -m keras_vit.analysis Ti/16 --image-size 32 --patch-size 8 --depth 2 --output-dir vit_analysis
-    python -m keras_vit.analysis --weights runs/finetune/model.keras      # a saved model brings its variant
 
-Writes ``attention_maps.png``, ``attention_distance.png``, ``position_similarity.png``,
-``embedding_filters.png``, ``few_shot.png`` and ``results.json`` (the numbers behind them).
-
-Everything is checked and computed before anything is written (the model, the chosen analyses, the images,
-the few-shot dataset against ``--shots``); then every file is drawn under a temporary name and renamed into
-place, so a failure leaves the output folder as it was. Errors are one line on stderr and exit status 1
-(:mod:`keras_vit.cli`).
+Writes the chosen figures (:data:`FIGURES`) and ``results.json``, all checked and computed first, then renamed
+into place together; a folder holding them already is refused unless ``--overwrite``. Errors: one line, exit 1.
 """
 
 from __future__ import annotations
@@ -31,6 +23,7 @@ from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_
 
 __all__ = [
     "ANALYSES",
+    "FIGURES",
     "applicable_analyses",
     "build_model",
     "build_parser",

@@ -1,8 +1,5 @@
-"""Where a ViT looks: attention rollout maps (Figure 6) and mean attention distance (Figure 7, right).
-
-The array functions take attention probabilities as a list with one ``(B, heads, N, N)`` array per
-block (rows are queries, columns keys, each row sums to 1), as :func:`keras_vit.attention_model`
-returns them; :func:`analyse_attention` runs a model over images in batches and applies them.
+"""Where a ViT looks: attention rollout maps (Figure 6) and mean attention distance (Figure 7, right), from
+one ``(B, heads, N, N)`` probability array per block (:func:`keras_vit.attention_model`).
 """
 
 from __future__ import annotations

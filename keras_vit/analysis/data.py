@@ -1,9 +1,5 @@
-"""Inputs for the analyses: images from files or scikit-learn's samples, and labelled few-shot datasets.
-
-Few-shot dataset specs: ``"digits"`` (scikit-learn's 8x8 handwritten digits, :func:`keras_vit.datasets.load_digits`),
-``"PATH.npz"`` (arrays ``images`` (n, h, w, 3 or 1) uint8 and ``labels`` (n,), optionally
-``test_images``/``test_labels``), or ``"tfds:NAME"`` (a TensorFlow Datasets set already prepared
-on disk, its ``train`` and ``test`` splits; nothing is downloaded).
+"""Inputs for the analyses: images from files or scikit-learn's samples, and labelled few-shot datasets
+(``"digits"``, ``"PATH.npz"`` with ``images``/``labels`` and optional ``test_*``, ``"tfds:NAME"`` already on disk).
 """
 
 from __future__ import annotations

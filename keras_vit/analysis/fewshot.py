@@ -1,10 +1,5 @@
-"""Few-shot linear evaluation (Section 4 of the paper): a regularised least-squares probe from frozen
-features onto {-1, 1} targets, trained on n examples per class.
-
-The probe is scikit-learn's ``StandardScaler`` then ``RidgeClassifierCV``: features standardised with the
-training statistics, ``f(x) = z W + b`` minimising ``|Y - Z W - b|^2 + l2 |W|^2`` with one column of ``Y``
-per class (+1 for the example's class, -1 elsewhere; one column for two classes) and an unregularised
-bias, ``l2`` chosen from candidates by the exact leave-one-out squared error of the training examples.
+"""Few-shot linear evaluation (Section 4 of the paper): scikit-learn's ``StandardScaler`` then
+``RidgeClassifierCV`` on frozen features with {-1, 1} targets, n examples per class.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Where a ViT's tokens come from: the patch grid, the pixels per patch and the prefix tokens.
-
-Read from the model's ``"embedding"`` layer (:class:`keras_vit.layers.PatchEmbed`: its input, the image or a
-hybrid's feature map, and its patch size), its input shape and whether it has a ``"class_token"``, so it
-holds for hybrids (their patches are ``image / grid`` pixels wide) and every position-embedding kind.
-Also the analyses' small argument checks (``check_choice`` comes from :mod:`keras_vit.checks`).
+"""Where a ViT's tokens come from: the patch grid, the pixels per patch and the prefix tokens, read from the
+model's ``"embedding"`` layer and input (hybrids and every position-embedding kind included).
 """
 
 from __future__ import annotations
