@@ -1,29 +1,7 @@
 """keras-vit: the Vision Transformers of Dosovitskiy et al. (ICLR 2021) as Keras 3 models.
 
-Where things are (each module imports only the ones above it, never this package):
-
-    optional        imports on demand (TensorFlow where Keras runs JAX or torch), naming the install command
-    variants        the one table of variants ("B/16", "R50+B/16") and the Architecture record
-    config          ViTConfig: the architecture and every model option, each declared once (default, check, flag)
-    zoo             the catalogue of published checkpoints and their download cache (no Keras)
-    layers          the encoder's layers: PatchEmbed, ClassToken, TransformerBlock, ...
-    heads           pooling heads beyond the class token: MAPHead (SigLIP's attention pooling)
-    position        position embeddings of every kind, and resizing them for another image size
-    resnet          the BiT ResNet of the hybrids
-    models          the graph builder: ViTConfig -> VisionTransformer, a keras.Model (no files, no checkpoints)
-    checkpoints     the published .npz files: read, inspect, key map, load
-    applications    ViT(variant, weights=...) and the named constructors ViT_B16, ViT_R50_B16, ...
-    tokens          the distillation and register tokens (DeiT, DINOv2) and distillation_model
-    features        feature_model: chosen blocks' tokens or (B, h, w, D) maps, sharing the weights
-    lora            enable_lora / merge_lora: LoRA adapters on the blocks' Dense layers
-    preprocessing   preprocess_input and ImagePreprocessor: pixels as the checkpoints expect them (any backend, tf.data)
-    images          image files to pixels: the one reader of training, predict and the analyses
-    labels          class names (ImageNet-1k / 21k, a model's, a file's) and decode_predictions
-    predict, export the predict command; SavedModel, LiteRT and ONNX export
-
-``import keras_vit`` loads none of them, nor Keras: each public name below (``keras_vit.ViT_B16``) and each
-submodule (``keras_vit.precision``) is imported on first use (PEP 562), and the layer modules as soon as
-Keras loads, so that ``keras.saving.load_model`` finds the layers (:mod:`keras_vit.registration`).
+``import keras_vit`` loads no submodule, nor Keras: each public name and submodule is imported on first use
+(PEP 562), and the layer modules as soon as Keras loads (:mod:`keras_vit.registration`). Module map: docs/design.md.
 """
 
 from keras_vit import lazy, registration, runtime

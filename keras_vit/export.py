@@ -86,11 +86,7 @@ def with_preprocessing(
 
 
 def export_saved_model(model: keras.Model, path: str | os.PathLike, **kwargs) -> Path:
-    """A TensorFlow SavedModel folder with a ``serve`` endpoint (``model.export(format="tf_saved_model")``).
-
-    Runs on the TensorFlow and JAX (through ``jax2tf``) backends; needs TensorFlow installed. ``path`` must not
-    exist yet.
-    """
+    """A TensorFlow SavedModel folder at ``path`` (not existing yet); TensorFlow and JAX backends."""
     _check_backend("saved_model")
     require("tensorflow", "SavedModel export")
     if os.path.lexists(path):
@@ -99,11 +95,8 @@ def export_saved_model(model: keras.Model, path: str | os.PathLike, **kwargs) ->
 
 
 def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str | None = None, **kwargs) -> Path:
-    """A LiteRT (TFLite) flatbuffer, ``path`` ending in ``.tflite``.
-
-    ``quantize=None`` keeps float32; ``"dynamic_int8"`` stores the weights as int8 (dynamic-range
-    quantisation: activations stay float, no calibration data), about 4x smaller. ``kwargs`` go to
-    ``tf.lite.TFLiteConverter`` through ``model.export(format="litert")``. TensorFlow backend only.
+    """A LiteRT (TFLite) flatbuffer, ``path`` ending in ``.tflite``, float32 or with ``quantize="dynamic_int8"`` int8
+    weights (about 4x smaller); ``kwargs`` go to ``tf.lite.TFLiteConverter``. TensorFlow backend only.
     """
     check_choice(quantize, QUANTIZATIONS, "quantize")
     _check_backend("litert")
@@ -136,14 +129,11 @@ def export_openvino(
     calibration: np.ndarray | None = None,
     **kwargs,
 ) -> Path:
-    """An OpenVINO IR folder at ``path`` (which must not exist yet): ``model.xml`` (the graph) and ``model.bin``
-    (float32 weights), written by ``model.export(format="openvino")`` (needs ``openvino``). :func:`load` runs it in
-    the CPU's fastest precision; the check before it is kept runs it in float32.
+    """An OpenVINO IR folder at ``path`` (not existing yet): ``model.xml`` and ``model.bin`` (needs ``openvino``).
 
-    ``quantize="int8"``: NNCF's post-training quantisation for transformers (needs ``nncf``) calibrated on
-    ``calibration``, images as the model takes them (``(N, H, W, 3)``; a few hundred of your own: on 4 crops a
-    Ti/16's cosine to float32 fell to 0.87): int8 weights and matmuls, which run on AMX-INT8 (docs/export.md). The
-    check before it is kept asks for finite outputs of the right shape."""
+    ``quantize="int8"``: NNCF post-training quantisation (needs ``nncf``) calibrated on ``calibration``, images as
+    the model takes them (a few hundred; docs/export.md). The file is checked (run) before it is kept.
+    """
     check_choice(quantize, (None, "int8"), "quantize")
     _check_backend("openvino")
     require("openvino", "OpenVINO export")
@@ -206,11 +196,10 @@ def _export(
     then: Callable[[str], None] | None = None,
     **kwargs,
 ) -> Path:
-    """``model`` in float32 (:func:`float32_model`) exported to ``path`` as ``fmt``, and the written file run once
-    in its own runtime (:func:`check_export`) before it is renamed into place: a file that fails the check is
-    removed, and the ``ValueError`` says why. ``exact=False`` (int8 weights): the check asks for finite outputs
-    of the right shape, not for the Keras model's values. ``file_name``: ``path`` is a new folder and Keras writes
-    this file (and its companions) in it. ``then``: called with the written path before the check (quantisation)."""
+    """``model`` in float32 exported to ``path`` as ``fmt``, run once (:func:`check_export`; ``exact=False``: finite
+    outputs of the right shape) and renamed into place, or removed with a ``ValueError`` saying why.
+    ``file_name``: ``path`` is a new folder holding that file; ``then(path)`` runs before the check.
+    """
     model = float32_model(model)
     with atomic_path(path) as temporary:
         if file_name:

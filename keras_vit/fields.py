@@ -28,12 +28,8 @@ def option(
     parse: Callable[[str], Any] | None = None,
     **extra: Any,
 ) -> Any:
-    """A dataclass field with its command-line help.
-
-    ``unset`` says what ``None`` means (shown as the default); ``choices`` are the allowed values;
-    ``flag`` the option's name when it is not the field's; ``parse`` converts the option's text when
-    the annotation does not say how. ``default=dataclasses.MISSING`` makes the field required; ``extra``
-    goes into the metadata as well (``metavar``, and what a dataclass of its own reads there).
+    """A dataclass field with its help: ``unset`` (what ``None`` means), ``choices``, ``flag`` (the option's
+    name), ``parse`` (text to value); ``default=dataclasses.MISSING`` makes it required; ``extra`` goes to the metadata.
     """
     metadata = dict(help=help, unset=unset, choices=tuple(choices) if choices else None, flag=flag, parse=parse)
     return dataclasses.field(default=default, metadata={**metadata, **extra})

@@ -21,11 +21,8 @@ MAP_PREFIX = "MAPHead_0"  # big_vision's module name, the head's key prefix in t
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MAPHead(layers.Layer):
-    """Multihead attention pooling: tokens ``(B, N, D)`` -> ``(B, D)``.
-
-    Sub-layers: ``query`` (on the probe), ``key_value`` (one fused projection of the tokens, kernel ``[W_k | W_v]``),
-    ``out``, ``LayerNorm_0`` (epsilon ``layer_norm_epsilon``) and ``MlpBlock_0`` (width ``mlp_dim``, GELU
-    ``gelu``). ``call(..., return_attention_scores=True)`` also returns the probe's attention ``(B, heads, 1, N)``.
+    """Multihead attention pooling: tokens ``(B, N, D)`` -> ``(B, D)``; sub-layers ``query``, ``key_value``, ``out``,
+    ``LayerNorm_0``, ``MlpBlock_0``. ``return_attention_scores=True`` also returns the probe's ``(B, heads, 1, N)``.
     """
 
     def __init__(

@@ -70,16 +70,11 @@ def read_label_file(path: str | os.PathLike) -> tuple[str, ...]:
 def decode_predictions(
     preds, top: int = 5, labels: str | Sequence[str] | None = None
 ) -> list[list[tuple[str, str, float]]]:
-    """Per image, the ``top`` classes as ``(id, name, score)``, best first (like ``keras.applications``): the id is the
-    WordNet id of an ImageNet class, else the class's index.
+    """Per image, the ``top`` classes as ``(id, name, score)``, best first (like ``keras.applications``).
 
-    Args:
-        preds: scores of shape ``(batch, classes)`` (or ``(classes,)`` for one image): logits or
-            probabilities, returned as they are.
-        top: how many classes per image.
-        labels: ``"imagenet1k"`` or ``"imagenet21k"``, or the class names in head order (a trained model's
-            ``model.config.class_names``, :func:`read_label_file`); ``None`` picks the ImageNet set from the number of
-            classes.
+    ``preds``: ``(batch, classes)`` or ``(classes,)`` scores, returned as they are; ``labels``: ``"imagenet1k"``,
+    ``"imagenet21k"`` or names in head order (``None``: the ImageNet set of that size). The id is the WordNet id
+    of an ImageNet class, else the class's index.
     """
     preds = np.asarray(keras.ops.convert_to_numpy(preds))
     if preds.ndim == 1:

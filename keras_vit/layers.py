@@ -58,11 +58,7 @@ def add_conv_kernel(layer: layers.Layer, input_shape, kernel_size: tuple[int, in
 
 
 def conv_nhwc(x, kernel, strides: tuple[int, int], padding: str):
-    """``ops.conv`` of NHWC ``x`` with an HWIO ``kernel``, reshaped to the shape it must have.
-
-    TensorFlow's oneDNN convolution returns its input unchanged for a batch of 0 images; the reshape (free
-    otherwise: the output already has that shape) turns that into the empty output of the right shape.
-    """
+    """``ops.conv`` of NHWC ``x`` with an HWIO ``kernel``, reshaped to its shape."""
     y = ops.conv(x, kernel, strides=strides, padding=padding)
     sizes = []
     for axis, (k, s) in enumerate(zip(kernel.shape[:2], strides), start=1):
@@ -80,12 +76,7 @@ def activation(x, gelu: str):
 
 
 def rows(x):
-    """``x`` ``(..., D)`` as a matrix of rows ``(-1, D)`` (a free reshape).
-
-    A ``Dense`` on rows is one 2-D ``MatMul`` followed by ``BiasAdd`` (and an activation), which TensorFlow's
-    Grappler fuses into one oneDNN matmul kernel; on a 3-D input Keras' TensorFlow backend reshapes between
-    ``MatMul`` and ``BiasAdd``, which keeps them apart (``benchmarks/op_profile.py`` shows both graphs).
-    """
+    """``x`` ``(..., D)`` as rows ``(-1, D)``: a ``Dense`` on rows is one fused oneDNN matmul on TensorFlow."""
     return ops.reshape(x, (-1, x.shape[-1]))
 
 
@@ -100,13 +91,7 @@ def _plain(dense: layers.Layer) -> bool:
 
 
 def dense_rows(dense: layers.Layer, x):
-    """``dense`` (activation-free) applied to rows ``x`` ``(R, D)``.
-
-    On torch a plain ``Dense`` runs as ``torch.nn.functional.linear``: one ``addmm``, the bias added inside the
-    matmul as timm's layers run; Keras' ``Dense`` there is a matmul and a separate add, whose adds took 18% of a
-    B/16 bfloat16 inference step on an AMX Xeon (``benchmarks/torch_profile.py``, docs/performance.md). Elsewhere
-    the ``Dense`` itself, which TensorFlow fuses into one oneDNN kernel on rows.
-    """
+    """``dense`` (activation-free) on rows ``x`` ``(R, D)``: one ``addmm`` on torch (as timm), else the ``Dense``."""
     if keras.backend.backend() != "torch" or not _plain(dense):
         return dense(x)
     import torch.nn.functional as F
@@ -116,12 +101,8 @@ def dense_rows(dense: layers.Layer, x):
 
 
 def project(dense: layers.Layer, x, training=None):
-    """``dense`` (a bias-carrying, activation-free ``Dense``) applied to the last axis of ``x`` ``(B, N, D)``.
-
-    Inference in bfloat16 on TensorFlow runs ``x @ kernel[None] + bias``: a batched matmul whose bias TensorFlow
-    fuses into oneDNN's brgemm matmul, which uses AMX; the 2-D ``MatMul`` + ``BiasAdd`` of :func:`rows` runs
-    oneDNN's inner product there, whose bfloat16 gemm took 1.4x the time on an AMX Xeon
-    (docs/performance.md). Everywhere else, and for quantised or LoRA layers, :func:`dense_rows` on rows.
+    """``dense`` (bias, no activation) on the last axis of ``x`` ``(B, N, D)``: a batched matmul in bfloat16
+    inference on TensorFlow (oneDNN's AMX kernel; docs/performance.md), else :func:`dense_rows` on rows.
     """
     bfloat16 = keras.backend.standardize_dtype(x.dtype) == "bfloat16"
     if training or not (_plain(dense) and bfloat16) or keras.backend.backend() != "tensorflow":
@@ -151,10 +132,8 @@ def _dropped(layer: layers.Layer, x, training, keep):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class PatchEmbed(layers.Layer):
-    """Cuts an image (or feature map) into PxP patches and projects each linearly: ``x_p E``.
-
-    A convolution with kernel = stride = P, flattened to a sequence of ``h/P * w/P`` tokens.
-    Input ``(B, H, W, C)``, output ``(B, H/P * W/P, hidden_size)``.
+    """Cuts ``(B, H, W, C)`` images (or feature maps) into PxP patches, each projected linearly (``x_p E``):
+    ``(B, H/P * W/P, hidden_size)``.
     """
 
     def __init__(self, patch_size: int | tuple[int, int], hidden_size: int, **kwargs):

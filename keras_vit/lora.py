@@ -44,11 +44,8 @@ def enable_lora(
     targets: Sequence[str] = LORA_TARGETS,
     trainable_layers: Sequence[str] = ("head",),
 ) -> keras.Model:
-    """Add rank-``rank`` LoRA adapters to ``targets`` of every block and freeze everything else except the
-    top-level layers named in ``trainable_layers``; returns ``model`` (changed in place; compile it after).
-
-    ``alpha`` scales the update by ``alpha / rank`` (default ``rank``: scale 1). Layers already adapted keep
-    their adapters, so calling it again only re-freezes.
+    """Add rank-``rank`` LoRA adapters (scale ``alpha / rank``) to ``targets`` of every block, freeze all but
+    ``trainable_layers``; returns ``model``, changed in place (compile it after). Calling it again only re-freezes.
     """
     if int(rank) < 1:
         raise ValueError(f"LoRA rank must be a positive int, got {rank!r}.")

@@ -42,11 +42,8 @@ __all__ = [
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class VisionTransformer(keras.Model):
-    """The functional ``keras.Model`` of a :class:`~keras_vit.config.ViTConfig` (or of its ``to_dict()``).
-
-    ``model.config`` is the record and ``get_config()["config"]`` its dict: a ``.keras`` file builds the model
-    from it again, under the dtype policy it was saved with. A clone (``keras.models.clone_model``) or a model
-    made around its layers (``keras.Model(inputs, outputs)``) is a plain functional model.
+    """The functional ``keras.Model`` of a :class:`~keras_vit.config.ViTConfig` (or its ``to_dict()``):
+    ``model.config`` is the record, and a ``.keras`` file builds the model from it again.
     """
 
     def __init__(
@@ -109,11 +106,9 @@ def set_trainable_layers(model: keras.Layer, flags: Mapping[str, bool]) -> None:
 
 
 def with_new_head(model: keras.Model, classes: int, *, classifier_activation: str | None = None) -> keras.Model:
-    """``model`` with a fresh classification head of ``classes`` (zero-initialised, as every keras-vit head; timm's
-    ``reset_classifier``): a new :class:`VisionTransformer` of the same config and dtype policy holding a copy of
-    ``model``'s backbone weights and ``trainable`` flags. The paper fine-tunes this way: the whole pre-training
-    head (``pre_logits`` too) is replaced by one zero-initialised layer. ``model`` may have a head or not
-    (``include_top=False``): the new head reads what the model's classifier reads (its class token or mean)."""
+    """``model`` (with a head or not) with a fresh zero-initialised head of ``classes``, as the paper fine-tunes: a new
+    :class:`VisionTransformer` of the same config and policy with a copy of the backbone's weights and flags.
+    """
     if not isinstance(model, VisionTransformer):
         raise ValueError(
             f"with_new_head needs a keras_vit model (VisionTransformer); {model.name!r} is a "
@@ -167,11 +162,9 @@ def embed(images, config: ViTConfig):
 
 
 def encode(x, config: ViTConfig, images=None):
-    """Tokens ``(B, N, D)`` -> encoded tokens: prefix tokens (:mod:`keras_vit.tokens`), position embeddings,
-    [``norm_pre``], L blocks, final LN (unless ``fc_norm`` moves it after the pooling). With ``images`` the position
-    embeddings are interpolated in the graph to the images' patch grid. The class and distillation tokens are
-    prepended before the position embeddings are added (``class_position_embedding``) or after; the registers always
-    after."""
+    """Tokens ``(B, N, D)`` -> encoded tokens: prefix tokens, position embeddings (interpolated to ``images``' grid
+    when given), [``norm_pre``], the blocks, the final LN (unless ``fc_norm``).
+    """
     architecture, prefix = config.architecture, config.num_prefix_tokens
     embedded = int(config.classifier == "token") + int(config.distillation_token)  # class and distillation tokens
     if config.class_position_embedding:

@@ -92,12 +92,7 @@ def _linear_corners(x, length, axis: int):
 
 
 def resize_grid_in_graph(grid, new_size, method: str = "zoom_linear"):
-    """:func:`resize_grid` with ``keras.ops`` for a ``new_size`` known only when the graph runs (tensors).
-
-    ``"zoom_linear"`` is corner-aligned linear interpolation computed directly (equal to scipy's to
-    float32 round-off); ``"bilinear"`` and ``"bicubic"`` are ``keras.ops.image.resize``, as in
-    :func:`resize_grid`.
-    """
+    """:func:`resize_grid` with ``keras.ops``, for a ``new_size`` known only when the graph runs."""
     check_method(method)
     if method == "zoom_linear":
         return _linear_corners(_linear_corners(grid, new_size[0], 0), new_size[1], 1)
@@ -158,11 +153,7 @@ def _resize_axis(table: np.ndarray, length: int, method: str) -> np.ndarray:
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AddPositionEmbs(layers.Layer):
-    """Adds learnable 1-D position embeddings ``E_pos`` of Eq. 1 (normal(0.02) initialised), as published.
-
-    ``grid_size`` is the patch grid the embeddings belong to and ``num_prefix_tokens`` the tokens
-    before it (1 for the class token), so the grid part can be resized for another image size.
-    """
+    """Adds learnable 1-D position embeddings ``E_pos`` (Eq. 1) for ``num_prefix_tokens`` and a ``grid_size`` grid."""
 
     def __init__(self, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -206,10 +197,8 @@ class AddPositionEmbs(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class DynamicPositionEmbs(AddPositionEmbs):
-    """Learned 1-D position embeddings (as :class:`AddPositionEmbs`, for a ``grid_size`` grid) added to the
-    tokens of images of any size: ``call(tokens, images)`` interpolates the grid part in the graph to
-    ``images``' patch grid (height and width divided by ``stride``) with ``method`` (:data:`METHODS`; the
-    default ``"zoom_linear"`` is what loading a checkpoint at a fixed size does).
+    """:class:`AddPositionEmbs` for images of any size: ``call(tokens, images)`` interpolates the grid part in the graph
+    to ``images``' patch grid (sizes divided by ``stride``) with ``method``.
     """
 
     def __init__(self, grid_size, num_prefix_tokens: int = 1, stride: int = 16, method: str = "zoom_linear", **kwargs):
@@ -239,10 +228,8 @@ class DynamicPositionEmbs(AddPositionEmbs):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AddPositionEmbs2D(AddPositionEmbs):
-    """Learned 2-D position embeddings (the paper's Appendix D.4): ``E_pos[i, j] = concat(row_i, col_j)``.
-
-    Weights: ``row_embedding`` ``(gh, D/2)`` (Y), ``col_embedding`` ``(gw, D/2)`` (X) and, with
-    prefix tokens, ``prefix_embedding`` ``(1, prefix, D)``; all normal(0.02) like the 1-D ones.
+    """Learned 2-D position embeddings (Appendix D.4): ``E_pos[i, j] = concat(row_i, col_j)``, plus a learned
+    ``prefix_embedding`` for the prefix tokens.
     """
 
     def build(self, input_shape):
@@ -323,12 +310,8 @@ class SinCosPositionEmbs(AddPositionEmbs):
 
 
 def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens: int = 1) -> np.ndarray:
-    """``(N, N)`` int32 indices into the flattened relative table followed by the three prefix biases.
-
-    Patch ``q = (qy, qx)`` attending to patch ``k = (ky, kx)`` reads entry
-    ``(qy - ky + gh - 1) * (2 gw - 1) + (qx - kx + gw - 1)`` of the ``(2gh-1) x (2gw-1)`` table;
-    with ``T`` table entries, a prefix query attending to a patch reads ``T``, a patch attending to a
-    prefix key ``T + 1`` and prefix to prefix ``T + 2``.
+    """``(N, N)`` int32 indices into the flattened ``(2gh-1) x (2gw-1)`` relative table (``T`` entries), then the
+    prefix biases: prefix query to patch ``T``, patch to prefix key ``T + 1``, prefix to prefix ``T + 2``.
     """
     gh, gw = _pair(grid_size, "grid_size")
     y, x = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
@@ -345,11 +328,8 @@ def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens:
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class RelativePositionBias(layers.Layer):
-    """A learned attention-logit bias per head for every relative offset ``(dy, dx)`` between patches.
-
-    Weights: ``relative_table`` ``(2gh-1, 2gw-1, heads)`` and, with prefix tokens, ``prefix_bias``
-    ``(3, heads)`` (prefix query -> patch, patch -> prefix key, prefix -> prefix), normal(0.02).
-    ``call(tokens)`` returns the ``(1, heads, N, N)`` bias for ``N = prefix + gh * gw`` tokens.
+    """A learned attention-logit bias per head for every relative offset between patches (``relative_table``), plus
+    ``prefix_bias``; ``call(tokens)`` returns the ``(1, heads, N, N)`` bias.
     """
 
     def __init__(self, num_heads: int, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
@@ -501,11 +481,9 @@ def _grid_layers(model: keras.Model) -> list:
 def resize_position_embeddings(
     model: keras.Model, image_size: int | tuple[int, int], method: str = "zoom_linear"
 ) -> keras.Model:
-    """A copy of ``model`` for ``image_size`` inputs: same layers and weights, resized position embeddings.
+    """A copy of ``model`` (functional, plain or hybrid) for ``image_size`` inputs, position embeddings resized.
 
-    ``model`` is a functional keras-vit model (plain or hybrid). Every layer with a ``grid_size`` in its
-    config gets the new patch grid and its weights resized by its own ``resized_weights(grid_size, method)``.
-    ``image_size`` must be a multiple of the model's stride (the patch size of a plain ViT).
+    Each layer with a ``grid_size`` resizes its own weights; ``image_size`` must be a multiple of the model's stride.
     """
     check_method(method)
     inputs = getattr(model, "inputs", None) or []

@@ -109,11 +109,7 @@ def _normalise_device(device: str) -> str:
 
 
 def detect_device() -> tuple[str, tuple[int, int] | None]:
-    """``(device, gpu_capability)`` of the device the active Keras backend computes on.
-
-    TPU before GPU before CPU; the capability is the first GPU's (``None`` off GPUs or when the
-    backend does not say). Imports only the active backend's framework.
-    """
+    """``(device, gpu_capability)`` of the active Keras backend's device (TPU, then GPU, then CPU)."""
     import keras
 
     backend = keras.backend.backend()
@@ -161,12 +157,9 @@ def _detect_torch() -> tuple[str, tuple[int, int] | None]:
 def auto_policy(
     device: str | None = None, features: Iterable[str] | None = None, gpu_capability=None, *, backend: str | None = None
 ) -> str:
-    """The Keras dtype-policy name for this hardware (table in the module docstring).
+    """The Keras dtype-policy name for this hardware (the rule in the module docstring).
 
-    ``device`` ("cpu", "gpu", "tpu"; ``None``: ask the Keras backend), ``features`` (CPU flags;
-    ``None``: :func:`cpu_features`), ``gpu_capability`` (``(8, 0)``, ``"8.0"``; ``None``: ask the
-    backend when the device is a GPU) and ``backend`` (``None``: ``keras.backend.backend()``, read on
-    CPUs only) replace the probes, e.g. in tests or to plan for another machine.
+    ``device``, ``features`` (CPU flags), ``gpu_capability`` and ``backend`` replace the probes when given.
     """
     if device is None:
         device, detected = detect_device()

@@ -74,10 +74,8 @@ DATA_FORMATS = ("channels_last", "channels_first")
 def preprocess_input(images, data_format: str | None = None):
     """Scale pixel values in [0, 255] (uint16: [0, 65535]) to [-1, 1] as float32, as the published checkpoints expect.
 
-    Returns what it was given, as ``keras.applications``' ``preprocess_input`` does: a numpy array (or a list) for
-    a numpy array, the backend's tensor for one, a ``tf.Tensor`` for one (e.g. in a ``tf.data`` map) on any backend.
-    ``data_format`` (``"channels_last"``, ``"channels_first"`` or ``None`` for Keras' setting) is accepted for
-    ``keras.applications``' signature: the scaling is the same for every channel, so any layout gives the same.
+    Returns the kind it was given (numpy, the backend's tensor, or a ``tf.Tensor`` in ``tf.data``); ``data_format``
+    (``"channels_last"``, ``"channels_first"``, ``None``) is accepted for ``keras.applications``' signature.
     """
     if data_format not in (None, *DATA_FORMATS):
         raise ValueError(f"data_format must be one of {DATA_FORMATS} or None, got {data_format!r}.")
@@ -128,23 +126,11 @@ def _preprocess(images, image_size, crop_fraction, interpolation, mean, std, dty
 class ImagePreprocessor(keras.layers.Layer):
     """Resize images to a checkpoint's resolution and scale them from [0, 255] to [-1, 1].
 
-    Args:
-        image_size: output height and width (int or ``(h, w)``).
-        crop_fraction: ``None`` (default): resize the whole image, squashing its aspect ratio, as the
-            checkpoints' evaluation did. A float in (0, 1]: first cut the central square of side
-            ``crop_fraction * min(H, W)`` (like "resize the short side to ``size / crop_fraction``, then
-            centre crop ``size``"), then resize it.
-        interpolation: resize method of ``keras.ops.image.resize`` (``"bilinear"``, as in training).
-        mean, std: per-channel, of pixels in [0, 1]: the output is ``(x / 255 - mean) / std`` (0.5 and 0.5, every
-            published checkpoint's, give ``(x - 127.5) / 127.5``).
-
-    :meth:`from_weights` takes all of these from a catalogue checkpoint's ``preprocessing`` record.
-
-    Inputs: uint8 or float images with values in [0, 255], ``(B, H, W, 3)`` or one ``(H, W, 3)`` image, of
-    any size (also unknown, e.g. in ``tf.data`` or behind ``keras.Input((None, None, 3))``).
-    Output: float images of ``image_size`` in [-1, 1] (the layer's compute dtype, float32 by default).
-    On JAX and torch a ``tf.Tensor`` input (a ``tf.data`` map) is computed with TensorFlow's ops and
-    gives a ``tf.Tensor``.
+    Args: ``image_size`` (int or ``(h, w)``); ``crop_fraction`` (``None``: resize the whole image, as the
+    checkpoints' evaluation did; a float in (0, 1]: first cut the central square of side ``fraction * min(H, W)``);
+    ``interpolation`` (of ``keras.ops.image.resize``); ``mean``, ``std`` (per channel, of pixels in [0, 1]).
+    :meth:`from_weights` takes them from a catalogue checkpoint. Inputs: ``(B, H, W, 3)`` or ``(H, W, 3)`` images
+    in [0, 255] of any size; a ``tf.Tensor`` (``tf.data``) is computed with TensorFlow's ops on any backend.
     """
 
     def __init__(

@@ -52,11 +52,7 @@ def _check_standardization(formula: str) -> str:
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class StdConv2D(layers.Layer):
-    """A bias-free 2-D convolution with a weight-standardised kernel and ``SAME`` padding.
-
-    Input ``(B, H, W, Cin)``, output ``(B, ceil(H / s), ceil(W / s), filters)``. ``standardization``
-    picks the formula (see :func:`standardize_kernel`).
-    """
+    """A bias-free, ``SAME``-padded 2-D convolution with a weight-standardised kernel (:func:`standardize_kernel`)."""
 
     def __init__(
         self,
@@ -135,11 +131,8 @@ def _conv_norm_entries(prefix: str, pairs) -> dict[str, tuple[keras.Variable, Ca
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class BottleneckUnit(layers.Layer):
-    """A post-activation bottleneck unit: ``relu(shortcut(x) + gn3(conv3(relu(gn2(conv2(relu(gn1(conv1(x)))))))))``.
-
-    ``features`` is the bottleneck width; the unit outputs ``4 * features`` channels. The shortcut is a
-    strided 1x1 ``conv_proj`` + ``gn_proj`` when the channels or the resolution change, else identity.
-    ``gn3``'s scale starts at zero, so a fresh unit passes ``relu(shortcut(x))``.
+    """A post-activation bottleneck unit, width ``features``, ``4 * features`` out: ``relu(shortcut(x) + branch(x))``,
+    the shortcut a strided ``conv_proj`` + ``gn_proj`` where the shape changes; ``gn3``'s scale starts at zero.
     """
 
     def __init__(

@@ -230,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Check, compute, then draw the chosen analyses; returns what results.json holds.
-
-    Nothing is written until every input is checked and every number computed; the files are then written
-    under temporary names and renamed into ``args.output_dir`` together (:func:`_write_outputs`).
-    """
+    """Check, compute, then draw the chosen analyses (:func:`_write_outputs`); returns what results.json holds."""
     from keras_vit.analysis import attention, data, embeddings, plots
     from keras_vit.analysis.geometry import token_geometry
     from keras_vit.images import read_image
@@ -326,10 +322,8 @@ def _check_output_dir(out_dir: str, names: list[str], overwrite: bool) -> None:
 
 
 def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]], results: dict) -> None:
-    """Draw every figure and results.json under a temporary name in ``out_dir``, then rename them all into place.
-
-    A failure removes the temporary files (and ``out_dir`` if this call created it and it is still empty):
-    files already in ``out_dir`` are left as they were.
+    """Draw every figure and results.json under temporary names in ``out_dir``, then rename them all into place;
+    a failure removes them (and ``out_dir`` if this call made it).
     """
     from keras_vit.files import temporary_path, write_json
 

@@ -55,12 +55,8 @@ def _check_tokens(num_tokens: int, grid: tuple[int, int], num_prefix_tokens: int
 def attention_rollout(
     attentions: Sequence[np.ndarray], *, head_fusion: str = "mean", residual: bool = True
 ) -> np.ndarray:
-    """Attention rollout (Abnar & Zuidema, 2020): how much each output token draws on each input token.
-
-    Per block the heads are fused (``"mean"``, as in the paper; ``"max"``/``"min"`` also offered),
-    the residual connection is accounted for as ``A' = (A + I)`` with rows renormalised to sum to 1
-    (for softmax attention averaged over heads this is exactly ``0.5 * A + 0.5 * I``), and the blocks
-    are multiplied from the first up: ``R = A'_L ... A'_2 A'_1``. Returns ``R``, ``(B, N, N)``.
+    """Attention rollout (Abnar & Zuidema, 2020): ``R = A'_L ... A'_1`` ``(B, N, N)``, with each block's heads fused
+    (``"mean"``, ``"max"``, ``"min"``) and ``A' = A + I`` renormalised by rows (the residual).
     """
     check_choice(head_fusion, HEAD_FUSIONS, "head_fusion")
     joint = None
@@ -124,13 +120,8 @@ def mean_attention_distance(
     patch_size: int | tuple[int, int],
     num_prefix_tokens: int = 1,
 ) -> np.ndarray:
-    """Mean attention distance in pixels per block and head, ``(blocks, heads)`` (Figure 7, right).
-
-    For each patch query: ``sum_k a_qk * d_qk`` over patch keys, ``d`` the pixel distance between patch
-    centres (grid distance times patch size). Prefix tokens (the class token) have no position: they
-    are dropped as queries and as keys, and each query's remaining weights are renormalised to sum to
-    1. The result is averaged over queries and images; a query that gives all its weight to prefix
-    tokens has no distance and is left out of the average.
+    """Mean attention distance in pixels, ``(blocks, heads)`` (Figure 7, right): ``sum_k a_qk d_qk`` over patch keys,
+    prefix tokens dropped and the weights renormalised, averaged over queries and images.
     """
     blocks = _as_blocks(attentions)
     grid = positive_pair(grid_size, "grid_size")

@@ -23,11 +23,8 @@ __all__ = [
 def position_similarity(
     pos_embedding: np.ndarray, grid_size: int | tuple[int, int], num_prefix_tokens: int = 0
 ) -> np.ndarray:
-    """Cosine similarity of every patch's position embedding with every other: ``(gh, gw, gh, gw)``.
-
-    ``pos_embedding`` is ``(N, D)`` or ``(1, N, D)`` with ``N = num_prefix_tokens + gh * gw``; the
-    prefix tokens' embeddings (the class token's) are left out. ``result[i, j]`` is the ``gh x gw``
-    map of patch ``(i, j)``'s similarity to all patches.
+    """Cosine similarity of every patch's position embedding with every other, ``(gh, gw, gh, gw)``; ``pos_embedding``
+    ``(N, D)`` or ``(1, N, D)``, its prefix tokens left out.
     """
     gh, gw = positive_pair(grid_size, "grid_size")
     emb = np.asarray(pos_embedding, dtype=np.float64)
@@ -59,12 +56,8 @@ def model_position_similarity(model: keras.Model) -> np.ndarray:
 
 
 def filter_components(kernel: np.ndarray, num_components: int = 28) -> tuple[np.ndarray, np.ndarray]:
-    """Principal components of the patch-embedding filters (:class:`sklearn.decomposition.PCA`).
-
-    ``kernel`` is ``(P, P, C, D)``: D filters of P x P x C pixels. Returns the top ``num_components``
-    components as ``(k, P, P, C)`` filters, each of unit norm and signed so that its largest-magnitude
-    entry is positive (scikit-learn's convention since 1.5), and the fraction of the filters' variance
-    each explains, ``(k,)`` (zeros when the filters do not vary).
+    """Principal components of the patch-embedding filters ``kernel`` ``(P, P, C, D)``: the top ``num_components``
+    as ``(k, P, P, C)`` unit-norm filters (largest entry positive) and each one's explained variance fraction ``(k,)``.
     """
     kernel = np.asarray(kernel, dtype=np.float64)
     if kernel.ndim != 4:

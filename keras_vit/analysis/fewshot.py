@@ -102,11 +102,8 @@ def few_shot_evaluation(
 def extract_features(
     model: keras.Model, images: np.ndarray, *, pooling: str | None = None, batch_size: int = 32
 ) -> np.ndarray:
-    """Frozen features ``(n, D)``, float32, of preprocessed ``images``.
-
-    ``pooling=None``: the model's own output, which must be ``(batch, D)`` (a ViT built with
-    ``include_top=False, pooling="token"`` or ``"avg"``). ``"token"``/``"avg"``: the model's ``"encoder_norm"``
-    output pooled by a :class:`~keras_vit.layers.TokenPooling`, for any keras_vit ViT (with or without head).
+    """Frozen features ``(n, D)`` float32 of preprocessed ``images``: the model's own ``(batch, D)`` output
+    (``pooling=None``), or its ``"encoder_norm"`` output pooled (``"token"``, ``"avg"``).
     """
     check_choice(pooling, (None, *TokenPooling.MODES), "pooling")
     if batch_size < 1:
