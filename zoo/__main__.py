@@ -169,6 +169,7 @@ def _convert(args) -> None:
     import keras
 
     from keras_vit.checkpoints import model_from_checkpoint
+    from keras_vit.zoo.validate import check_archive
 
     out = Path(args.output)
     output_format = _output_format(out, args.format)
@@ -181,6 +182,7 @@ def _convert(args) -> None:
     if args.num_heads:
         kwargs["num_heads"] = args.num_heads
     if args.source.endswith(".keras") and Path(args.source).is_file():
+        check_archive(args.source)  # its declared sizes, before Keras unpacks it
         model = keras.saving.load_model(args.source)  # e.g. a model fine-tuned here, back to timm
     else:
         model = model_from_checkpoint(_local(args.source, args.cache_dir), resize_method=args.resize_method, **kwargs)

@@ -1,11 +1,10 @@
 """Downloads into the zoo's cache, against a misbehaving HTTP server on 127.0.0.1: every fault of
 ``docs/faults.md`` (drops, short and long bodies, HTML pages, a file that changes, stalls and trickles,
-concurrent clients), the sha256 records, and the structural ``.npz`` check (with hypothesis).
+concurrent clients) and the sha256 records. The structural check: ``test_validate.py``.
 
 Every server is stopped by the ``serve`` fixture; a stalled or trickling handler waits at most ``HOLD`` seconds.
 """
 
-import contextlib
 import hashlib
 import http.server
 import io
@@ -16,13 +15,10 @@ import sys
 import threading
 import time
 import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from npz_layout import TI_16, vit_checkpoint, write_checkpoint
 
 import keras_vit
@@ -622,92 +618,6 @@ def test_a_file_put_in_the_cache_by_hand_is_checked_then_recorded(tmp_path, payl
     dest.write_bytes(payload)
     assert fetch_file(server, tmp_path) == dest and recorded(dest) == hashlib.sha256(payload).hexdigest()
     assert server.requests == []
-
-
-# --- the structural check -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """A real checkpoint small enough that random mutations often hit its zip and .npy headers."""
-    return checkpoint_bytes(patch=2, width=4, depth=1, heads=1, mlp=4, grid=(1, 1), num_classes=2)
-
-
-def test_the_structural_check_accepts_a_real_checkpoint_and_names_each_fault(tmp_path, tiny):
-    check_npz(io.BytesIO(tiny))
-    check_npz(write_checkpoint(tmp_path / "real.npz", vit_checkpoint(width=8, depth=1, heads=1, mlp=8)))
-    without = io.BytesIO()
-    np.savez(without, **{"cls": np.zeros(3)})
-    objects = io.BytesIO()
-    with zipfile.ZipFile(objects, "w") as archive:
-        for key in ("embedding/kernel", "Transformer/posembed_input/pos_embedding"):
-            with archive.open(key + ".npy", "w") as member:
-                np.lib.format.write_array(member, np.array([None, 1], dtype=object), allow_pickle=True)
-    for data, message in [
-        (tiny[:-1], "does not end with a zip directory"),
-        (tiny + b"x", "does not end"),
-        (without.getvalue(), "missing the arrays"),
-        (objects.getvalue(), "Python objects"),
-    ]:
-        with pytest.raises(CorruptCheckpointError, match=message):
-            check_npz(io.BytesIO(data))
-    flipped = bytearray(tiny)
-    flipped[tiny.index(b"\x93NUMPY") + 200] ^= 1  # inside the first array's data
-    with pytest.raises(CorruptCheckpointError, match="CRC-32"):
-        check_npz(io.BytesIO(bytes(flipped)))
-    with pytest.raises(FileNotFoundError):
-        check_npz(tmp_path / "absent.npz")
-
-
-def judge(data: bytes) -> None:
-    """The check passes or raises the project's own error: any other exception fails the test."""
-    with contextlib.suppress(CorruptCheckpointError):
-        check_npz(io.BytesIO(data))
-
-
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@FAST
-@given(st.binary(max_size=3000))
-def test_random_bytes_are_only_ever_a_corrupt_checkpoint(data):
-    with pytest.raises(CorruptCheckpointError):
-        check_npz(io.BytesIO(data))
-
-
-@FAST
-@given(
-    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
-    keep=st.one_of(st.none(), st.floats(0, 1, exclude_max=True)),
-    tail=st.binary(max_size=30),
-)
-def test_mutated_checkpoints_are_only_ever_a_corrupt_checkpoint(tiny, flips, keep, tail):
-    data = bytearray(tiny)
-    for where, mask in flips:
-        data[int(where * len(data))] ^= mask
-    if keep is not None:
-        data = data[: int(keep * len(data))] + tail
-    judge(bytes(data))
-
-
-def npy(array) -> bytes:
-    buffer = io.BytesIO()
-    np.lib.format.write_array(buffer, array)
-    return buffer.getvalue()
-
-
-@settings(max_examples=300, deadline=None)
-@given(edits=st.lists(st.tuples(st.integers(0, 127), st.integers(0, 255)), min_size=1, max_size=4))
-def test_zips_of_damaged_npy_headers_are_only_ever_a_corrupt_checkpoint(edits):
-    """A whole zip (CRCs verify) whose members' ``.npy`` headers (Python-literal text) are damaged."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for key in ("embedding/kernel", "Transformer/posembed_input/pos_embedding"):
-            member = bytearray(npy(np.zeros((2, 3), "float32")))
-            for where, value in edits:
-                member[where] = value
-            archive.writestr(key + ".npy", bytes(member))
-    judge(buffer.getvalue())
 
 
 # --- links in the cache and credentials on redirects (issue 36) ---------------------------------------------

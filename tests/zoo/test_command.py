@@ -324,3 +324,13 @@ def test_a_failing_convert_leaves_no_partial_output(tiny_checkpoint, tmp_path, m
             zoo_main(["convert", str(tiny_checkpoint[0]), str(tmp_path / argv[0]), *argv[1:]])
         assert capsys.readouterr().err.startswith("error: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_convert_writes_every_file_with_the_mode_the_umask_gives(tiny_checkpoint, tmp_path):
+    old = os.umask(0o022)
+    try:
+        for name in ("vit.safetensors", "vit.keras", "vit.weights.h5"):  # safetensors' writer makes 0600 files
+            zoo_main(["convert", str(tiny_checkpoint[0]), str(tmp_path / name)])
+            assert oct((tmp_path / name).stat().st_mode & 0o777) == "0o644", name
+    finally:
+        os.umask(old)
