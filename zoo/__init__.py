@@ -19,6 +19,7 @@ import fnmatch
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -66,6 +67,7 @@ class Checkpoint:
     top1_source: str | None  # where top1 is reported (timm's own evaluation says so)
     sha256: str | None  # None: unknown, not checked
     size: int | None = None  # bytes; None: unknown, not checked
+    checksum_source: str | None = None  # the public source stating size and sha256; None: none known
     parameters: int | None = None  # values in the file (the model at image_size with its head)
     paper: str | None = None  # the publication the checkpoint comes from
     licence: str | None = None  # SPDX identifier, e.g. "Apache-2.0"
@@ -90,6 +92,15 @@ class Checkpoint:
         """The most bytes the file can be: its ``size``, else 4 bytes (float32) per parameter x 1.25 + 1 MiB (the
         archive's headers); None when neither is recorded."""
         return self.size or (self.parameters and int(self.parameters * 4 * 1.25) + (1 << 20))
+
+    @property
+    def checked_by(self) -> str:
+        """How a download of the file is checked: the published digest or size (naming their source), else its
+        architecture only."""
+        if self.sha256 or self.size:
+            stated = "sha256" if self.sha256 else "size"
+            return f"its {stated} as {self.checksum_source} states it, and its architecture"
+        return "its architecture only (no public size or sha256 is known for this file)"
 
     @property
     def pre_logits(self) -> bool:
@@ -204,6 +215,7 @@ def fetch(
     the cache (it is deleted then) and on the cached file at every call (kept, named).
     """
     entry = get(name) if isinstance(name, str) else name
+    cached = cache_path(entry, cache_dir).is_file()
 
     def validate(path: Path) -> None:
         validator(entry.path)(path)
@@ -224,6 +236,8 @@ def fetch(
     )
     if check is not None:
         check(path)  # a file cached before, by hand or by an older version, is held to the entry too
+    if not cached:
+        print(f"{entry.name}: downloaded and checked by {entry.checked_by}", file=sys.stderr)
     return path
 
 

@@ -78,7 +78,7 @@ def _verify(args) -> int:
     from keras_vit.checkpoints.read import catalogue_check
 
     entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
-    corrupt = checked = 0
+    corrupt = checked = architecture_only = 0
     for entry in entries:
         result = zoo.check_cached(entry, args.cache_dir, check=catalogue_check(entry))
         if result is None:
@@ -88,8 +88,13 @@ def _verify(args) -> int:
         status, detail = result
         checked += 1
         corrupt += status == "corrupt"
-        print(f"{status:10} {entry.name}: {zoo.cache_path(entry, args.cache_dir)} ({detail})")
-    print(f"{checked} cached files checked, {corrupt} corrupt (cache: {zoo.cache_root(args.cache_dir)})")
+        architecture_only += not (entry.sha256 or entry.size)
+        path = zoo.cache_path(entry, args.cache_dir)
+        print(f"{status:10} {entry.name}: {path} ({detail}; checked by {entry.checked_by})")
+    print(
+        f"{checked} cached files checked, {corrupt} corrupt; {architecture_only} by their architecture only, with no "
+        f"public size or sha256 (cache: {zoo.cache_root(args.cache_dir)})"
+    )
     return 1 if corrupt else 0
 
 

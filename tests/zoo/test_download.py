@@ -30,7 +30,7 @@ from keras_vit.zoo.validate import check_npz
 
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOLD = 5.0  # the longest a stalled or slow handler keeps its connection
 
 
@@ -467,7 +467,7 @@ def test_a_lock_held_past_the_deadline_is_an_error(tmp_path, payload, serve):
 # --- the cache: records checked on later reads ----------------------------------------------------------
 
 
-def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path, serve, monkeypatch):
+def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path, serve, monkeypatch, capsys):
     arrays = vit_checkpoint(**TI_16, num_classes=21843)  # the entry's own architecture (a toy file is refused)
     entry = zoo.get("Ti_16.augreg_in21k")
     data = write_checkpoint(tmp_path / "source.npz", arrays).read_bytes()
@@ -479,11 +479,13 @@ def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path
     assert cached.read_bytes() == data and model.input_shape == (None, 224, 224, 3)
     assert model.output_shape == (None, 21843) and recorded(cached) == hashlib.sha256(data).hexdigest()
     np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
+    checked = "Ti_16.augreg_in21k: downloaded and checked by its architecture only (no public size or sha256"
+    assert checked in capsys.readouterr().err
     requests = len(server.requests)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # the head was asked to be dropped: nothing to warn about
         keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", include_top=False, image_size=32)
-    assert len(server.requests) == requests  # served from the cache
+    assert len(server.requests) == requests and "downloaded" not in capsys.readouterr().err  # served from the cache
 
 
 def test_a_file_of_another_architecture_is_neither_cached_nor_loaded_under_a_catalogue_name(
