@@ -1,16 +1,6 @@
-"""The zoo: a catalogue of the published ViT checkpoints (``catalogue.json``) and their download cache.
-
-    from keras_vit import zoo
-    zoo.names()                          # every catalogue name, e.g. "B_16.augreg_in21k_ft_in1k_384"
-    entry = zoo.get("B_16.orig_in21k")   # a Checkpoint: url, variant, pre-training data, resolution, ...
-    path = zoo.fetch("B_16.orig_in21k")  # downloaded (once) into the Keras cache, returns the local path
-
-Files are cached under ``$KERAS_HOME/models/vit_models/`` (``~/.keras/models/vit_models/`` by default)
-at their path in the bucket, each beside the record of its sha256 (``<file>.sha256``); a file enters the
-cache only once it is proven whole (:mod:`keras_vit.zoo.download`), and is checked against its record on
-every :func:`fetch`. ``KERAS_VIT_ZOO_URL`` replaces the base URL (a mirror of
-``https://storage.googleapis.com/vit_models/``). Command line: ``python -m keras_vit.zoo list``.
-"""
+"""The zoo: the catalogue of published ViT checkpoints (``catalogue.json``) and their download cache under
+``$KERAS_HOME/models/vit_models/`` (``zoo.names()``, ``zoo.get(name)``, ``zoo.fetch(name)``; ``KERAS_VIT_ZOO_URL``:
+a mirror). Cache layout and faults: docs/faults.md; command line: ``python -m keras_vit.zoo``."""
 
 from __future__ import annotations
 
@@ -203,16 +193,12 @@ def fetch(
     check: Callable[[Path], None] | None = None,
     **download_kwargs,
 ) -> Path:
-    """The local path of a catalogue checkpoint, downloading it first when it is not cached.
+    """The local path of a catalogue checkpoint, downloaded first when it is not cached (saying how it was checked).
 
-    ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call (None: the
-    default, :func:`~keras_vit.zoo.download.default_deadline`); ``progress``: a progress bar on stderr; other
-    keywords (``retries``, ``backoff``) go to :func:`~keras_vit.zoo.download.download`. A cached file whose sha256
-    no longer matches its record is a ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again
-    behind the user's back.
-    ``check(path)`` raises ``CorruptCheckpointError`` for a file that is not the entry's (the loader passes its
-    architecture check, :func:`keras_vit.checkpoints.read.catalogue_check`): run on a download before it enters
-    the cache (it is deleted then) and on the cached file at every call (kept, named).
+    ``timeout``, ``deadline`` and other keywords: :func:`~keras_vit.zoo.download.download`'s; ``progress``: a bar on
+    stderr; ``check(path)``: raises ``CorruptCheckpointError`` for a file that is not the entry's (run before a
+    download enters the cache, and on the cached file). Raises ``DownloadError``; a cached file that changed is a
+    ``CorruptCheckpointError`` naming it, kept.
     """
     entry = get(name) if isinstance(name, str) else name
     cached = cache_path(entry, cache_dir).is_file()
