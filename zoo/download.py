@@ -203,7 +203,12 @@ def _attempt(
                 raise
         else:
             have = 0  # a fresh start: the file changed, or the server ignores Range
-        kind = response.headers.get_content_type()
+        kind, encoding = response.headers.get_content_type(), response.headers.get("Content-Encoding", "identity")
+        if encoding.strip().lower() not in ("identity", ""):
+            raise DownloadError(
+                f"the server sent the file {encoding}-encoded (Content-Encoding: {encoding}), which was not asked "
+                "for: serve it as it is (a mirror must not compress it)"
+            )
         if kind == "text/html":
             raise DownloadError(f"the server answered with an HTML page (HTTP {response.status}, {kind}), not the file")
         length = response.headers.get("Content-Length", "")

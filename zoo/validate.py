@@ -70,6 +70,9 @@ def _check_ends_with_archive(f: BinaryIO, size: int) -> None:
         at = tail.rfind(_END_RECORD, 0, at)
     if tail.lstrip()[:1] == b"<":
         raise CorruptCheckpointError("it is an HTML or XML page, not an .npz archive")
+    f.seek(0)
+    if f.read(2) == b"\x1f\x8b":
+        raise CorruptCheckpointError("it is gzip-compressed data, not an .npz archive: decompress it first")
     raise CorruptCheckpointError("it does not end with a zip directory (truncated, or followed by other bytes)")
 
 

@@ -5,6 +5,7 @@ concurrent clients) and the sha256 records. The structural check: ``test_validat
 Every server is stopped by the ``serve`` fixture; a stalled or trickling handler waits at most ``HOLD`` seconds.
 """
 
+import gzip
 import hashlib
 import http.server
 import io
@@ -41,7 +42,8 @@ class Server:
     ``"drop-nolength"`` the same without ``Content-Length``, ``"truncate"``/``"long"`` a shorter/longer body with
     a matching ``Content-Length``, ``"html"`` an HTML page with status 200, ``"stall"`` headers and half the
     body then silence, ``"trickle"`` a byte every 50 ms, ``"slow"`` half the body, a pause of 1.5 s, the rest,
-    ``"zeros"`` zeros without ``Content-Length`` (64 MiB at most).
+    ``"zeros"`` zeros without ``Content-Length`` (64 MiB at most), ``"gzip"`` the body gzip-compressed with
+    ``Content-Encoding: gzip``, ``"gzip-unlabelled"`` the same without the header.
     ``changes``: ``{path: new bytes}`` served after the first dropped answer. ``etag=False``: no validators;
     ``ranges=False``: Range headers are ignored.
     """
@@ -72,6 +74,9 @@ class Server:
                 body = data[start:]
                 body = {"truncate": body[: len(body) // 2], "long": body + b"\0" * 100}.get(fault, body)
                 extra = {"ETag": tag} if server.etag else {}
+                if fault in ("gzip", "gzip-unlabelled"):
+                    body = gzip.compress(body)
+                    extra.update({"Content-Encoding": "gzip"} if fault == "gzip" else {})
                 if status == 206:
                     extra["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
                 self.reply(status, body, "application/octet-stream", fault, **extra)
@@ -312,6 +317,16 @@ def test_an_html_page_with_status_200_is_refused(tmp_path, payload, serve):
     with pytest.raises(DownloadError, match=r"HTML page \(HTTP 200, text/html\), not the file"):
         fetch_file(server, tmp_path)
     assert cache_listing(tmp_path) == [] and len(server.requests) == 1
+
+
+def test_a_gzip_encoded_answer_is_named_as_such_not_called_a_truncated_zip(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["gzip", "gzip-unlabelled"])
+    with pytest.raises(DownloadError, match=r"gzip-encoded \(Content-Encoding: gzip\), which was not asked for"):
+        fetch_file(server, tmp_path)
+    assert len(server.requests) == 1 and cache_listing(tmp_path) == []  # not retried: it would not heal
+    with pytest.raises(CorruptCheckpointError, match=r"gzip-compressed data, not an \.npz archive.*was deleted"):
+        fetch_file(server, tmp_path)
+    assert cache_listing(tmp_path) == []
 
 
 def test_an_html_body_without_an_html_type_fails_the_structural_check(tmp_path, serve):
