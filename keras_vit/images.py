@@ -1,18 +1,6 @@
-"""Image files to pixels: the one reader of training (image folders), ``predict`` and the analyses.
-
-:func:`read_image` opens a file with PIL and returns uint8 RGB ``(H, W, 3)``:
-
-- the EXIF orientation is applied (a phone's portrait photo stands upright, as every viewer shows it);
-- 16-bit grey images (PIL modes ``I;16*``, e.g. 16-bit PNGs) are scaled to 8 bits as ``round(v / 257)``
-  (65535 -> 255), not clipped; other modes are converted to RGB;
-- a file that is not an image, a truncated or damaged one, or one larger than PIL's decompression-bomb limit
-  (``PIL.Image.MAX_IMAGE_PIXELS`` times 2, about 179 megapixels) is a ``ValueError`` naming it; a missing file a
-  ``FileNotFoundError``; anything but a regular file (a FIFO would block) is a ``ValueError``, never read: both
-  readers open files without waiting and check them before PIL sees them.
-
-:func:`image_files` lists the images of a folder (and its sub-folders); :func:`image_problem` says why a file would
-not read (``None`` when it does), for checking a whole folder first.
-"""
+"""Image files to pixels, the one reader of training, ``predict`` and the analyses: uint8 RGB, EXIF orientation
+applied, 16-bit grey scaled as ``round(v / 257)``; only regular files are read (a FIFO is never waited on). Errors
+name the file (docs/weights.md)."""
 
 from __future__ import annotations
 
@@ -70,7 +58,8 @@ def _open_regular(path: str | os.PathLike) -> BinaryIO | None:
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-    """An image file as uint8 RGB ``(H, W, 3)`` (see the module docstring); errors name the file."""
+    """An image file as uint8 RGB ``(H, W, 3)``. Raises ``FileNotFoundError``, or ``ValueError`` naming the file
+    (not a regular file, not an image, truncated, over PIL's pixel limit)."""
     file = _open_regular(path)
     if file is None:
         raise ValueError(f"{path}: {_NOT_REGULAR}, not an image.")

@@ -1,6 +1,5 @@
-"""Structural check of an ``.npz`` checkpoint, without loading it: a whole zip whose members' CRC-32 verify,
-holding the expected keys as plain ``.npy`` arrays (no pickled objects) of the size their headers state.
-numpy (its ``.npy`` header parser) is imported when a file is checked, not with the zoo."""
+"""Structural checks of checkpoint files, reading no array: every zip archive from its declared members
+(:func:`check_members`), a whole ``.npz`` (:func:`check_npz`), a ``.safetensors`` header. Faults: docs/faults.md."""
 
 from __future__ import annotations
 
@@ -120,6 +119,8 @@ def check_members(archive: zipfile.ZipFile) -> None:
                 raise CorruptCheckpointError(f"{info.filename}: not an .npy array")
             try:
                 _check_member(archive, info)
+            except CorruptCheckpointError:
+                raise
             except _BROKEN as exc:
                 raise CorruptCheckpointError(f"{info.filename}: unreadable ({type(exc).__name__}: {exc})") from exc
 
@@ -151,9 +152,10 @@ def _check_declared(info: zipfile.ZipInfo, limit: int) -> None:
     if info.flag_bits & _UNSUPPORTED_FLAGS:
         raise CorruptCheckpointError(f"{info.filename}: encrypted or patched (flags {info.flag_bits:#x})")
     unpacked, packed = info.file_size, max(info.compress_size, 1)
+    what = "array" if limit == MAX_MEMBER_BYTES else "model"
     if unpacked > limit or (unpacked > _BOMB_FROM and unpacked > _BOMB_RATIO * packed):
         raise CorruptCheckpointError(
-            f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no checkpoint is that "
+            f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no checkpoint {what} is that "
             f"large or compresses that well (limit {limit:,} bytes; a zip bomb?)"
         )
 
