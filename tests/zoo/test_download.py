@@ -5,10 +5,8 @@ concurrent clients) and the sha256 records. The structural check: ``test_validat
 Every server is stopped by the ``serve`` fixture; a stalled or trickling handler waits at most ``HOLD`` seconds.
 """
 
-import gzip
 import hashlib
 import http.server
-import io
 import re
 import socket
 import subprocess
@@ -29,146 +27,11 @@ from keras_vit.zoo.cache import record_path, recorded
 from keras_vit.zoo.download import CorruptCheckpointError, DownloadError, download, redact
 from keras_vit.zoo.validate import check_npz
 
+from .serving import cache_listing, checkpoint_bytes, fetch_file
+
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = 5.0  # the longest a stalled or slow handler keeps its connection
-
-
-class Server:
-    """``http.server`` in a thread serving ``files`` with ``ETag``/``If-Range``/``Range`` support.
-
-    ``faults``: one per request, in order (then none): ``"drop"`` half the body then a closed connection,
-    ``"drop-nolength"`` the same without ``Content-Length``, ``"truncate"``/``"long"`` a shorter/longer body with
-    a matching ``Content-Length``, ``"html"`` an HTML page with status 200, ``"stall"`` headers and half the
-    body then silence, ``"trickle"`` a byte every 50 ms, ``"slow"`` half the body, a pause of 1.5 s, the rest,
-    ``"zeros"`` zeros without ``Content-Length`` (64 MiB at most), ``"gzip"`` the body gzip-compressed with
-    ``Content-Encoding: gzip``, ``"gzip-unlabelled"`` the same without the header.
-    ``changes``: ``{path: new bytes}`` served after the first dropped answer. ``etag=False``: no validators;
-    ``ranges=False``: Range headers are ignored.
-    """
-
-    def __init__(self, files, faults=(), changes=None, etag=True, ranges=True):
-        self.files, self.faults, self.changes = dict(files), list(faults), dict(changes or {})
-        self.etag, self.ranges, self.requests, self.stop = etag, ranges, [], threading.Event()
-        self.authorizations = []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                server.requests.append((self.path, self.headers.get("Range"), self.headers.get("If-Range")))
-                server.authorizations.append(self.headers.get("Authorization"))
-                data = server.files.get(self.path)
-                if data is None:
-                    self.send_error(404)
-                    return
-                fault = server.faults.pop(0) if server.faults else None
-                if fault == "html":
-                    self.reply(200, b"<!DOCTYPE html><html><body>Sign in to continue</body></html>", "text/html")
-                    return
-                tag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
-                start, status = 0, 200
-                match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
-                if match and server.ranges and self.headers.get("If-Range") in (None, tag):
-                    start, status = int(match.group(1)), 206
-                body = data[start:]
-                body = {"truncate": body[: len(body) // 2], "long": body + b"\0" * 100}.get(fault, body)
-                extra = {"ETag": tag} if server.etag else {}
-                if fault in ("gzip", "gzip-unlabelled"):
-                    body = gzip.compress(body)
-                    extra.update({"Content-Encoding": "gzip"} if fault == "gzip" else {})
-                if status == 206:
-                    extra["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-                self.reply(status, body, "application/octet-stream", fault, **extra)
-                if fault and fault.startswith("drop") and self.path in server.changes:
-                    server.files[self.path] = server.changes.pop(self.path)
-
-            def reply(self, status, body, kind, fault=None, **headers):
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                if fault not in ("drop-nolength", "zeros"):
-                    self.send_header("Content-Length", str(len(body)))
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                half = len(body) // 2
-                if fault == "zeros":
-                    for _ in range(256):
-                        if server.stop.is_set():
-                            return
-                        self.wfile.write(bytes(1 << 18))
-                    return
-                if fault == "trickle":
-                    for i in range(len(body)):
-                        if server.stop.wait(0.05):
-                            return
-                        self.wfile.write(body[i : i + 1])
-                        self.wfile.flush()
-                    return
-                self.wfile.write(body[:half] if fault in ("drop", "drop-nolength", "stall", "slow") else body)
-                self.wfile.flush()
-                if fault in ("drop", "drop-nolength"):
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                elif fault == "stall":
-                    server.stop.wait(HOLD)
-                elif fault == "slow":
-                    server.stop.wait(1.5)
-                    self.wfile.write(body[half:])
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.handle_error = lambda request, address: None  # a client that hung up on a stalled answer
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-    def gets(self, path):
-        return [r for r in self.requests if r[0] == path]
-
-    def close(self):
-        self.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(files, **kwargs):
-        servers.append(Server(files, **kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-def checkpoint_bytes(seed=0, **kwargs) -> bytes:
-    """A real (tiny) checkpoint in the published layout, as bytes."""
-    shape = dict(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), seed=seed)
-    arrays = vit_checkpoint(**dict(shape, **kwargs))
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-@pytest.fixture(scope="module")
-def payload():
-    return checkpoint_bytes()
-
-
-def fetch_file(server, tmp_path, **kwargs):
-    """``download`` as ``zoo.fetch`` does it (structural check), quick retries."""
-    kwargs = dict(dict(backoff=0, timeout=5, validate=check_npz), **kwargs)
-    return download(server.url + "/a.npz", tmp_path / "cache" / "a.npz", **kwargs)
-
-
-def cache_listing(tmp_path):
-    folder = tmp_path / "cache"
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
 # --- the normal path and the existing behaviour ---------------------------------------------------------
@@ -583,90 +446,7 @@ def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path
     assert str(tmp_path / "models" / "vit_models" / "imagenet21k" / "ViT-B_16.npz") in str(info.value)
 
 
-def test_fetch_of_a_corrupted_cached_file_names_it_and_keeps_it(tmp_path, payload, serve, monkeypatch):
-    entry = zoo.get("Ti_16.augreg_in21k")
-    server = serve({"/" + entry.path: payload})
-    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    path = zoo.fetch(entry)
-    broken = bytearray(payload)
-    broken[len(broken) // 2] ^= 0xFF
-    path.write_bytes(bytes(broken))
-    with pytest.raises(
-        CorruptCheckpointError,
-        match=f"The cached file {re.escape(str(path))} is corrupt .*recorded when it was downloaded.*Delete it",
-    ):
-        zoo.fetch(entry, tmp_path)
-    assert path.read_bytes() == bytes(broken) and len(server.requests) == 1  # kept, not downloaded again
-    with pytest.raises(CorruptCheckpointError):
-        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
-
-
-def test_a_damaged_sha256_record_is_named_and_rewritten_not_blamed_on_the_checkpoint(
-    tmp_path, serve, monkeypatch, capsys
-):
-    from keras_vit.zoo.__main__ import main as zoo_main
-
-    entry = zoo.get("Ti_16.augreg_in21k")
-    payload = write_checkpoint(tmp_path / "ti16.npz", vit_checkpoint(**TI_16, num_classes=21843)).read_bytes()
-    server = serve({"/" + entry.path: payload})
-    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    path = zoo.fetch(entry)
-    record_path(path).write_text("not a sha256 at all\n")  # the record damaged, the checkpoint whole
-    zoo_main(["verify", entry.name])  # exit 0: nothing is corrupt
-    out = capsys.readouterr().out
-    assert re.search(
-        rf"^unrecorded +{entry.name}: .*its record .*\.sha256 is damaged \(not a sha256 line\), structure OK", out, re.M
-    )
-    assert "0 corrupt" in out and "elete" not in out
-    assert zoo.fetch(entry) == path and recorded(path) == hashlib.sha256(payload).hexdigest()  # checked, rewritten
-    assert path.read_bytes() == payload and len(server.requests) == 1
-
-
-def test_a_file_put_in_the_cache_by_hand_is_checked_then_recorded(tmp_path, payload, serve):
-    server = serve({})
-    dest = tmp_path / "cache" / "a.npz"
-    dest.parent.mkdir()
-    dest.write_bytes(payload[:-10])
-    with pytest.raises(CorruptCheckpointError, match=r"not a valid \.npz checkpoint"):
-        fetch_file(server, tmp_path)
-    assert dest.read_bytes() == payload[:-10] and not record_path(dest).exists()  # the user's file: kept
-    dest.write_bytes(payload)
-    assert fetch_file(server, tmp_path) == dest and recorded(dest) == hashlib.sha256(payload).hexdigest()
-    assert server.requests == []
-
-
 # --- links in the cache and credentials on redirects (issue 36) ---------------------------------------------
-
-
-def _user_file_linked_from_cache(tmp_path, name: str):
-    """A user's file outside the cache, and the cache's ``name`` a symbolic link to it."""
-    notes = tmp_path / "notes.txt"
-    notes.write_bytes(b"my own notes\n")
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / name).symlink_to(notes)
-    return notes
-
-
-@pytest.mark.backend_independent
-def test_a_partial_file_that_is_a_link_is_replaced_never_written_through(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload})
-    notes = _user_file_linked_from_cache(tmp_path, "a.npz.part")
-    path = fetch_file(server, tmp_path)
-    assert notes.read_bytes() == b"my own notes\n"  # the link's target is untouched
-    assert not path.is_symlink() and path.is_file() and path.read_bytes() == payload
-    assert cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
-
-
-@pytest.mark.backend_independent
-def test_a_lock_file_that_is_a_link_is_refused_naming_the_cache(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload})
-    notes = _user_file_linked_from_cache(tmp_path, "a.npz.lock")
-    with pytest.raises(DownloadError, match=r"Cannot write to the cache folder .*cache") as failed:
-        fetch_file(server, tmp_path)
-    assert "\n" not in str(failed.value) and server.requests == []
-    assert notes.read_bytes() == b"my own notes\n" and not (tmp_path / "cache" / "a.npz").exists()
 
 
 @pytest.mark.backend_independent
