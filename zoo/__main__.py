@@ -107,11 +107,15 @@ def _local(source: str, cache_dir) -> Path:
 
 def _info(args) -> None:
     from keras_vit.checkpoints import checkpoint_info, read_npz
+    from keras_vit.zoo.validate import check_npz
 
     entry = zoo.find(args.source)
     if entry is not None:
         print(json.dumps(dict(dataclasses.asdict(entry), url=redact(entry.url)), indent=1))
-    arrays = read_npz(_local(args.source, args.cache_dir))
+    path = _local(args.source, args.cache_dir)
+    if path.is_file():
+        check_npz(path, required=())  # the zoo's own verdict on a damaged file, before numpy reads it
+    arrays = read_npz(path)
     print(f"{arrays.source}: {len(arrays)} arrays, {sum(a.size for a in arrays.values()):,} parameters")
     print(checkpoint_info(arrays).describe())
 

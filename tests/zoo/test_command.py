@@ -251,3 +251,13 @@ def test_convert_writes_every_file_with_the_mode_the_umask_gives(tiny_checkpoint
             assert oct((tmp_path / name).stat().st_mode & 0o777) == "0o644", name
     finally:
         os.umask(old)
+
+
+def test_info_on_random_bytes_is_one_line_naming_the_file_without_numpys_hint(tmp_path, capsys):
+    path = tmp_path / "random.npz"
+    path.write_bytes(bytes(range(256)) * 12)
+    with pytest.raises(SystemExit) as exited:
+        zoo_main(["info", str(path)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and err.count("\n") == 1 and f"{path} is not a valid .npz checkpoint" in err
+    assert "allow_pickle" not in err
