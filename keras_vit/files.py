@@ -63,11 +63,23 @@ def naming(path: str | os.PathLike, temporary: str | None = None) -> Iterator[No
         raise OSError(error.errno, f"{error.strerror} while writing", os.fspath(path)) from error
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (``/proc/self/status``)."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[str]:
     """A temporary path to write a file or a new folder at, renamed onto ``path`` when the ``with`` block ends
     without an error; an error removes it and leaves ``path`` as it was. ``durable``: flush the file to the disk
-    before the rename (for a file a crash must not lose, such as a checkpoint). The parent folder must exist; a
+    before the rename (for a file a crash must not lose, such as a checkpoint). A file gets the mode the umask gives
+    (0644 under umask 022), whatever its writer chose. The parent folder must exist; a
     folder is renamed only onto a path that does not exist yet."""
     temporary = temporary_path(path)
     if not os.path.isdir(os.path.dirname(temporary)):  # named as the user gave it, not by the temporary name
@@ -75,6 +87,8 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[s
     try:
         with naming(path, temporary):  # a full disk: the error names the file being written, which stays as it was
             yield temporary
+            if os.path.isfile(temporary) and not os.path.islink(temporary):
+                os.chmod(temporary, 0o666 & ~_umask())  # a writer's private 0600 file becomes a normal output
             if durable:
                 with open(temporary, "r+b") as file:
                     os.fsync(file.fileno())

@@ -1,21 +1,12 @@
-"""Image files to pixels: the one reader of training (image folders), ``predict`` and the analyses.
-
-:func:`read_image` opens a file with PIL and returns uint8 RGB ``(H, W, 3)``:
-
-- the EXIF orientation is applied (a phone's portrait photo stands upright, as every viewer shows it);
-- 16-bit grey images (PIL modes ``I;16*``, e.g. 16-bit PNGs) are scaled to 8 bits as ``round(v / 257)``
-  (65535 -> 255), not clipped; other modes are converted to RGB;
-- a file that is not an image, a truncated or damaged one, or one larger than PIL's decompression-bomb limit
-  (``PIL.Image.MAX_IMAGE_PIXELS`` times 2, about 179 megapixels) is a ``ValueError`` naming it; a missing file a
-  ``FileNotFoundError``; anything but a regular file (a FIFO would block) is never opened.
-
-:func:`image_files` lists the images of a folder (and its sub-folders); :func:`image_problem` says why a file would
-not read (``None`` when it does), for checking a whole folder first.
-"""
+"""Image files to pixels, the one reader of training, ``predict`` and the analyses: uint8 RGB, EXIF orientation
+applied, 16-bit grey scaled as ``round(v / 257)``; only regular files are read (a FIFO is never waited on). Errors
+name the file (docs/weights.md)."""
 
 from __future__ import annotations
 
 import os
+import stat
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -47,14 +38,33 @@ def _failure(error: Exception) -> str:
     return str(error) or type(error).__name__
 
 
-def read_image(path: str | os.PathLike) -> np.ndarray:
-    """An image file as uint8 RGB ``(H, W, 3)`` (see the module docstring); errors name the file."""
-    if not os.path.isfile(path):
-        if os.path.exists(path):
-            raise ValueError(f"{path}: not a regular file (a folder, pipe or device), not an image.")
-        raise FileNotFoundError(f"{path}: no such file")
+_NOT_REGULAR = "not a regular file (a folder, pipe or device)"
+
+
+def _open_regular(path: str | os.PathLike) -> BinaryIO | None:
+    """``path`` opened for reading; None when it is not a regular file (a FIFO is never waited on). Raises
+    ``FileNotFoundError`` naming it."""
     try:
-        with Image.open(path) as image:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """An image file as uint8 RGB ``(H, W, 3)``. Raises ``FileNotFoundError``, or ``ValueError`` naming the file
+    (not a regular file, not an image, truncated, over PIL's pixel limit)."""
+    file = _open_regular(path)
+    if file is None:
+        raise ValueError(f"{path}: {_NOT_REGULAR}, not an image.")
+    try:
+        with file, Image.open(file) as image:
             image.load()  # decode now: a truncated file fails here, not later
             return _pixels(image)
     except _ERRORS as error:
@@ -65,7 +75,10 @@ def image_problem(path: str | os.PathLike, formats: tuple[str, ...] | None = Non
     """Why ``path`` would not read (``None`` if it does): decoded in full, JPEGs at 1/8 scale. ``formats``: the PIL
     format names accepted (default: any)."""
     try:
-        with Image.open(path) as image:
+        file = _open_regular(path)
+        if file is None:
+            return _NOT_REGULAR
+        with file, Image.open(file) as image:
             if formats is not None and image.format not in formats:
                 return f"a {image.format} image, not one of {', '.join(formats)}"
             image.draft("RGB", (1, 1))  # JPEG: decode at the smallest scale, still reading every byte

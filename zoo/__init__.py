@@ -1,16 +1,6 @@
-"""The zoo: a catalogue of the published ViT checkpoints (``catalogue.json``) and their download cache.
-
-    from keras_vit import zoo
-    zoo.names()                          # every catalogue name, e.g. "B_16.augreg_in21k_ft_in1k_384"
-    entry = zoo.get("B_16.orig_in21k")   # a Checkpoint: url, variant, pre-training data, resolution, ...
-    path = zoo.fetch("B_16.orig_in21k")  # downloaded (once) into the Keras cache, returns the local path
-
-Files are cached under ``$KERAS_HOME/models/vit_models/`` (``~/.keras/models/vit_models/`` by default)
-at their path in the bucket, each beside the record of its sha256 (``<file>.sha256``); a file enters the
-cache only once it is proven whole (:mod:`keras_vit.zoo.download`), and is checked against its record on
-every :func:`fetch`. ``KERAS_VIT_ZOO_URL`` replaces the base URL (a mirror of
-``https://storage.googleapis.com/vit_models/``). Command line: ``python -m keras_vit.zoo list``.
-"""
+"""The zoo: the catalogue of published ViT checkpoints (``catalogue.json``) and their download cache under
+``$KERAS_HOME/models/vit_models/`` (``zoo.names()``, ``zoo.get(name)``, ``zoo.fetch(name)``; ``KERAS_VIT_ZOO_URL``:
+a mirror). Cache layout and faults: docs/faults.md; command line: ``python -m keras_vit.zoo``."""
 
 from __future__ import annotations
 
@@ -19,6 +9,7 @@ import fnmatch
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -66,6 +57,7 @@ class Checkpoint:
     top1_source: str | None  # where top1 is reported (timm's own evaluation says so)
     sha256: str | None  # None: unknown, not checked
     size: int | None = None  # bytes; None: unknown, not checked
+    checksum_source: str | None = None  # the public source stating size and sha256; None: none known
     parameters: int | None = None  # values in the file (the model at image_size with its head)
     paper: str | None = None  # the publication the checkpoint comes from
     licence: str | None = None  # SPDX identifier, e.g. "Apache-2.0"
@@ -90,6 +82,15 @@ class Checkpoint:
         """The most bytes the file can be: its ``size``, else 4 bytes (float32) per parameter x 1.25 + 1 MiB (the
         archive's headers); None when neither is recorded."""
         return self.size or (self.parameters and int(self.parameters * 4 * 1.25) + (1 << 20))
+
+    @property
+    def checked_by(self) -> str:
+        """How a download of the file is checked: the published digest or size (naming their source), else its
+        architecture only."""
+        if self.sha256 or self.size:
+            stated = "sha256" if self.sha256 else "size"
+            return f"its {stated} as {self.checksum_source} states it, and its architecture"
+        return "its architecture only (no public size or sha256 is known for this file)"
 
     @property
     def pre_logits(self) -> bool:
@@ -192,18 +193,15 @@ def fetch(
     check: Callable[[Path], None] | None = None,
     **download_kwargs,
 ) -> Path:
-    """The local path of a catalogue checkpoint, downloading it first when it is not cached.
+    """The local path of a catalogue checkpoint, downloaded first when it is not cached (saying how it was checked).
 
-    ``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call (None: the
-    default, :func:`~keras_vit.zoo.download.default_deadline`); ``progress``: a progress bar on stderr; other
-    keywords (``retries``, ``backoff``) go to :func:`~keras_vit.zoo.download.download`. A cached file whose sha256
-    no longer matches its record is a ``CorruptCheckpointError`` naming it: it is not deleted nor downloaded again
-    behind the user's back.
-    ``check(path)`` raises ``CorruptCheckpointError`` for a file that is not the entry's (the loader passes its
-    architecture check, :func:`keras_vit.checkpoints.read.catalogue_check`): run on a download before it enters
-    the cache (it is deleted then) and on the cached file at every call (kept, named).
+    ``timeout``, ``deadline`` and other keywords: :func:`~keras_vit.zoo.download.download`'s; ``progress``: a bar on
+    stderr; ``check(path)``: raises ``CorruptCheckpointError`` for a file that is not the entry's (run before a
+    download enters the cache, and on the cached file). Raises ``DownloadError``; a cached file that changed is a
+    ``CorruptCheckpointError`` naming it, kept.
     """
     entry = get(name) if isinstance(name, str) else name
+    cached = cache_path(entry, cache_dir).is_file()
 
     def validate(path: Path) -> None:
         validator(entry.path)(path)
@@ -224,6 +222,8 @@ def fetch(
     )
     if check is not None:
         check(path)  # a file cached before, by hand or by an older version, is held to the entry too
+    if not cached:
+        print(f"{entry.name}: downloaded and checked by {entry.checked_by}", file=sys.stderr)
     return path
 
 

@@ -78,7 +78,7 @@ def _verify(args) -> int:
     from keras_vit.checkpoints.read import catalogue_check
 
     entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
-    corrupt = checked = 0
+    corrupt = checked = architecture_only = 0
     for entry in entries:
         result = zoo.check_cached(entry, args.cache_dir, check=catalogue_check(entry))
         if result is None:
@@ -88,8 +88,13 @@ def _verify(args) -> int:
         status, detail = result
         checked += 1
         corrupt += status == "corrupt"
-        print(f"{status:10} {entry.name}: {zoo.cache_path(entry, args.cache_dir)} ({detail})")
-    print(f"{checked} cached files checked, {corrupt} corrupt (cache: {zoo.cache_root(args.cache_dir)})")
+        architecture_only += not (entry.sha256 or entry.size)
+        path = zoo.cache_path(entry, args.cache_dir)
+        print(f"{status:10} {entry.name}: {path} ({detail}; checked by {entry.checked_by})")
+    print(
+        f"{checked} cached files checked, {corrupt} corrupt; {architecture_only} by their architecture only, with no "
+        f"public size or sha256 (cache: {zoo.cache_root(args.cache_dir)})"
+    )
     return 1 if corrupt else 0
 
 
@@ -102,11 +107,15 @@ def _local(source: str, cache_dir) -> Path:
 
 def _info(args) -> None:
     from keras_vit.checkpoints import checkpoint_info, read_npz
+    from keras_vit.zoo.validate import check_npz
 
     entry = zoo.find(args.source)
     if entry is not None:
         print(json.dumps(dict(dataclasses.asdict(entry), url=redact(entry.url)), indent=1))
-    arrays = read_npz(_local(args.source, args.cache_dir))
+    path = _local(args.source, args.cache_dir)
+    if path.is_file():
+        check_npz(path, required=())  # the zoo's own verdict on a damaged file, before numpy reads it
+    arrays = read_npz(path)
     print(f"{arrays.source}: {len(arrays)} arrays, {sum(a.size for a in arrays.values()):,} parameters")
     print(checkpoint_info(arrays).describe())
 
@@ -169,6 +178,7 @@ def _convert(args) -> None:
     import keras
 
     from keras_vit.checkpoints import model_from_checkpoint
+    from keras_vit.zoo.validate import check_archive
 
     out = Path(args.output)
     output_format = _output_format(out, args.format)
@@ -181,6 +191,7 @@ def _convert(args) -> None:
     if args.num_heads:
         kwargs["num_heads"] = args.num_heads
     if args.source.endswith(".keras") and Path(args.source).is_file():
+        check_archive(args.source)  # its declared sizes, before Keras unpacks it
         model = keras.saving.load_model(args.source)  # e.g. a model fine-tuned here, back to timm
     else:
         model = model_from_checkpoint(_local(args.source, args.cache_dir), resize_method=args.resize_method, **kwargs)

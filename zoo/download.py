@@ -1,28 +1,6 @@
-"""Downloads into a cache that only ever holds whole files.
-
-A file enters the cache (``dest``) only once it is proven whole:
-
-1. bytes go to ``<dest>.part``, and ``<dest>.part.json`` keeps the URL's sha256 and the server's validator (a
-   strong ``ETag``, else ``Last-Modified``);
-2. a dropped transfer resumes with ``Range`` and ``If-Range: <validator>``, so a file that changed on the server
-   comes back whole (status 200) and restarts the ``.part``; without a validator the ``.part`` restarts from zero;
-3. the transfer must reach the expected ``size`` (when known) and the ``Content-Length``; an HTML page
-   (``Content-Type: text/html``) is refused whatever its status;
-4. the sha256 (when known) must match and ``validate(part)`` must pass (for checkpoints: a whole ``.npz``);
-   a file that fails is deleted (a failure after a transfer of unknown length is retried from zero);
-5. its sha256 is recorded in ``<dest>.sha256`` and the ``.part`` renamed onto ``dest``.
-
-A cached ``dest`` is checked against that record on every call (``CorruptCheckpointError`` when it changed; the
-file is left in place). One downloader at a time holds ``<dest>.lock``; the others wait and then use its file.
-``timeout``: seconds without a byte before a try fails; ``deadline``: seconds for the whole call, waiting for the
-lock included (checked between reads, so it may be overshot by up to ``timeout``); by default
-``$KERAS_VIT_ZOO_DEADLINE``, else :func:`default_deadline`. A body without a ``Content-Length`` stops at ``limit``
-bytes (the most the file can be): the ``.part`` is deleted. A name that does not resolve
-(offline) fails at once, naming the mirror variable. Credentials in a URL (``http://user:secret@host/``) never
-appear in a message or a file: they go in an ``Authorization`` header (HTTP basic authentication), and messages
-show :func:`redact`'s form; a redirect to another scheme, host or port drops that header. The cache never writes
-through a link: a ``.part`` that is one is replaced, a ``.lock`` that is one refused.
-"""
+"""Downloads into a cache that only ever holds whole files: ``<dest>.part`` (resumed with ``Range`` and
+``If-Range``), checked (size, sha256, ``validate``), recorded in ``<dest>.sha256`` and renamed onto ``dest``; one
+downloader at a time holds ``<dest>.lock``. Every fault and what happens: docs/faults.md."""
 
 from __future__ import annotations
 
@@ -225,7 +203,12 @@ def _attempt(
                 raise
         else:
             have = 0  # a fresh start: the file changed, or the server ignores Range
-        kind = response.headers.get_content_type()
+        kind, encoding = response.headers.get_content_type(), response.headers.get("Content-Encoding", "identity")
+        if encoding.strip().lower() not in ("identity", ""):
+            raise DownloadError(
+                f"the server sent the file {encoding}-encoded (Content-Encoding: {encoding}), which was not asked "
+                "for: serve it as it is (a mirror must not compress it)"
+            )
         if kind == "text/html":
             raise DownloadError(f"the server answered with an HTML page (HTTP {response.status}, {kind}), not the file")
         length = response.headers.get("Content-Length", "")

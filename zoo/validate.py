@@ -1,6 +1,5 @@
-"""Structural check of an ``.npz`` checkpoint, without loading it: a whole zip whose members' CRC-32 verify,
-holding the expected keys as plain ``.npy`` arrays (no pickled objects) of the size their headers state.
-numpy (its ``.npy`` header parser) is imported when a file is checked, not with the zoo."""
+"""Structural checks of checkpoint files, reading no array: every zip archive from its declared members
+(:func:`check_members`), a whole ``.npz`` (:func:`check_npz`), a ``.safetensors`` header. Faults: docs/faults.md."""
 
 from __future__ import annotations
 
@@ -22,7 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_MEMBER_BYTES",
+    "MAX_MODEL_BYTES",
     "REQUIRED_KEYS",
+    "check_archive",
     "check_members",
     "check_npz",
     "check_safetensors",
@@ -35,6 +36,10 @@ REQUIRED_KEYS = ("embedding/kernel", "Transformer/posembed_input/pos_embedding")
 # What a member may unpack to. The largest published tensor, H/14's ImageNet-21k head (1280 x 21843 float32), is
 # 112 MB; float weights compress by a few percent, so a large member that shrank 20-fold is zeros: a zip bomb.
 MAX_MEMBER_BYTES = 1 << 30
+# A saved Keras model holds all its weights in one member: H/14 with its ImageNet-21k head is 2.7 GB in float32.
+MAX_MODEL_BYTES = 4 << 30
+_UNSUPPORTED_FLAGS = 0x1 | 0x20 | 0x40  # encrypted, compressed patched data, strong encryption
+_COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 _BOMB_RATIO, _BOMB_FROM = 20, 64 << 20
 _END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes and a comment
 _BROKEN = (
@@ -64,6 +69,9 @@ def _check_ends_with_archive(f: BinaryIO, size: int) -> None:
         at = tail.rfind(_END_RECORD, 0, at)
     if tail.lstrip()[:1] == b"<":
         raise CorruptCheckpointError("it is an HTML or XML page, not an .npz archive")
+    f.seek(0)
+    if f.read(2) == b"\x1f\x8b":
+        raise CorruptCheckpointError("it is gzip-compressed data, not an .npz archive: decompress it first")
     raise CorruptCheckpointError("it does not end with a zip directory (truncated, or followed by other bytes)")
 
 
@@ -88,20 +96,68 @@ def _read_header(member: BinaryIO, name: str) -> tuple[tuple[int, ...], np.dtype
 
 
 def check_members(archive: zipfile.ZipFile) -> None:
-    """Refuse, before unpacking any array: a member that would unpack to more than any checkpoint array
-    (:data:`MAX_MEMBER_BYTES`) or that is mostly zeros of a compression no weights reach (a zip bomb); an
-    ``.npy`` header that declares another size than the member's (an array of terabytes in a small file); pickled
-    Python objects (never unpickled: refused for safety)."""
-    for info in archive.infolist():
-        unpacked, packed = info.file_size, max(info.compress_size, 1)
-        if unpacked > MAX_MEMBER_BYTES or (unpacked > _BOMB_FROM and unpacked > _BOMB_RATIO * packed):
-            raise CorruptCheckpointError(
-                f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no checkpoint array is that "
-                f"large or compresses that well (limit {MAX_MEMBER_BYTES:,} bytes; a zip bomb?)"
-            )
-        if not info.filename.endswith(".npy"):
-            raise CorruptCheckpointError(f"{info.filename}: not an .npy array")
-        _check_member(archive, info)
+    """Refuse a zip archive (``.npz``, ``.keras``, zip-based ``.pth``) from what its directory declares, before any
+    member is unpacked: two members of one name, an unknown compression or encryption, more packed bytes than the
+    file holds, a member larger than any checkpoint's or compressed as no weights are (a zip bomb). An ``.npz``'s
+    members must be plain ``.npy`` arrays of the size their headers state (pickled objects are refused).
+    Raises ``CorruptCheckpointError``."""
+    infos = archive.infolist()
+    names = [info.filename for info in infos]
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise CorruptCheckpointError(f"two members are named {twice[0]}: which one holds the weights is ambiguous")
+    packed_total = sum(info.compress_size for info in infos)
+    size = _archive_size(archive)
+    if size is not None and packed_total > size:
+        raise CorruptCheckpointError(f"its members declare {packed_total:,} packed bytes, the file has {size:,}")
+    kind = _kind(names)
+    for info in infos:
+        _check_declared(info, MAX_MODEL_BYTES if kind == "keras" else MAX_MEMBER_BYTES)
+    if kind == "npz":
+        for info in infos:
+            if not info.filename.endswith(".npy"):
+                raise CorruptCheckpointError(f"{info.filename}: not an .npy array")
+            try:
+                _check_member(archive, info)
+            except CorruptCheckpointError:
+                raise
+            except _BROKEN as exc:
+                raise CorruptCheckpointError(f"{info.filename}: unreadable ({type(exc).__name__}: {exc})") from exc
+
+
+def _archive_size(archive: zipfile.ZipFile) -> int | None:
+    """The archive file's size in bytes; None when it cannot be told (a stream without ``seek``)."""
+    try:
+        at = archive.fp.tell()
+        size = archive.fp.seek(0, io.SEEK_END)
+        archive.fp.seek(at)
+    except (AttributeError, OSError, ValueError):
+        return None
+    return size
+
+
+def _kind(names: list[str]) -> str:
+    """``"keras"`` (a saved Keras model), ``"torch"`` (``torch.save``'s zip) or ``"npz"`` (anything else)."""
+    if "config.json" in names and any(name.endswith(".h5") for name in names):
+        return "keras"
+    if any(name.endswith("/data.pkl") for name in names):
+        return "torch"
+    return "npz"
+
+
+def _check_declared(info: zipfile.ZipInfo, limit: int) -> None:
+    """Refuse a member whose declared compression, encryption or sizes no checkpoint has."""
+    if info.compress_type not in _COMPRESSIONS:
+        raise CorruptCheckpointError(f"{info.filename}: unknown compression method {info.compress_type}")
+    if info.flag_bits & _UNSUPPORTED_FLAGS:
+        raise CorruptCheckpointError(f"{info.filename}: encrypted or patched (flags {info.flag_bits:#x})")
+    unpacked, packed = info.file_size, max(info.compress_size, 1)
+    what = "array" if limit == MAX_MEMBER_BYTES else "model"
+    if unpacked > limit or (unpacked > _BOMB_FROM and unpacked > _BOMB_RATIO * packed):
+        raise CorruptCheckpointError(
+            f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no checkpoint {what} is that "
+            f"large or compresses that well (limit {limit:,} bytes; a zip bomb?)"
+        )
 
 
 def _check_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
@@ -157,11 +213,26 @@ def check_npz(source: str | os.PathLike | BinaryIO, required: tuple[str, ...] = 
             _verdict(f, required, os.fspath(source))
 
 
+def check_archive(path: str | os.PathLike) -> None:
+    """:func:`check_members` of the zip archive at ``path`` (a ``.keras``, a zip-based ``.pth``), before a loader
+    unpacks it; a ``CorruptCheckpointError`` naming ``path`` and the fault."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            check_members(archive)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{os.fspath(path)} is refused: {exc}") from None
+    except _BROKEN as exc:
+        raise CorruptCheckpointError(
+            f"{os.fspath(path)} is not a readable archive ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 def npz_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """``{key: shape}`` of an ``.npz`` from its members' headers, reading no array (keys without ``.npy``); a
     ``CorruptCheckpointError`` naming the file where they cannot be read."""
     try:
         with zipfile.ZipFile(path) as archive:
+            check_members(archive)
             shapes = {}
             for info in archive.infolist():
                 with archive.open(info) as member:

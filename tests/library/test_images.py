@@ -2,7 +2,10 @@
 16-bit PNGs, a decompression bomb, folders."""
 
 import json
+import os
+import re
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -10,7 +13,7 @@ import pytest
 from PIL import Image
 
 import keras_vit
-from keras_vit.images import image_files, read_image
+from keras_vit.images import image_files, image_problem, read_image
 from keras_vit.predict import main as predict
 from keras_vit.training.data import CorruptDataError, load_folder
 
@@ -129,3 +132,42 @@ def test_folders_stand_for_their_images(tmp_path):
         read_image(tmp_path / "nope.png")
     with pytest.raises(ValueError, match="photos: not a regular file"):
         read_image(tmp_path / "photos")
+
+
+def _within(seconds: float, fifo, call):
+    """``call()``'s error (or None), failing the test if it blocks (then the FIFO is opened to release it)."""
+    outcome = {}
+
+    def run():
+        try:
+            call()
+        except Exception as error:  # the outcome is asserted by the caller
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():  # the regression: release the blocked reader, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail(f"blocked on the FIFO {fifo}")
+    return outcome.get("error")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
+def test_a_fifo_named_like_an_image_in_a_class_folder_is_refused_not_waited_on(tmp_path):
+    for label in ("a", "b"):
+        (tmp_path / "data" / label).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(_photo(seed=i)).save(tmp_path / "data" / label / f"{i}.png")
+    fifo = tmp_path / "data" / "a" / "x.png"
+    os.mkfifo(fifo)
+    assert image_problem(fifo) == "not a regular file (a folder, pipe or device)"
+    error = _within(30, fifo, lambda: read_image(fifo))
+    assert (
+        isinstance(error, ValueError)
+        and str(error) == f"{fifo}: not a regular file (a folder, pipe or device), not an image."
+    )
+    error = _within(60, fifo, lambda: load_folder(str(tmp_path / "data"), eval_fraction=0.34))
+    assert isinstance(error, CorruptDataError)
+    assert re.search(r"1 of 7 image files do not decode: .*x\.png \(not a regular", str(error))

@@ -1,14 +1,12 @@
 """Downloads into the zoo's cache, against a misbehaving HTTP server on 127.0.0.1: every fault of
 ``docs/faults.md`` (drops, short and long bodies, HTML pages, a file that changes, stalls and trickles,
-concurrent clients), the sha256 records, and the structural ``.npz`` check (with hypothesis).
+concurrent clients) and the sha256 records. The structural check: ``test_validate.py``.
 
 Every server is stopped by the ``serve`` fixture; a stalled or trickling handler waits at most ``HOLD`` seconds.
 """
 
-import contextlib
 import hashlib
 import http.server
-import io
 import re
 import socket
 import subprocess
@@ -16,13 +14,10 @@ import sys
 import threading
 import time
 import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from npz_layout import TI_16, vit_checkpoint, write_checkpoint
 
 import keras_vit
@@ -32,142 +27,11 @@ from keras_vit.zoo.cache import record_path, recorded
 from keras_vit.zoo.download import CorruptCheckpointError, DownloadError, download, redact
 from keras_vit.zoo.validate import check_npz
 
+from .serving import cache_listing, checkpoint_bytes, fetch_file
+
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
 
-ROOT = Path(__file__).resolve().parents[1]
-HOLD = 5.0  # the longest a stalled or slow handler keeps its connection
-
-
-class Server:
-    """``http.server`` in a thread serving ``files`` with ``ETag``/``If-Range``/``Range`` support.
-
-    ``faults``: one per request, in order (then none): ``"drop"`` half the body then a closed connection,
-    ``"drop-nolength"`` the same without ``Content-Length``, ``"truncate"``/``"long"`` a shorter/longer body with
-    a matching ``Content-Length``, ``"html"`` an HTML page with status 200, ``"stall"`` headers and half the
-    body then silence, ``"trickle"`` a byte every 50 ms, ``"slow"`` half the body, a pause of 1.5 s, the rest,
-    ``"zeros"`` zeros without ``Content-Length`` (64 MiB at most).
-    ``changes``: ``{path: new bytes}`` served after the first dropped answer. ``etag=False``: no validators;
-    ``ranges=False``: Range headers are ignored.
-    """
-
-    def __init__(self, files, faults=(), changes=None, etag=True, ranges=True):
-        self.files, self.faults, self.changes = dict(files), list(faults), dict(changes or {})
-        self.etag, self.ranges, self.requests, self.stop = etag, ranges, [], threading.Event()
-        self.authorizations = []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                server.requests.append((self.path, self.headers.get("Range"), self.headers.get("If-Range")))
-                server.authorizations.append(self.headers.get("Authorization"))
-                data = server.files.get(self.path)
-                if data is None:
-                    self.send_error(404)
-                    return
-                fault = server.faults.pop(0) if server.faults else None
-                if fault == "html":
-                    self.reply(200, b"<!DOCTYPE html><html><body>Sign in to continue</body></html>", "text/html")
-                    return
-                tag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
-                start, status = 0, 200
-                match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
-                if match and server.ranges and self.headers.get("If-Range") in (None, tag):
-                    start, status = int(match.group(1)), 206
-                body = data[start:]
-                body = {"truncate": body[: len(body) // 2], "long": body + b"\0" * 100}.get(fault, body)
-                extra = {"ETag": tag} if server.etag else {}
-                if status == 206:
-                    extra["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-                self.reply(status, body, "application/octet-stream", fault, **extra)
-                if fault and fault.startswith("drop") and self.path in server.changes:
-                    server.files[self.path] = server.changes.pop(self.path)
-
-            def reply(self, status, body, kind, fault=None, **headers):
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                if fault not in ("drop-nolength", "zeros"):
-                    self.send_header("Content-Length", str(len(body)))
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                half = len(body) // 2
-                if fault == "zeros":
-                    for _ in range(256):
-                        if server.stop.is_set():
-                            return
-                        self.wfile.write(bytes(1 << 18))
-                    return
-                if fault == "trickle":
-                    for i in range(len(body)):
-                        if server.stop.wait(0.05):
-                            return
-                        self.wfile.write(body[i : i + 1])
-                        self.wfile.flush()
-                    return
-                self.wfile.write(body[:half] if fault in ("drop", "drop-nolength", "stall", "slow") else body)
-                self.wfile.flush()
-                if fault in ("drop", "drop-nolength"):
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                elif fault == "stall":
-                    server.stop.wait(HOLD)
-                elif fault == "slow":
-                    server.stop.wait(1.5)
-                    self.wfile.write(body[half:])
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.handle_error = lambda request, address: None  # a client that hung up on a stalled answer
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-    def gets(self, path):
-        return [r for r in self.requests if r[0] == path]
-
-    def close(self):
-        self.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(files, **kwargs):
-        servers.append(Server(files, **kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-def checkpoint_bytes(seed=0, **kwargs) -> bytes:
-    """A real (tiny) checkpoint in the published layout, as bytes."""
-    shape = dict(patch=16, width=32, depth=1, heads=2, mlp=64, grid=(2, 2), seed=seed)
-    arrays = vit_checkpoint(**dict(shape, **kwargs))
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-@pytest.fixture(scope="module")
-def payload():
-    return checkpoint_bytes()
-
-
-def fetch_file(server, tmp_path, **kwargs):
-    """``download`` as ``zoo.fetch`` does it (structural check), quick retries."""
-    kwargs = dict(dict(backoff=0, timeout=5, validate=check_npz), **kwargs)
-    return download(server.url + "/a.npz", tmp_path / "cache" / "a.npz", **kwargs)
-
-
-def cache_listing(tmp_path):
-    folder = tmp_path / "cache"
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- the normal path and the existing behaviour ---------------------------------------------------------
@@ -316,6 +180,16 @@ def test_an_html_page_with_status_200_is_refused(tmp_path, payload, serve):
     with pytest.raises(DownloadError, match=r"HTML page \(HTTP 200, text/html\), not the file"):
         fetch_file(server, tmp_path)
     assert cache_listing(tmp_path) == [] and len(server.requests) == 1
+
+
+def test_a_gzip_encoded_answer_is_named_as_such_not_called_a_truncated_zip(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload}, faults=["gzip", "gzip-unlabelled"])
+    with pytest.raises(DownloadError, match=r"gzip-encoded \(Content-Encoding: gzip\), which was not asked for"):
+        fetch_file(server, tmp_path)
+    assert len(server.requests) == 1 and cache_listing(tmp_path) == []  # not retried: it would not heal
+    with pytest.raises(CorruptCheckpointError, match=r"gzip-compressed data, not an \.npz archive.*was deleted"):
+        fetch_file(server, tmp_path)
+    assert cache_listing(tmp_path) == []
 
 
 def test_an_html_body_without_an_html_type_fails_the_structural_check(tmp_path, serve):
@@ -471,7 +345,7 @@ def test_a_lock_held_past_the_deadline_is_an_error(tmp_path, payload, serve):
 # --- the cache: records checked on later reads ----------------------------------------------------------
 
 
-def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path, serve, monkeypatch):
+def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path, serve, monkeypatch, capsys):
     arrays = vit_checkpoint(**TI_16, num_classes=21843)  # the entry's own architecture (a toy file is refused)
     entry = zoo.get("Ti_16.augreg_in21k")
     data = write_checkpoint(tmp_path / "source.npz", arrays).read_bytes()
@@ -483,11 +357,13 @@ def test_a_catalogue_name_downloads_into_the_keras_cache_once_and_loads(tmp_path
     assert cached.read_bytes() == data and model.input_shape == (None, 224, 224, 3)
     assert model.output_shape == (None, 21843) and recorded(cached) == hashlib.sha256(data).hexdigest()
     np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), arrays["head/bias"])
+    checked = "Ti_16.augreg_in21k: downloaded and checked by its architecture only (no public size or sha256"
+    assert checked in capsys.readouterr().err
     requests = len(server.requests)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # the head was asked to be dropped: nothing to warn about
         keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", include_top=False, image_size=32)
-    assert len(server.requests) == requests  # served from the cache
+    assert len(server.requests) == requests and "downloaded" not in capsys.readouterr().err  # served from the cache
 
 
 def test_a_file_of_another_architecture_is_neither_cached_nor_loaded_under_a_catalogue_name(
@@ -570,176 +446,7 @@ def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path
     assert str(tmp_path / "models" / "vit_models" / "imagenet21k" / "ViT-B_16.npz") in str(info.value)
 
 
-def test_fetch_of_a_corrupted_cached_file_names_it_and_keeps_it(tmp_path, payload, serve, monkeypatch):
-    entry = zoo.get("Ti_16.augreg_in21k")
-    server = serve({"/" + entry.path: payload})
-    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    path = zoo.fetch(entry)
-    broken = bytearray(payload)
-    broken[len(broken) // 2] ^= 0xFF
-    path.write_bytes(bytes(broken))
-    with pytest.raises(
-        CorruptCheckpointError,
-        match=f"The cached file {re.escape(str(path))} is corrupt .*recorded when it was downloaded.*Delete it",
-    ):
-        zoo.fetch(entry, tmp_path)
-    assert path.read_bytes() == bytes(broken) and len(server.requests) == 1  # kept, not downloaded again
-    with pytest.raises(CorruptCheckpointError):
-        keras_vit.ViT_Ti16(weights="Ti_16.augreg_in21k", hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
-
-
-def test_a_damaged_sha256_record_is_named_and_rewritten_not_blamed_on_the_checkpoint(
-    tmp_path, serve, monkeypatch, capsys
-):
-    from keras_vit.zoo.__main__ import main as zoo_main
-
-    entry = zoo.get("Ti_16.augreg_in21k")
-    payload = write_checkpoint(tmp_path / "ti16.npz", vit_checkpoint(**TI_16, num_classes=21843)).read_bytes()
-    server = serve({"/" + entry.path: payload})
-    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    path = zoo.fetch(entry)
-    record_path(path).write_text("not a sha256 at all\n")  # the record damaged, the checkpoint whole
-    zoo_main(["verify", entry.name])  # exit 0: nothing is corrupt
-    out = capsys.readouterr().out
-    assert re.search(
-        rf"^unrecorded +{entry.name}: .*its record .*\.sha256 is damaged \(not a sha256 line\), structure OK", out, re.M
-    )
-    assert "0 corrupt" in out and "elete" not in out
-    assert zoo.fetch(entry) == path and recorded(path) == hashlib.sha256(payload).hexdigest()  # checked, rewritten
-    assert path.read_bytes() == payload and len(server.requests) == 1
-
-
-def test_a_file_put_in_the_cache_by_hand_is_checked_then_recorded(tmp_path, payload, serve):
-    server = serve({})
-    dest = tmp_path / "cache" / "a.npz"
-    dest.parent.mkdir()
-    dest.write_bytes(payload[:-10])
-    with pytest.raises(CorruptCheckpointError, match=r"not a valid \.npz checkpoint"):
-        fetch_file(server, tmp_path)
-    assert dest.read_bytes() == payload[:-10] and not record_path(dest).exists()  # the user's file: kept
-    dest.write_bytes(payload)
-    assert fetch_file(server, tmp_path) == dest and recorded(dest) == hashlib.sha256(payload).hexdigest()
-    assert server.requests == []
-
-
-# --- the structural check -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """A real checkpoint small enough that random mutations often hit its zip and .npy headers."""
-    return checkpoint_bytes(patch=2, width=4, depth=1, heads=1, mlp=4, grid=(1, 1), num_classes=2)
-
-
-def test_the_structural_check_accepts_a_real_checkpoint_and_names_each_fault(tmp_path, tiny):
-    check_npz(io.BytesIO(tiny))
-    check_npz(write_checkpoint(tmp_path / "real.npz", vit_checkpoint(width=8, depth=1, heads=1, mlp=8)))
-    without = io.BytesIO()
-    np.savez(without, **{"cls": np.zeros(3)})
-    objects = io.BytesIO()
-    with zipfile.ZipFile(objects, "w") as archive:
-        for key in ("embedding/kernel", "Transformer/posembed_input/pos_embedding"):
-            with archive.open(key + ".npy", "w") as member:
-                np.lib.format.write_array(member, np.array([None, 1], dtype=object), allow_pickle=True)
-    for data, message in [
-        (tiny[:-1], "does not end with a zip directory"),
-        (tiny + b"x", "does not end"),
-        (without.getvalue(), "missing the arrays"),
-        (objects.getvalue(), "Python objects"),
-    ]:
-        with pytest.raises(CorruptCheckpointError, match=message):
-            check_npz(io.BytesIO(data))
-    flipped = bytearray(tiny)
-    flipped[tiny.index(b"\x93NUMPY") + 200] ^= 1  # inside the first array's data
-    with pytest.raises(CorruptCheckpointError, match="CRC-32"):
-        check_npz(io.BytesIO(bytes(flipped)))
-    with pytest.raises(FileNotFoundError):
-        check_npz(tmp_path / "absent.npz")
-
-
-def judge(data: bytes) -> None:
-    """The check passes or raises the project's own error: any other exception fails the test."""
-    with contextlib.suppress(CorruptCheckpointError):
-        check_npz(io.BytesIO(data))
-
-
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@FAST
-@given(st.binary(max_size=3000))
-def test_random_bytes_are_only_ever_a_corrupt_checkpoint(data):
-    with pytest.raises(CorruptCheckpointError):
-        check_npz(io.BytesIO(data))
-
-
-@FAST
-@given(
-    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
-    keep=st.one_of(st.none(), st.floats(0, 1, exclude_max=True)),
-    tail=st.binary(max_size=30),
-)
-def test_mutated_checkpoints_are_only_ever_a_corrupt_checkpoint(tiny, flips, keep, tail):
-    data = bytearray(tiny)
-    for where, mask in flips:
-        data[int(where * len(data))] ^= mask
-    if keep is not None:
-        data = data[: int(keep * len(data))] + tail
-    judge(bytes(data))
-
-
-def npy(array) -> bytes:
-    buffer = io.BytesIO()
-    np.lib.format.write_array(buffer, array)
-    return buffer.getvalue()
-
-
-@settings(max_examples=300, deadline=None)
-@given(edits=st.lists(st.tuples(st.integers(0, 127), st.integers(0, 255)), min_size=1, max_size=4))
-def test_zips_of_damaged_npy_headers_are_only_ever_a_corrupt_checkpoint(edits):
-    """A whole zip (CRCs verify) whose members' ``.npy`` headers (Python-literal text) are damaged."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for key in ("embedding/kernel", "Transformer/posembed_input/pos_embedding"):
-            member = bytearray(npy(np.zeros((2, 3), "float32")))
-            for where, value in edits:
-                member[where] = value
-            archive.writestr(key + ".npy", bytes(member))
-    judge(buffer.getvalue())
-
-
 # --- links in the cache and credentials on redirects (issue 36) ---------------------------------------------
-
-
-def _user_file_linked_from_cache(tmp_path, name: str):
-    """A user's file outside the cache, and the cache's ``name`` a symbolic link to it."""
-    notes = tmp_path / "notes.txt"
-    notes.write_bytes(b"my own notes\n")
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / name).symlink_to(notes)
-    return notes
-
-
-@pytest.mark.backend_independent
-def test_a_partial_file_that_is_a_link_is_replaced_never_written_through(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload})
-    notes = _user_file_linked_from_cache(tmp_path, "a.npz.part")
-    path = fetch_file(server, tmp_path)
-    assert notes.read_bytes() == b"my own notes\n"  # the link's target is untouched
-    assert not path.is_symlink() and path.is_file() and path.read_bytes() == payload
-    assert cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
-
-
-@pytest.mark.backend_independent
-def test_a_lock_file_that_is_a_link_is_refused_naming_the_cache(tmp_path, payload, serve):
-    server = serve({"/a.npz": payload})
-    notes = _user_file_linked_from_cache(tmp_path, "a.npz.lock")
-    with pytest.raises(DownloadError, match=r"Cannot write to the cache folder .*cache") as failed:
-        fetch_file(server, tmp_path)
-    assert "\n" not in str(failed.value) and server.requests == []
-    assert notes.read_bytes() == b"my own notes\n" and not (tmp_path / "cache" / "a.npz").exists()
 
 
 @pytest.mark.backend_independent

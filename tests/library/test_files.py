@@ -158,3 +158,13 @@ def test_a_missing_folder_is_named_and_nothing_is_created(tmp_path):
     with pytest.raises(FileNotFoundError, match=message), atomic_open(missing / "metrics.json", "w") as file:
         file.write("{}")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_private_file_of_its_writer_gets_the_umasks_mode(target):
+    old = os.umask(0o027)
+    try:
+        with atomic_path(target) as temporary:
+            os.close(os.open(temporary, os.O_CREAT | os.O_WRONLY, 0o600))
+        assert oct(os.stat(target).st_mode & 0o777) == "0o640"
+    finally:
+        os.umask(old)
