@@ -28,8 +28,10 @@ from keras_vit.fields import option
 from keras_vit.files import atomic_open
 from keras_vit.position import POSITION_EMBEDDINGS, check_position_embedding
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs, steps
+from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.model import policy_name
+from keras_vit.training.prepare import prepare
 from keras_vit.training.runner import train
 from keras_vit.training.supervised import Classification
 
@@ -106,14 +108,14 @@ def run_ablation(
     seeds = (config.optim.seed,) if seeds is None else tuple(seeds)
     if not seeds:
         raise ValueError("--seeds must be >= 1, got 0.")
-    setup = steps.prepare(config)
+    setup = prepare(config)
     config, source, optim = setup.config, setup.source, setup.config.optim
     log = log if setup.chief else lambda line: None
-    steps.start_parent(setup, "ablation", ["ablation.md", "ablation.json"])
+    outputs.start_parent(setup, "ablation", ["ablation.md", "ablation.json"])
     log(
         f"{source.name}: ViT {config.model.name} {config.architecture()} at {config.model.image_size}px, "
         f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}, "
-        f"{steps.policy_name(config, setup.device)}; seeds {list(seeds)}"
+        f"{policy_name(config, setup.device)}; seeds {list(seeds)}"
     )
     out, rows = config.run.output_dir, []
     for position_embedding, classifier in runs:

@@ -89,6 +89,20 @@ def parse_model_name(name: str) -> str:
     return name
 
 
+class _Checked:
+    """A section that checks its fields against :data:`RANGES` when made: a ``ValueError`` naming the first."""
+
+    def __post_init__(self) -> None:
+        for field in option_fields(type(self)):
+            name, value = flag_name(field), getattr(self, field.name)
+            allowed = RANGES.get(name)
+            values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+            if allowed is None or value is None:
+                continue
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v in allowed for v in values):
+                raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {_shown(value)}.")
+
+
 # Every option of keras_vit.config.ViTConfig that makes the model (its architecture included), with the config's
 # help and choices; None: the variant's or ViT's default (dropout and drop_path: the preset's).
 MODEL_OPTIONS = field_names("architecture", "structure", "numerics", "training")
@@ -101,7 +115,7 @@ ModelOptions = model_flags(
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(ModelOptions):
+class ModelConfig(_Checked, ModelOptions):
     """The model: a variant with any option of keras_vit.config.ViTConfig replaced, its weights and LoRA."""
 
     name: str | None = option(
@@ -120,7 +134,7 @@ class ModelConfig(ModelOptions):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
+class DataConfig(_Checked):
     """The data: where it comes from, how it is split, augmented and evaluated."""
 
     dataset: str | None = option(
@@ -151,9 +165,15 @@ class DataConfig:
         "leave out image-folder files that do not decode, naming them", unset="no: stop before training, naming them"
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        low, high = self.crop_area or (0, 1)
+        if low > high:
+            raise ValueError(f"--crop-area must be low,high with low <= high, got {_shown(self.crop_area)}.")
+
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(_Checked):
     """The optimisation: batch, length, learning-rate schedule, optimizer, loss, precision, seed."""
 
     batch_size: int | None = option("global batch (per optimizer update)", unset=PRESET)
@@ -187,13 +207,13 @@ def _verbosity(text: str) -> int | str:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class RunConfig(_Checked):
     """How a run runs: devices, outputs, checkpoints, logs (a resumed run may change these)."""
 
     strategy: str = option(
         "TensorFlow: a tf.distribute strategy (default, one_device, mirrored, multi_worker, tpu); JAX: a "
         "keras.distribution (default, data_parallel, model_parallel); torch: one device. auto: see "
-        "keras_vit.training.strategy",
+        "keras_vit.training.distributed.strategy",
         "auto",
         choices=STRATEGIES,
     )
@@ -219,6 +239,11 @@ class RunConfig:
         parse=_verbosity,
     )
     overwrite: bool = option("delete output-dir first instead of resuming from it", False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.output_dir:
+            raise ValueError("--output-dir must name a folder, got an empty string.")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
@@ -384,7 +409,6 @@ def resolve(config: TrainConfig, *, train_examples: int | None, accelerator: str
         optim["lr"] *= CPU_BATCH / optim["batch_size"]
         optim["batch_size"] = CPU_BATCH
     resolved = TrainConfig().update(values).update(config.set_fields(), preset=preset)
-    _check_ranges(resolved)  # before derived values: an error shows the value as given
     optim = resolved.optim
     steps, eval_every = optim.steps, optim.eval_every
     if optim.epochs is not None and steps is not None:
@@ -465,24 +489,6 @@ def _shown(value: Any) -> str:
     """A value as typed on the command line (``-3``, ``0.05,1``)."""
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-
-
-def _check_ranges(config: TrainConfig) -> None:
-    """A ``ValueError`` naming the first setting outside its :data:`RANGES` (and a crop area that is not low,high,
-    an empty output folder)."""
-    for name, allowed in RANGES.items():
-        section, field = FLAT_NAMES[name]
-        value = getattr(getattr(config, section), field)
-        if value is None:
-            continue
-        values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v in allowed for v in values):
-            raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {_shown(value)}.")
-    if not config.run.output_dir:
-        raise ValueError("--output-dir must name a folder, got an empty string.")
-    low, high = config.data.crop_area or (0, 1)
-    if low > high:
-        raise ValueError(f"--crop-area must be low,high with low <= high, got {_shown(config.data.crop_area)}.")
 
 
 def _check(config: TrainConfig, replicas: int) -> None:

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from keras_vit import datasets
 from keras_vit.images import IMAGE_EXTENSIONS, image_problem, read_image
+from keras_vit.training.distributed.sharding import WHOLE, Shard, part_range
 from keras_vit.training.errors import CorruptDataError, warn
-from keras_vit.training.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "FOLDER_EVAL_NAMES",
@@ -75,8 +75,8 @@ class Split:
         return lambda i: (items[i], labels[i])
 
     def part(self, index: int, count: int) -> tf.data.Dataset:
-        """The stream's part ``index`` of ``count`` (:func:`~keras_vit.training.sharding.part_range`), once, in a
-        fixed order, as stored (streams only)."""
+        """The stream's part ``index`` of ``count`` (``sharding.part_range``), once, in a fixed order, as stored
+        (streams only)."""
         if count == 1:
             return self.stream
         if self.parts is None:

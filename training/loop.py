@@ -41,10 +41,10 @@ from keras_vit.cloning import copy_weights
 from keras_vit.files import atomic_open, atomic_path, naming
 from keras_vit.models import VisionTransformer
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
+from keras_vit.training.distributed.sharding import gather_over_workers, input_shard
+from keras_vit.training.distributed.strategy import Strategy, is_chief, training_scope
 from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
 from keras_vit.training.outputs import write_json
-from keras_vit.training.sharding import gather_over_workers, input_shard
-from keras_vit.training.strategy import Strategy, is_chief, training_scope
 
 __all__ = [
     "CheckpointEvery",

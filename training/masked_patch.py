@@ -33,12 +33,12 @@ import keras
 import tensorflow as tf
 from keras import layers, ops
 
-from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, Split
+from keras_vit.training.distributed.sharding import WHOLE, Shard, distribute_input
+from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
-from keras_vit.training.sharding import WHOLE, Shard, distribute_input
-from keras_vit.training.steps import Setup
+from keras_vit.training.prepare import Setup
 
 __all__ = [
     "KEEP",
@@ -308,11 +308,11 @@ class MaskedPatches:
         )
 
     def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
-        encoder = steps.build_model(config, source.num_classes)  # its head does not learn the classes here
+        encoder = build_model(config, source.num_classes)  # its head does not learn the classes here
         return masked_patch_model(encoder, bits=self.bits), encoder
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:
-        steps.compile_model(
+        compile_model(
             model,
             config,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
@@ -323,7 +323,7 @@ class MaskedPatches:
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
         config, source = setup.config, setup.source
-        augment, patch = steps.augment_of(config), patch_grid(model)[1]
+        augment, patch = Augment.of(config), patch_grid(model)[1]
         settings = dict(
             seed=config.optim.seed,
             bits=self.bits,

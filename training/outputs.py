@@ -18,12 +18,15 @@ import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keras_vit.config import CLASSIFIERS
 from keras_vit.files import finite_json, still_linked, temporary_target, write_json
 from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
+
+if TYPE_CHECKING:
+    from keras_vit.training.prepare import Setup
 
 try:
     import fcntl
@@ -43,6 +46,7 @@ __all__ = [
     "mark_output",
     "read_json",
     "run_lock",
+    "start_parent",
     "write_json",
 ]
 
@@ -215,3 +219,17 @@ def _remove_temporaries(path: str) -> None:
     for name in os.listdir(path):
         if temporary_target(name) in RUN_FILES and os.path.isfile(os.path.join(path, name)):
             os.remove(os.path.join(path, name))
+
+
+def start_parent(setup: Setup, command: str, files: Sequence[str] = ()) -> None:
+    """Clear (``overwrite``) and mark the output folder of a command whose runs go to its sub-folders (``pretrain``,
+    ``ablation``), checking that it can write its own ``files`` there; each run there checks and starts its own
+    folder."""
+    if setup.chief:
+        out = setup.config.run.output_dir
+        if setup.config.run.overwrite:
+            clear_output(out)
+        else:
+            check_usable(out)
+        check_paths(out, [MARKER, *files], folders=())
+        mark_output(out, command)

@@ -19,7 +19,7 @@ Input shards: the training split is cut into ``input_shards`` contiguous parts (
 through ``tfds.even_splits``), each shuffled on its own (a permutation per epoch keyed by ``(seed, epoch, part)``;
 a TFDS part through its own shuffle buffer of ``shuffle_buffer / input_shards``), and every global batch takes
 ``batch / input_shards`` consecutive examples of each part, in part order. A run of N input workers
-(:mod:`keras_vit.training.sharding`; ``input_shards`` a multiple of N) gives worker ``k`` the parts
+(:mod:`keras_vit.training.distributed.sharding`; ``input_shards`` a multiple of N) gives worker ``k`` the parts
 ``k * input_shards / N`` up to ``(k + 1) * input_shards / N``: it builds only its slice of every global batch and
 opens only the files (TFDS shards) of its parts. The batches, the order within them and every example's
 augmentation are the same for any number of workers that divides ``input_shards``, one process included; with one
@@ -42,8 +42,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import preprocess_input
+from keras_vit.training.config import DataConfig, TrainConfig
 from keras_vit.training.data import Split
-from keras_vit.training.sharding import WHOLE, Shard, part_range
+from keras_vit.training.distributed.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "Augment",
@@ -59,27 +60,51 @@ __all__ = [
 ]
 
 AUTOTUNE = tf.data.AUTOTUNE
+FINETUNE_AUGMENT = DataConfig(crop_area=(0.05, 1.0), flip=True)  # the fine-tuning recipe's: crop and flip
 
 
 @dataclasses.dataclass(frozen=True)
 class Augment:
-    """What the pipelines do to images; see the module docstring."""
+    """What the pipelines do to images of ``image_size``: the augmentation fields of ``data`` (checked there).
+
+    A field unset (``None``), a crop area of ``(1, 1)`` or RandAugment's 0 operations is off. The default is the
+    fine-tuning recipe's: inception crop (area 0.05-1) and flips.
+    """
 
     image_size: int
-    crop_area: tuple[float, float] | None = (0.05, 1.0)
-    flip: bool = True
-    randaugment: tuple[int, float] | None = None  # (num_ops, factor) of keras.layers.RandAugment
-    mixup: float = 0.0  # alpha of keras.layers.MixUp; 0 = off
-    cutmix: float = 0.0  # factor of keras.layers.CutMix; 0 = off
-    eval_crop: float = 1.0
+    data: DataConfig = FINETUNE_AUGMENT
 
-    def __post_init__(self):
-        if self.crop_area is not None and not 0 < self.crop_area[0] <= self.crop_area[1] <= 1:
-            raise ValueError(f"crop_area must satisfy 0 < low <= high <= 1, got {self.crop_area}.")
-        if not 0 < self.eval_crop <= 1:
-            raise ValueError(f"eval_crop must be in (0, 1], got {self.eval_crop}.")
-        if self.mixup < 0 or self.cutmix < 0:
-            raise ValueError(f"mixup and cutmix must be >= 0, got {self.mixup} and {self.cutmix}.")
+    @classmethod
+    def of(cls, config: TrainConfig) -> Augment:
+        """The pipelines' settings of a resolved config."""
+        return cls(config.model.image_size, config.data)
+
+    @property
+    def crop_area(self) -> tuple[float, float] | None:
+        area = self.data.crop_area
+        return None if area is None or tuple(area) == (1.0, 1.0) else tuple(area)
+
+    @property
+    def flip(self) -> bool:
+        return bool(self.data.flip)
+
+    @property
+    def randaugment(self) -> tuple[int, float] | None:
+        """``(num_ops, factor)`` of ``keras.layers.RandAugment``, or ``None``."""
+        value = self.data.randaugment
+        return tuple(value) if value and value[0] > 0 else None
+
+    @property
+    def mixup(self) -> float:
+        return self.data.mixup or 0.0
+
+    @property
+    def cutmix(self) -> float:
+        return self.data.cutmix or 0.0
+
+    @property
+    def eval_crop(self) -> float:
+        return self.data.eval_crop or 1.0
 
 
 def distribute_options() -> tf.data.Options:

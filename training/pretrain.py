@@ -36,11 +36,11 @@ from keras_vit import fields
 from keras_vit.cli import add_debug_flag, command_errors
 from keras_vit.fields import option
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs, steps
+from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.masked_patch import MaskedPatches
+from keras_vit.training.prepare import Setup, prepare
 from keras_vit.training.runner import train
-from keras_vit.training.steps import Setup
 from keras_vit.training.supervised import Classification, FinetuneResult
 
 __all__ = [
@@ -163,8 +163,8 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
             "--lora-rank does not apply to pretrain, which fine-tunes the whole encoder it pre-trained; fine-tune "
             "its encoder.keras with LoRA through keras_vit.training.finetune --weights OUT/encoder.keras --lora-rank N."
         )
-    setup = steps.prepare(finetune_config)
-    steps.start_parent(setup, "pretrain", ["encoder.keras", "summary.json"])
+    setup = prepare(finetune_config)
+    outputs.start_parent(setup, "pretrain", ["encoder.keras", "summary.json"])
     out, verbose = setup.config.run.output_dir, setup.config.run.verbose
     encoder_path = os.path.join(out, "encoder.keras")
     task = MaskedPatches(config.rate, config.mask_fraction, config.random_fraction, config.bits)

@@ -28,14 +28,15 @@ import tensorflow as tf
 
 from keras_vit.config import ViTConfig
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs, steps
+from keras_vit.training import outputs, resume
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source
+from keras_vit.training.distributed.strategy import strategy_name, training_scope
 from keras_vit.training.errors import OutputDirError
 from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.memory import check_batch_fits
-from keras_vit.training.steps import Setup
-from keras_vit.training.strategy import strategy_name, training_scope
+from keras_vit.training.model import policy_name, precision
+from keras_vit.training.prepare import Setup, describe
 
 __all__ = ["OverImages", "RunResult", "Task", "train"]
 
@@ -115,26 +116,26 @@ def _run(
 ) -> RunResult:
     config, source, strategy = setup.config, setup.source, setup.strategy
     optim, run = config.optim, config.run
-    previous = steps.prepare_output(config, setup.chief, model_path)
-    steps.check_classes(run.output_dir, source)
+    previous = resume.prepare_output(config, setup.chief, model_path)
+    resume.check_classes(run.output_dir, source)
     if previous.finished is not None:
         return _finished(setup, task, previous.finished, model_path)
     if setup.chief and previous.extends:
         print(f"extending the run in {run.output_dir} from {previous.extends} to {optim.steps} steps", flush=True)
     if setup.chief and run.verbose:
-        print("\n".join(filter(None, (steps.describe(setup), task.describe()))), flush=True)
+        print("\n".join(filter(None, (describe(setup), task.describe()))), flush=True)
 
     keras.utils.set_random_seed(optim.seed)
-    with steps.precision(config, setup.device), strategy.scope():
+    with precision(config, setup.device), strategy.scope():
         model, kept = task.build(config, source)
         task.compile(model, config)
-    steps.start_output(config, setup.chief, command, previous)  # started: the folder is marked, the settings written
-    steps.record_classes(setup)
+    resume.start_output(config, setup.chief, command, previous)  # started: the folder is marked, the settings written
+    resume.record_classes(setup)
 
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate
     if setup.device == "cpu" and isinstance(getattr(kept, "config", None), ViTConfig):  # the host's memory
-        compute = keras.dtype_policies.get(steps.policy_name(config, setup.device)).compute_dtype
+        compute = keras.dtype_policies.get(policy_name(config, setup.device)).compute_dtype
         check_batch_fits(kept.config, micro_batch // setup.shard.count, 4 if compute == "float32" else 2, accumulate)
     data_fn, eval_data = task.datasets(setup, kept, micro_batch)
     count = source.eval.num_examples
@@ -171,7 +172,7 @@ def _run(
         "backend": keras.backend.backend(),
         "strategy": strategy_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
-        "precision": steps.policy_name(config, setup.device),
+        "precision": policy_name(config, setup.device),
         "history": _joined(previous.history or {}, result.history),
         "config": config_lib.json_ready(config),
     }

@@ -18,14 +18,14 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source
-from keras_vit.training.pipeline import eval_dataset, train_dataset
+from keras_vit.training.distributed.sharding import distribute_input
+from keras_vit.training.distributed.strategy import Strategy
+from keras_vit.training.model import build_model, compile_model
+from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
+from keras_vit.training.prepare import Setup, prepare
 from keras_vit.training.runner import RunResult, train
-from keras_vit.training.sharding import distribute_input
-from keras_vit.training.steps import Setup
-from keras_vit.training.strategy import Strategy
 
 __all__ = ["Classification", "FinetuneResult", "train_classifier"]
 
@@ -50,17 +50,17 @@ class Classification:
         return ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in self.options().items())
 
     def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
-        model = steps.build_model(config, source.num_classes, class_names=source.class_names, **self.options())
+        model = build_model(config, source.num_classes, class_names=source.class_names, **self.options())
         return model, model
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:
-        steps.compile_model(model, config)
+        compile_model(model, config)
 
     def datasets(
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
         config, source = setup.config, setup.source
-        augment = steps.augment_of(config)
+        augment = Augment.of(config)
 
         def data_fn(step: int) -> tf.data.Dataset:
             return distribute_input(
@@ -97,4 +97,4 @@ def train_classifier(
 
     ``callbacks`` are added to ``model.fit``; ``strategy`` replaces the config's.
     """
-    return train(steps.prepare(config, strategy), Classification(), callbacks=callbacks)
+    return train(prepare(config, strategy), Classification(), callbacks=callbacks)

@@ -18,7 +18,7 @@ every process, or of the coordinator alone; the first is the coordinator, proces
 ``KERAS_DISTRIBUTION_NUM_PROCESSES`` and ``KERAS_DISTRIBUTION_PROCESS_ID``; or, with ``KERAS_VIT_JAX_CLUSTER=auto``,
 with JAX's own detection of the cluster (TPU pod slices, Slurm, Open MPI). On CPUs the collectives are gloo's.
 The mesh then spans every process's devices; each process feeds its own part of the batch
-(:mod:`keras_vit.training.sharding`), so Keras' own dataset sharding is off.
+(:mod:`keras_vit.training.distributed.sharding`), so Keras' own dataset sharding is off.
 
 ``multi_worker``, and a JAX process joining the others, wait at most ``KERAS_VIT_CONNECT_TIMEOUT`` seconds
 (default 600) for the other tasks; past it a watchdog process names the peers (JAX: the coordinator) whose
@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from keras_vit.checks import check_choice
 from keras_vit.training.config import JAX_STRATEGIES, STRATEGIES, TF_STRATEGIES
-from keras_vit.training.launch import JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID
+from keras_vit.training.distributed.launch import JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID
 
 __all__ = [
     "JAX_STRATEGIES",
@@ -179,7 +179,7 @@ def keras_distribution(name: str = "auto", model_devices: int | None = None) -> 
                 "data_parallel or model_parallel."
             )
         return KerasDistribution()
-    # Each process feeds its own part of every batch (keras_vit.training.sharding): no sharding by Keras.
+    # Each process feeds its own part of every batch (keras_vit.training.distributed.sharding): no sharding by Keras.
     if name == "data_parallel":
         return KerasDistribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
     model = model_devices or len(devices)

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.training.strategy import KerasDistribution, Strategy
+from keras_vit.training.distributed.strategy import KerasDistribution, Strategy
 
 __all__ = ["WHOLE", "Shard", "distribute_input", "gather_over_workers", "input_shard", "part_range"]
 
