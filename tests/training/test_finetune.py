@@ -8,8 +8,7 @@ import keras
 import numpy as np
 import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
-from test_training_resume import Crash
-from training_support import TINY, TINY_MODEL_FLAGS, iterations
+from training_support import TINY, TINY_MODEL_FLAGS, Crash, iterations
 
 from keras_vit import lora_parameter_count
 from keras_vit.precision import auto_policy, with_policy

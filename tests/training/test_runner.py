@@ -15,9 +15,17 @@ import keras
 import numpy as np
 import pytest
 from PIL import Image
-from test_training_data import write_images
-from test_training_resume import Crash
-from training_support import REPO, TINY, TINY_MODEL_FLAGS, backend_env, checkpoint_steps, read_log
+from training_support import (
+    REPO,
+    TINY,
+    TINY_MODEL_FLAGS,
+    Crash,
+    backend_env,
+    checkpoint_steps,
+    damaged_folder,
+    read_log,
+    write_images,
+)
 
 from keras_vit.files import temporary_path
 from keras_vit.training import outputs
@@ -316,19 +324,6 @@ def test_a_run_that_fails_before_its_first_step_does_not_bind_the_corrected_reru
 
 
 # --- image folders -----------------------------------------------------------------------------------
-
-
-def damaged_folder(root):
-    """Three classes of good images, plus a truncated JPEG and a text file named .png; returns the bad paths."""
-    write_images(root, per_class=4)
-    truncated, text = os.path.join(root, "dog", "cut.jpg"), os.path.join(root, "emu", "letter.png")
-    with open(os.path.join(root, "dog", "0.jpg"), "rb") as file:
-        data = file.read()
-    with open(truncated, "wb") as file:
-        file.write(data[: len(data) // 2])
-    with open(text, "w") as file:
-        file.write("not an image at all")
-    return truncated, text
 
 
 def test_corrupt_images_are_named_before_training(tmp_path):

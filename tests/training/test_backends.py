@@ -147,7 +147,6 @@ def test_the_pretrain_command_runs_on_jax(tmp_path):
 TORCH_RESUME = """
 import json, tempfile
 import keras, numpy as np
-from test_training_resume import Crash
 from keras_vit.training.finetune import finetune
 from keras_vit.training.distributed.strategy import get_strategy
 

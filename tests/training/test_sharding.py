@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from test_training_data import write_images
-from test_training_faults import damaged_folder
+from training_support import damaged_folder, write_images
 
 from keras_vit.training import data as data_lib
 from keras_vit.training.config import DataConfig

@@ -2,15 +2,13 @@
 
 import hashlib
 import json
-import os
 import re
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
-from training_support import TINY
+from training_support import TINY, write_images
 
 from keras_vit import preprocess_input
 from keras_vit.training import data as data_lib
@@ -26,21 +24,6 @@ pytestmark = pytest.mark.backends("tensorflow", "jax")
 # sha256 of (images, labels) of the digits' splits as training/data.py made them before keras_vit.datasets.
 DIGITS_HELD_OUT = "ef74cf7408b16ebc5c0dbab65af78704cafa3e7bd13212cc1d0ae7e2a3ec6954"
 DIGITS_TRAIN = "1c03aaba7a606b1d7d85fd65b122ac89d0f9863d066cd10ded39757a2bbf0799"
-COLOURS = ((220, 30, 30), (30, 220, 30), (30, 30, 220))  # class k is bright in channel k
-
-
-def write_images(root, per_class=4, names=("cat", "dog", "emu"), first=0):
-    """Class folders of PNG/JPEG files of several sizes, coloured by class."""
-    rng = np.random.default_rng(first)
-    for label, name in enumerate(names):
-        os.makedirs(os.path.join(root, name), exist_ok=True)
-        for i in range(per_class):
-            h, w = 10 + 3 * i, 14 - 2 * i
-            pixels = np.clip(np.array(COLOURS[label]) + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
-            ext = "png" if i % 2 else "jpg"
-            Image.fromarray(pixels).save(os.path.join(root, name, f"{first + i}.{ext}"))
-    with open(os.path.join(root, names[0], "notes.txt"), "w") as file:
-        file.write("not an image")
 
 
 def test_digits_split_is_held_out_and_stratified():
