@@ -111,6 +111,17 @@ def _manifest(text: str) -> dict:
     return manifest
 
 
+def _is_history(history) -> bool:
+    """Whether a manifest's ``history`` is ``{"epoch": [...], metric: [...]}`` of equal lengths."""
+    if not isinstance(history, dict) or not isinstance(history.get("epoch"), list):
+        return False
+    length = len(history["epoch"])
+    return all(
+        isinstance(v, list) and len(v) == length and all(isinstance(x, (int, float)) for x in v)
+        for v in history.values()
+    )
+
+
 def _is_entry(entry) -> bool:
     return (
         isinstance(entry, list)
@@ -134,6 +145,8 @@ class Checkpointer:
             raise ValueError(f"keep must be >= 1, got {keep}.")
         self.directory, self.keep, self.write = directory, keep, write
         self.saved: int | None = None
+        self.history: dict[str, list] = {"epoch": []}  # the epochs done, saved with every checkpoint
+        self.history_restored = False
 
     def restore(self, model: keras.Model) -> int:
         """Load the newest checkpoint that reads whole into ``model``; return its step (0 without one)."""
@@ -163,6 +176,9 @@ class Checkpointer:
                 warn(
                     f"resuming from {path} (step {saved_step}), the newest checkpoint that reads: {'; '.join(failures)}"
                 )
+            history = manifest.get("history")
+            if _is_history(history):
+                self.history, self.history_restored = history, True
             self.saved = saved_step
             return saved_step
         if failures:
@@ -172,10 +188,10 @@ class Checkpointer:
             )
         return 0
 
-    def save(self, model: keras.Model, step: int) -> None:
-        """Save at ``step`` (once: saving the step just saved or restored again is a no-op); weights that are NaN
-        or infinite are a :class:`DivergedError` instead, and nothing is written."""
-        if step == self.saved:
+    def save(self, model: keras.Model, step: int, again: bool = False) -> None:
+        """Save at ``step`` with the history (once unless ``again``); non-finite weights: a :class:`DivergedError`,
+        nothing written."""
+        if step == self.saved and not again:
             return
         parts = _parts(model)
         arrays = {part: [np.asarray(keras.ops.convert_to_numpy(v)) for v in values] for part, values in parts.items()}
@@ -185,7 +201,7 @@ class Checkpointer:
                 f"last one is batch {self.saved or 'none'}). To fix: {DIVERGED_HINT}."
             )
         if self.write:
-            manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step}
+            manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step, "history": self.history}
             manifest.update({part: _entries(variables) for part, variables in parts.items()})
             self._write(step, manifest, arrays)
             self._prune()

@@ -122,6 +122,28 @@ class CheckpointEvery(StepCallback):
         self.last = step
 
 
+class EpochHistory(StepCallback):
+    """Adds each epoch's metrics to the checkpointer's history, which every checkpoint carries to a resumed run; a
+    checkpoint saved at the epoch's last step is saved again with it."""
+
+    def __init__(self, checkpointer: Checkpointer):
+        super().__init__()
+        self.checkpointer, self.saved_last, self.batches = checkpointer, False, 0
+
+    def on_step_end(self, step, batches_in_epoch, logs):
+        self.saved_last, self.batches = self.checkpointer.saved == step, batches_in_epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.batches < self.segment.steps_per_epoch:  # stopped mid-epoch: the resumed run ends it
+            return
+        history = self.checkpointer.history
+        history["epoch"].append(epoch)
+        for key, value in (logs or {}).items():
+            history.setdefault(key, []).append(float(value))
+        if self.saved_last:
+            self.checkpointer.save(self.model, self.checkpointer.saved, again=True)
+
+
 class TorchStepSeed(StepCallback):
     """torch only: seeds torch's global generators from ``(seed, step)`` before every batch. Keras' torch dropout
     draws from them when its layer has no seed of its own, and so does each new data iterator ``model.fit``
@@ -273,9 +295,10 @@ def truncate_log(path: str, step: int) -> None:
 
 @dataclasses.dataclass
 class FitResult:
-    history: dict[str, list[float]]
+    history: dict[str, list[float]]  # every epoch's, those before a resume included when its checkpoint has them
     start_step: int
     end_step: int
+    history_restored: bool = False  # whether ``history`` begins with the restored checkpoint's
 
 
 def fit(
@@ -390,18 +413,18 @@ def _fit(
         guard,
         saver,
         stopper,
+        EpochHistory(checkpointer),
         StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
         *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
     ]
     tensorboard = keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"), update_freq="epoch")
-    history: dict[str, list[float]] = {"epoch": []}
     try:
         for segment in plan_segments(start, total_steps, steps_per_epoch):
             for stepper in steppers:
                 stepper.segment = segment
             saver.last = segment.start_step
             with training_scope(strategy):
-                run = model.fit(
+                model.fit(
                     data_fn(segment.start_step),
                     epochs=segment.first_epoch + segment.epochs,
                     shuffle=False,
@@ -411,15 +434,12 @@ def _fit(
                     callbacks=[*steppers, *callbacks, tensorboard],  # TensorBoard logs what the callbacks leave
                     verbose=verbose,
                 )
-            history["epoch"].extend(run.epoch)
-            for key, values in run.history.items():
-                history.setdefault(key, []).extend(float(v) for v in values)
             if stopper.stopped_at is not None:
                 raise stopper.error()
     finally:
         stopper.restore()
     checkpointer.save(model, total_steps)
-    return FitResult(history, start, total_steps)
+    return FitResult(checkpointer.history, start, total_steps, checkpointer.history_restored)
 
 
 def _uncompiled(model: keras.Model) -> keras.Model:

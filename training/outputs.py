@@ -129,6 +129,7 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
         yield
         return
     check_usable(path, overwrite)
+    created = _missing_folders(path)
     os.makedirs(path, exist_ok=True)
     lock = os.path.join(path, LOCK)
     while True:
@@ -149,9 +150,30 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
+    except Exception as error:
+        if not still_linked(fd, lock):  # the folder (or its lock) was removed under the run
+            raise OutputDirError(
+                f"--output-dir {path} was deleted while the run was writing it; the run stopped. Start it again "
+                "to train from the beginning."
+            ) from error
+        raise
     finally:
-        os.unlink(lock)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
         os.close(fd)
+        for folder in created:  # a run refused before it wrote anything leaves no folder it made
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders of ``path`` that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def check_paths(path: str, files: Sequence[str], folders: Sequence[str] = RUN_FOLDERS) -> None:

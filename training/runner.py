@@ -173,7 +173,7 @@ def _run(
         "strategy": strategy_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
         "precision": policy_name(config, setup.device),
-        "history": _joined(previous.history or {}, result.history),
+        "history": result.history if result.history_restored else _joined(previous.history or {}, result.history),
         "config": config_lib.json_ready(config),
     }
     save_outputs(kept, metrics, run.output_dir, strategy, model_path)
