@@ -1,14 +1,8 @@
-"""The paper's position-embedding ablation (Appendix D.4), and token vs GAP: ``python -m keras_vit.training.ablation``.
+"""The paper's position-embedding ablation (App. D.4) and token vs GAP: ``python -m keras_vit.training.ablation``.
 
-Trains one ViT per position embedding of :data:`keras_vit.position.POSITION_EMBEDDINGS` (and per
-classifier, ``token`` or ``gap``) under the same budget -- same data, steps, optimizer, schedule, precision,
-strategy and augmentation as ``python -m keras_vit.training.finetune`` would use -- and prints a Markdown table of
-held-out accuracy (mean and spread over ``--seeds``). Each setting and seed is a run of
-:func:`keras_vit.training.runner.train`, as fine-tuning is, into ``OUT/<position>-<classifier>/seed-<seed>/``
-(checkpoints, logs, ``model.keras``, ``metrics.json``; a run started again resumes there); the table goes to
-``OUT/ablation.md`` and ``OUT/ablation.json``. Without ``--dataset`` it runs offline on scikit-learn's digits with
-the ``digits`` preset's small ViT. The paper (Table 8: ViT-B/16, ImageNet 5-shot linear accuracy) found 1-D, 2-D
-and relative embeddings within 0.2% of each other (64.2%, 64.0%, 64.0%) and all about 3% above none (61.4%).
+One run per position embedding, classifier and seed under the same budget, into
+``OUT/<position>-<classifier>/seed-<seed>/``; the table of held-out accuracy goes to ``OUT/ablation.md`` and
+``OUT/ablation.json`` (docs/ablations.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""A run's checkpoints: every model and optimizer variable and the step, one ``.npz`` file each, on every backend.
+"""A run's checkpoints: every model and optimizer variable, the step and the epoch history, one ``.npz`` each.
 
-One format for TensorFlow, JAX and torch::
-
-    checkpoints/ckpt-<step>.npz
-        step            the batch count the checkpoint was taken at
-        manifest        JSON: the format's name, the backend that wrote it, the path, shape and dtype of every
-                        variable below, in order (a restore checks paths and shapes position by position)
-        model/<i>       model.variables[i]: weights, LoRA adapters, random-seed generator states
-        optimizer/<i>   model.optimizer.variables[i]: iteration counter, moments, accumulated gradients, loss scale
-
-Keras' ``model.save_weights`` is not used: its file leaves out the seed generators' states (dropout would draw
-other masks after a resume) and stores a LoRA-adapted ``Dense`` with the adapters merged into its kernel (the
-adapters would restart from zero). The variables here are read with ``keras.ops.convert_to_numpy`` and written
-back with ``assign``, which also places them on a ``keras.distribution``'s devices or a strategy's replicas.
-
-Writing (:meth:`Checkpointer.save`) goes to a hidden temporary file in the folder, flushed to disk, then renamed
-into place (:func:`keras_vit.files.atomic_open`): a checkpoint is in the folder only complete. Then the oldest
-``ckpt-<step>.npz`` beyond ``keep`` are deleted; nothing else in the folder is touched (a temporary file that a
-killed save left is removed when the run restarts). Reading (:meth:`Checkpointer.restore`) tries the newest first;
-one that does not read whole is passed over with a warning; one that reads but does not fit the model is an error.
+The same format on every backend (docs/training.md): written atomically, the oldest beyond ``keep`` pruned;
+restored newest first, passing over one that does not read whole, refusing one that does not fit the model.
 """
 
 from __future__ import annotations
@@ -134,11 +117,8 @@ def _is_entry(entry) -> bool:
 
 
 class Checkpointer:
-    """Saves and restores a compiled model's variables, its optimizer's and the step in ``directory``.
-
-    ``write=False``: only check and remember the step (a multi-worker task that is not the chief; every task
-    restores the chief's checkpoints).
-    """
+    """Saves and restores a compiled model's variables, its optimizer's, the step and the epoch history in
+    ``directory``; ``write=False`` (a worker that is not the chief) only checks and remembers the step."""
 
     def __init__(self, directory: str, keep: int = 3, write: bool = True):
         if keep < 1:

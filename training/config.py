@@ -1,31 +1,8 @@
-"""A training run's settings (:class:`TrainConfig`), its presets, and how the defaults are chosen.
+"""A training run's settings (:class:`TrainConfig`), its presets, and how the defaults are chosen (docs/training.md).
 
-A config has four sections -- ``model`` (:class:`ModelConfig`), ``data`` (:class:`DataConfig`),
-``optim`` (:class:`OptimConfig`) and ``run`` (:class:`RunConfig`: how a run runs, which a resumed run
-may change) -- and a ``preset``. Each field is declared once with its default and help text (see
-:mod:`keras_vit.fields`; the command-line options are generated from them). Fields whose
-default is ``None`` and that a preset names come from the preset (:func:`resolve`):
-
-* ``finetune`` -- the paper's fine-tuning recipe (Dosovitskiy et al. 2021, App. B.1.1): SGD momentum
-  0.9, base lr 0.03 (0.01 for B/16 on CIFAR-10), 500 warmup steps then cosine decay, global-norm
-  clipping at 1, no weight decay, batch 512, 10k steps (20k on ImageNet), 384 px, inception crop
-  (area 0.05-1) + flip, evaluation by plain resize.
-* ``scratch`` -- training from scratch with the augmentations of modern ViT training (DeiT /
-  "How to train your ViT"): AdamW(0.9, 0.999), weight decay 0.1, lr 1e-3, 5% warmup, cosine,
-  300 epochs, label smoothing 0.1, stochastic depth 0.1, RandAugment(2, 0.5), MixUp 0.8, CutMix 1.0.
-* ``digits`` -- the offline default: a 4-block ViT on scikit-learn's digits, tuned to finish in a few
-  minutes on 2 CPU cores.
-
-A preset is a partial override of the sections; what the user sets overrides the preset.
-``preset="auto"`` picks ``digits`` when no dataset is named, ``finetune`` when weights are given,
-and ``scratch`` otherwise. A named model brings its own architecture (the preset's width, depth, ...
-are dropped), and given ``steps`` or ``epochs`` replace the preset's length. Machine rule: when
-``batch_size`` is not given and no accelerator is present, the finetune and scratch presets' batch of
-512 becomes 32 and (unless ``lr`` is given) the learning rate is scaled by the same factor, 1/16
-(linear scaling rule). ``accumulation_steps`` keeps a large batch with less memory.
-
-The flat names (``lr``, ``batch_size``, ``model``, ...) are the command-line options, the keywords of
-:meth:`TrainConfig.replace` and the keys of ``run.json``.
+Four sections, each checking its own fields when made: ``model``, ``data``, ``optim`` and ``run`` (what a resumed
+run may change). ``None`` fields come from the preset (:func:`resolve`). The flat names (``lr``, ``model``) are
+the command-line options, the keywords of :meth:`TrainConfig.replace` and the keys of ``run.json``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""``model.fit`` that resumes: checkpoints every N steps, step-level logs, TensorBoard, final outputs.
+"""``model.fit`` that resumes: checkpoints every N steps, step logs, TensorBoard, final outputs (docs/training.md).
 
-A run writes to ``output_dir``::
-
-    checkpoints/        ckpt-<step>.npz: every model variable (weights, LoRA adapters, random-seed states),
-                        every optimizer variable (step counter, momenta, accumulators) and the step; the same
-                        format on every backend (see :mod:`keras_vit.training.checkpoint`)
-    tensorboard/        Keras' per-epoch train/validation curves; steps/ has loss and lr per log step
-    train_log.jsonl     one line per log step: step, epoch, loss (mean since the last line), lr
-    model.keras         the final model (for inference; the optimizer state lives in checkpoints/)
-    metrics.json        the final held-out metrics, the history and the run's settings
-
-Started again with a checkpoint present, :func:`fit` restores it and continues from its step: the
-data stream restarts at that step (``data_fn(step)``), the optimizer's iteration count and hence the
-learning-rate schedule carry on, and ``train_log.jsonl`` is cut back to that step. An "epoch" is an
-evaluation interval of ``steps_per_epoch`` steps; a resumed run keeps the same epoch boundaries.
-
-Every backend: ``model.fit`` and the callbacks are the same. On JAX the training state lives outside the
-Keras variables during an epoch; the callbacks here reach the model through ``Callback.model``, which attaches
-it first. Under a ``keras.distribution`` the fit runs in its scope (``strategy.training_scope``).
+A restarted run restores its newest checkpoint and goes on from its step: the data stream, the schedule and the
+epoch history carry on, and ``train_log.jsonl`` is cut back to that step. An "epoch" is an evaluation interval.
 """
 
 from __future__ import annotations
@@ -145,10 +129,8 @@ class EpochHistory(StepCallback):
 
 
 class TorchStepSeed(StepCallback):
-    """torch only: seeds torch's global generators from ``(seed, step)`` before every batch. Keras' torch dropout
-    draws from them when its layer has no seed of its own, and so does each new data iterator ``model.fit``
-    makes; keyed by the step, the masks of a resumed run are those of an uninterrupted one (as the seed-generator
-    states in the checkpoint give on TensorFlow and JAX)."""
+    """torch only: seeds torch's global generators from ``(seed, step)`` before every batch, so that a resumed run
+    draws the dropout masks of an uninterrupted one."""
 
     def __init__(self, seed: int):
         super().__init__()
@@ -186,11 +168,8 @@ class StopOnNonFinite(StepCallback):
 
 
 class StopOnSignal(StepCallback):
-    """Preemption: on SIGTERM or SIGINT (in the main thread) the run finishes the update it is in, writes a checkpoint
-    at that step and stops; :func:`fit` then raises :class:`PreemptedError`, and the same command resumes from the
-    checkpoint. Everything since the last periodic checkpoint is kept. With several workers (``agree``: whether any
-    worker has a signal, a collective every update) they all stop at the same update, so that the chief's checkpoint
-    is the state of every worker and no worker waits on one that has stopped."""
+    """On SIGTERM or SIGINT the run ends its update, checkpoints that step and stops (:class:`PreemptedError`);
+    several workers (``agree``) all stop at the same update."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -318,12 +297,8 @@ def fit(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int | str = "auto",
 ) -> FitResult:
-    """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir`` if possible.
-
-    ``data_fn(step)`` must return the endless training batches from batch ``step`` on. Steps here are
-    ``model.fit`` batches (with gradient accumulation, ``accumulation_steps`` of them per update). ``seed``
-    keys torch's dropout masks by step (:class:`TorchStepSeed`).
-    """
+    """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir``'s checkpoints;
+    ``data_fn(step)`` gives the endless batches from ``step`` on (steps are ``model.fit`` batches)."""
     chief = is_chief(strategy)
     work_dir = output_dir if chief else tempfile.mkdtemp(prefix="keras_vit_worker_")
     previous = None

@@ -1,14 +1,7 @@
-"""A run's output folder: the marker that says a run wrote it, what ``--overwrite`` may delete, strict JSON.
+"""A run's output folder: its marker, its lock, what ``--overwrite`` may delete, strict JSON (docs/faults.md).
 
-A run starts only in a missing or empty folder or in its own run folder (:func:`check_usable`). Every command
-writes :data:`MARKER` into its output folder before anything else of its own. Every file is
-written atomically (:mod:`keras_vit.files`); the temporary files of :data:`RUN_FILES` that a killed run left
-are removed when a run starts again. :func:`clear_output` (``--overwrite``) deletes only the entries of
-:data:`RUN_FILES` (and those temporary files), and only in a folder that holds the marker (or a ``run.json``,
-which runs wrote before the marker existed); a non-empty folder without either is refused, naming it. Other
-files in a run folder are left alone.
-
-JSON outputs are strict JSON: :func:`write_json` writes NaN and infinite floats as ``null``.
+A run starts only in a missing or empty folder or its own run folder; ``--overwrite`` deletes only
+:data:`RUN_FILES`, and only in a run's folder.
 """
 
 from __future__ import annotations

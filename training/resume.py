@@ -38,13 +38,9 @@ LENGTH_FIELDS = frozenset({"steps", "epochs", "eval_every", "warmup"})
 
 
 def prepare_output(config: TrainConfig, chief: bool, model_path: str | None = None) -> Previous:
-    """Clear ``output_dir`` of a previous run's files (``overwrite``; see :mod:`keras_vit.training.outputs`), or
-    check that the run it holds is this run, finished, or this run to be extended (more ``steps``), and that the
-    run can write every path it will (:func:`~keras_vit.training.outputs.check_paths`). A folder without a
-    checkpoint or a finished run's metrics holds no run to compare with: a run that failed before its first
-    checkpoint does not bind the next one. Writes nothing (see :func:`start_output`). The run's lock
-    (:func:`~keras_vit.training.outputs.run_lock`) has checked the folder is missing, empty or a run's.
-    """
+    """Clear ``output_dir`` (``overwrite``), or check that the run it holds is this run (finished, or to be extended
+    by more ``steps``) and that every path the run writes can be written; what the folder holds of the run. Writes
+    nothing; an :class:`OutputDirError` when the folder holds another run."""
     out = config.run.output_dir
     if chief and config.run.overwrite:
         outputs.clear_output(out)  # refuses a folder that is not a run's

@@ -1,18 +1,7 @@
-"""The one training run every command goes through: :func:`train`.
+"""The one training run every command goes through: :func:`train` of a prepared :class:`Setup` and a :class:`Task`.
 
-Given a prepared :class:`~keras_vit.training.steps.Setup` (strategy, data, resolved config) and a :class:`Task`
-(what is trained: a classifier, or the masked-patch model around one), a run
-
-1. checks its output folder (``overwrite`` clears it; a folder holding another run's checkpoints is refused);
-2. builds and compiles the task's model under the config's precision policy and in the strategy's scope
-   (optimizer, schedule, clipping, gradient accumulation, weight decay: :func:`steps.compile_model`);
-3. marks the folder and writes ``run.json``;
-4. trains with :func:`keras_vit.training.loop.fit`: checkpoints, step logs, TensorBoard, resuming from the
-   folder's last checkpoint;
-5. evaluates on the held-out data and writes ``model.keras`` and ``metrics.json``.
-
-``finetune`` is one run; ``pretrain`` a masked-patch run then classification runs; ``ablation`` one
-classification run per setting and seed.
+It checks the output folder, builds and compiles the task's model, marks the folder, trains with
+:func:`keras_vit.training.loop.fit`, evaluates and writes ``model.keras`` and ``metrics.json`` (docs/design.md).
 """
 
 from __future__ import annotations
@@ -65,12 +54,8 @@ class Task(Protocol):
 
 
 class OverImages(keras.callbacks.Callback):
-    """The held-out loss over the images alone when the evaluation is in whole batches (TPU, JAX DataParallel).
-
-    Keras' loss tracker averages over every example of a batch, so the blanks that fill the last one (weight 0,
-    loss 0) pull ``val_loss`` down by images / (images + blanks); this puts ``val_loss`` back, times ``scale``,
-    for the callbacks after it (TensorBoard, and History and the progress bar, which Keras calls last).
-    """
+    """Puts ``val_loss`` back over the images alone, times ``scale``, when evaluation in whole batches counts the
+    blanks (weight 0) that fill the last one; for the callbacks after it."""
 
     def __init__(self, images: int, blanks: int):
         super().__init__()
@@ -100,13 +85,9 @@ def train(
     command: str = "finetune",
     model_path: str | None = None,
 ) -> RunResult:
-    """Run ``task`` as ``setup`` says, into its ``output_dir`` (see the module docstring).
-
-    ``callbacks`` are added to ``model.fit``; ``command`` is written in the folder's marker; ``model_path`` is where
-    the kept model goes (default ``OUTPUT_DIR/model.keras``). A loss that turns NaN or infinite stops the run with a
-    ``DivergedError`` (no model is saved). The run holds its folder's lock from start to end
-    (:func:`keras_vit.training.outputs.run_lock`): a second run into the folder is refused meanwhile.
-    """
+    """Run ``task`` as ``setup`` says into its ``output_dir``, holding the folder's lock; ``callbacks`` go to
+    ``model.fit``, ``command`` to the folder's marker, the kept model to ``model_path`` (default ``model.keras``).
+    Errors: :class:`DivergedError`, :class:`OutputDirError`, :class:`PreemptedError`."""
     with outputs.run_lock(setup.config.run.output_dir, setup.chief, setup.config.run.overwrite):
         return _run(setup, task, callbacks, command, model_path)
 

@@ -1,13 +1,6 @@
-"""Image classification, the task of fine-tuning, of the fine-tuning half of pre-training and of the ablation.
+"""Image classification: the task of fine-tuning, of pre-training's fine-tuning half and of the ablation.
 
-:class:`Classification` is the :class:`~keras_vit.training.runner.Task`: the config's ViT (with another position
-embedding or classifier when given), label-smoothed cross-entropy, the augmented training stream and the held-out
-set. :func:`train_classifier` is one run of it (:func:`keras_vit.training.runner.train`): load the data and the
-strategy, resolve the config, build and compile the model under the precision policy, ``model.fit`` with
-checkpoints (resuming from ``output_dir`` when it holds one), evaluate on held-out data, save ``model.keras`` and
-``metrics.json``. The run's settings (``run.json``) are written once the model is built: a run that fails before
-does not bind the next one. A loss that turns NaN or infinite stops the run with a ``DivergedError`` (no model is
-saved).
+:class:`Classification` is the :class:`~keras_vit.training.runner.Task`; :func:`train_classifier` one run of it.
 """
 
 from __future__ import annotations
@@ -93,8 +86,6 @@ def train_classifier(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     strategy: Strategy | None = None,
 ) -> FinetuneResult:
-    """Train the classifier ``config`` describes, evaluate it and save it (see the module docstring).
-
-    ``callbacks`` are added to ``model.fit``; ``strategy`` replaces the config's.
-    """
+    """Train the classifier ``config`` describes, evaluate and save it; ``callbacks`` go to ``model.fit``,
+    ``strategy`` replaces the config's."""
     return train(prepare(config, strategy), Classification(), callbacks=callbacks)
