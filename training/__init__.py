@@ -12,7 +12,7 @@ _EXPORTS = {
     "train_classifier": "keras_vit.training.supervised",
     "build_model": "keras_vit.training.model",
     "compile_model": "keras_vit.training.model",
-    "prepare": "keras_vit.training.prepare",
+    "prepare": "keras_vit.training.setup",
     "TrainConfig": "keras_vit.training.config",
     "PRESETS": "keras_vit.training.config",
     "get_strategy": "keras_vit.training.distributed.strategy",
@@ -41,11 +41,11 @@ _SUBMODULES = (
     "optimizers",
     "outputs",
     "pipeline",
-    "prepare",
     "pretrain",
     "resume",
     "runner",
     "schedules",
+    "setup",
     "supervised",
 )
 __all__ = sorted(_EXPORTS)

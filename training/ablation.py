@@ -25,8 +25,8 @@ from keras_vit.training import config as config_lib
 from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.model import policy_name
-from keras_vit.training.prepare import prepare
 from keras_vit.training.runner import train
+from keras_vit.training.setup import prepare
 from keras_vit.training.supervised import Classification
 
 __all__ = [

@@ -19,7 +19,7 @@ from keras_vit.training.data import Source, Split
 from keras_vit.training.distributed.sharding import WHOLE, Shard, distribute_input
 from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
-from keras_vit.training.prepare import Setup
+from keras_vit.training.setup import Setup
 
 __all__ = [
     "KEEP",

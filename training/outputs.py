@@ -19,7 +19,7 @@ from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
 
 if TYPE_CHECKING:
-    from keras_vit.training.prepare import Setup
+    from keras_vit.training.setup import Setup
 
 try:
     import fcntl

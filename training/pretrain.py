@@ -20,8 +20,8 @@ from keras_vit.training import config as config_lib
 from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.masked_patch import MaskedPatches
-from keras_vit.training.prepare import Setup, prepare
 from keras_vit.training.runner import train
+from keras_vit.training.setup import Setup, prepare
 from keras_vit.training.supervised import Classification, FinetuneResult
 
 __all__ = [

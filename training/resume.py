@@ -14,7 +14,7 @@ from keras_vit.training.data import Source
 from keras_vit.training.errors import OutputDirError
 
 if TYPE_CHECKING:
-    from keras_vit.training.prepare import Setup
+    from keras_vit.training.setup import Setup
 
 __all__ = ["CLASSES", "Previous", "check_classes", "prepare_output", "record_classes", "start_output"]
 

@@ -25,7 +25,7 @@ from keras_vit.training.errors import OutputDirError
 from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.memory import check_batch_fits
 from keras_vit.training.model import policy_name, precision
-from keras_vit.training.prepare import Setup, describe
+from keras_vit.training.setup import Setup, describe
 
 __all__ = ["OverImages", "RunResult", "Task", "train"]
 

@@ -17,8 +17,8 @@ from keras_vit.training.distributed.sharding import distribute_input
 from keras_vit.training.distributed.strategy import Strategy
 from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
-from keras_vit.training.prepare import Setup, prepare
 from keras_vit.training.runner import RunResult, train
+from keras_vit.training.setup import Setup, prepare
 
 __all__ = ["Classification", "FinetuneResult", "train_classifier"]
 
