@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from keras_vit.training.strategy import split_cpu
+from keras_vit.training.distributed.strategy import split_cpu
 
 split_cpu(2)  # before TensorFlow initialises its devices
 

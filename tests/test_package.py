@@ -174,7 +174,7 @@ def test_submodules_are_attributes_of_a_plain_import(tmp_path):
 
 
 def test_every_module_and_the_names_the_docs_write_resolve_after_import_keras_vit(tmp_path):
-    """Each module by its dotted name (``keras_vit.training.strategy``) and each ``keras_vit.x.y`` of the docs
+    """Each module by its dotted name (``keras_vit.training.config``) and each ``keras_vit.x.y`` of the docs
     and README, attribute by attribute from ``import keras_vit`` alone."""
     documents = [*(REPO / "docs").glob("*.md"), REPO / "README.md"]
     written = {name for path in documents for name in re.findall(r"\bkeras_vit(?:\.\w+)+", path.read_text())}

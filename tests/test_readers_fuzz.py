@@ -209,7 +209,7 @@ RUN_FILES = [
 def read_run(folder: Path, model, config) -> None:
     """What a run reads of its folder before its first step: its settings and metrics, its checkpoints, its log."""
     from keras_vit.training.loop import truncate_log
-    from keras_vit.training.steps import prepare_output
+    from keras_vit.training.resume import prepare_output
 
     prepare_output(config.replace(output_dir=str(folder)), chief=True)
     step = Checkpointer(str(folder / "checkpoints")).restore(model)

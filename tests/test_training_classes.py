@@ -15,7 +15,7 @@ from keras_vit.training.data import Source, Split
 from keras_vit.training.errors import OutputDirError
 from keras_vit.training.finetune import finetune
 from keras_vit.training.finetune import main as finetune_main
-from keras_vit.training.steps import check_classes
+from keras_vit.training.resume import check_classes
 
 pytestmark = pytest.mark.backends("tensorflow")  # the run's files: the backends' runs are tested elsewhere
 

@@ -1,5 +1,5 @@
-"""Shared pieces of the training tests: a tiny model config, running Python in a subprocess on a chosen backend, and
-running ``keras_vit.training.launch`` (multi-worker and multi-process runs on 127.0.0.1)."""
+"""Shared pieces of the training tests: a tiny model config, image folders, a crash callback, running Python in a
+subprocess on a chosen backend, and running ``keras_vit.training.launch`` (multi-worker runs on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import time
 
 import keras
 import numpy as np
+from PIL import Image
 
+COLOURS = ((220, 30, 30), (30, 220, 30), (30, 30, 220))  # class k is bright in channel k
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A ViT small enough that a few steps take well under a second on a CPU. float32: the tests compare runs to
@@ -212,3 +214,43 @@ def running_workers(process: subprocess.Popen, workers: set[int], run: str, step
     pids = [worker_pid(process.pid, i) for i in (0, 1)]
     workers.update(p for p in pids if p)
     return pids
+
+
+class Crash(keras.callbacks.Callback):
+    """Simulates the process dying after ``at`` batches."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.seen = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.at:
+            raise RuntimeError("simulated crash")
+
+
+def write_images(root, per_class=4, names=("cat", "dog", "emu"), first=0):
+    """Class folders of PNG/JPEG files of several sizes, coloured by class."""
+    rng = np.random.default_rng(first)
+    for label, name in enumerate(names):
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+        for i in range(per_class):
+            h, w = 10 + 3 * i, 14 - 2 * i
+            pixels = np.clip(np.array(COLOURS[label]) + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+            ext = "png" if i % 2 else "jpg"
+            Image.fromarray(pixels).save(os.path.join(root, name, f"{first + i}.{ext}"))
+    with open(os.path.join(root, names[0], "notes.txt"), "w") as file:
+        file.write("not an image")
+
+
+def damaged_folder(root):
+    """Three classes of good images, plus a truncated JPEG and a text file named .png; returns the bad paths."""
+    write_images(root, per_class=4)
+    truncated, text = os.path.join(root, "dog", "cut.jpg"), os.path.join(root, "emu", "letter.png")
+    with open(os.path.join(root, "dog", "0.jpg"), "rb") as file:
+        data = file.read()
+    with open(truncated, "wb") as file:
+        file.write(data[: len(data) // 2])
+    with open(text, "w") as file:
+        file.write("not an image at all")
+    return truncated, text

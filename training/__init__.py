@@ -1,20 +1,7 @@
-"""Training ViTs with ``model.fit`` on every Keras backend, resumable from checkpoints.
+"""Training ViTs with ``model.fit`` on every Keras backend, resumable from checkpoints (docs/training.md).
 
-TensorFlow: any ``tf.distribute`` strategy; JAX: ``keras.distribution`` (data or model parallel on one host);
-torch: one device. The input pipeline is tf.data on every backend.
-
-Modules: ``config`` (the settings, their sections and presets), ``fields`` (settings declared once, with
-the command-line options generated from them), ``strategy`` (choose a tf.distribute strategy or a
-keras.distribution), ``data`` (digits / image folder / TFDS sources), ``pipeline`` (tf.data augmentation
-and preprocessing), ``schedules`` (warmup + decay from Keras' schedules), ``optimizers`` (clipping that is
-correct across replicas), ``checkpoint`` (one checkpoint format for every backend), ``loop`` (resumable
-``fit``), ``steps`` (what every run does: data, strategy, resolve, build, compile), ``runner`` (the one
-training run every command goes through), ``supervised`` (its classification task), ``masked_patch`` (masked
-patch prediction and its task); and the commands ``finetune``, ``pretrain`` and ``ablation``.
-
-The entry point is ``from keras_vit.training.finetune import finetune`` (``keras_vit.training.finetune`` is the module).
-The names below and the modules are loaded on first use, so ``python -m keras_vit.training.finetune`` does not
-import its own module twice.
+The commands are ``finetune``, ``pretrain``, ``ablation`` and ``launch``; the names below and the modules load on
+first use, so ``python -m keras_vit.training.finetune`` does not import its own module twice.
 """
 
 import keras_vit  # noqa: F401  (first: it picks TensorFlow's CPU kernels before TensorFlow loads)
@@ -23,12 +10,12 @@ from keras_vit.lazy import lazy_attributes
 _EXPORTS = {
     "FinetuneResult": "keras_vit.training.supervised",
     "train_classifier": "keras_vit.training.supervised",
-    "build_model": "keras_vit.training.steps",
-    "compile_model": "keras_vit.training.steps",
-    "prepare": "keras_vit.training.steps",
+    "build_model": "keras_vit.training.model",
+    "compile_model": "keras_vit.training.model",
+    "prepare": "keras_vit.training.setup",
     "TrainConfig": "keras_vit.training.config",
     "PRESETS": "keras_vit.training.config",
-    "get_strategy": "keras_vit.training.strategy",
+    "get_strategy": "keras_vit.training.distributed.strategy",
     "WarmupDecay": "keras_vit.training.schedules",
     "build_optimizer": "keras_vit.training.optimizers",
     "load_source": "keras_vit.training.data",
@@ -43,19 +30,22 @@ _SUBMODULES = (
     "checkpoint",
     "config",
     "data",
+    "distributed",
     "errors",
     "finetune",
     "launch",
     "loop",
     "masked_patch",
+    "memory",
+    "model",
     "optimizers",
     "outputs",
     "pipeline",
     "pretrain",
+    "resume",
     "runner",
     "schedules",
-    "steps",
-    "strategy",
+    "setup",
     "supervised",
 )
 __all__ = sorted(_EXPORTS)

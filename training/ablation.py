@@ -1,14 +1,8 @@
-"""The paper's position-embedding ablation (Appendix D.4), and token vs GAP: ``python -m keras_vit.training.ablation``.
+"""The paper's position-embedding ablation (App. D.4) and token vs GAP: ``python -m keras_vit.training.ablation``.
 
-Trains one ViT per position embedding of :data:`keras_vit.position.POSITION_EMBEDDINGS` (and per
-classifier, ``token`` or ``gap``) under the same budget -- same data, steps, optimizer, schedule, precision,
-strategy and augmentation as ``python -m keras_vit.training.finetune`` would use -- and prints a Markdown table of
-held-out accuracy (mean and spread over ``--seeds``). Each setting and seed is a run of
-:func:`keras_vit.training.runner.train`, as fine-tuning is, into ``OUT/<position>-<classifier>/seed-<seed>/``
-(checkpoints, logs, ``model.keras``, ``metrics.json``; a run started again resumes there); the table goes to
-``OUT/ablation.md`` and ``OUT/ablation.json``. Without ``--dataset`` it runs offline on scikit-learn's digits with
-the ``digits`` preset's small ViT. The paper (Table 8: ViT-B/16, ImageNet 5-shot linear accuracy) found 1-D, 2-D
-and relative embeddings within 0.2% of each other (64.2%, 64.0%, 64.0%) and all about 3% above none (61.4%).
+One run per position embedding, classifier and seed under the same budget, into
+``OUT/<position>-<classifier>/seed-<seed>/``; the table of held-out accuracy goes to ``OUT/ablation.md`` and
+``OUT/ablation.json`` (docs/ablations.md).
 """
 
 from __future__ import annotations
@@ -28,9 +22,11 @@ from keras_vit.fields import option
 from keras_vit.files import atomic_open
 from keras_vit.position import POSITION_EMBEDDINGS, check_position_embedding
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs, steps
+from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.model import policy_name
 from keras_vit.training.runner import train
+from keras_vit.training.setup import prepare
 from keras_vit.training.supervised import Classification
 
 __all__ = [
@@ -106,14 +102,14 @@ def run_ablation(
     seeds = (config.optim.seed,) if seeds is None else tuple(seeds)
     if not seeds:
         raise ValueError("--seeds must be >= 1, got 0.")
-    setup = steps.prepare(config)
+    setup = prepare(config)
     config, source, optim = setup.config, setup.source, setup.config.optim
     log = log if setup.chief else lambda line: None
-    steps.start_parent(setup, "ablation", ["ablation.md", "ablation.json"])
+    outputs.start_parent(setup, "ablation", ["ablation.md", "ablation.json"])
     log(
         f"{source.name}: ViT {config.model.name} {config.architecture()} at {config.model.image_size}px, "
         f"{optim.steps} steps of {optim.batch_size}, {optim.optimizer} lr {optim.lr:g}, "
-        f"{steps.policy_name(config, setup.device)}; seeds {list(seeds)}"
+        f"{policy_name(config, setup.device)}; seeds {list(seeds)}"
     )
     out, rows = config.run.output_dir, []
     for position_embedding, classifier in runs:

@@ -1,24 +1,7 @@
-"""A run's checkpoints: every model and optimizer variable and the step, one ``.npz`` file each, on every backend.
+"""A run's checkpoints: every model and optimizer variable, the step and the epoch history, one ``.npz`` each.
 
-One format for TensorFlow, JAX and torch::
-
-    checkpoints/ckpt-<step>.npz
-        step            the batch count the checkpoint was taken at
-        manifest        JSON: the format's name, the backend that wrote it, the path, shape and dtype of every
-                        variable below, in order (a restore checks paths and shapes position by position)
-        model/<i>       model.variables[i]: weights, LoRA adapters, random-seed generator states
-        optimizer/<i>   model.optimizer.variables[i]: iteration counter, moments, accumulated gradients, loss scale
-
-Keras' ``model.save_weights`` is not used: its file leaves out the seed generators' states (dropout would draw
-other masks after a resume) and stores a LoRA-adapted ``Dense`` with the adapters merged into its kernel (the
-adapters would restart from zero). The variables here are read with ``keras.ops.convert_to_numpy`` and written
-back with ``assign``, which also places them on a ``keras.distribution``'s devices or a strategy's replicas.
-
-Writing (:meth:`Checkpointer.save`) goes to a hidden temporary file in the folder, flushed to disk, then renamed
-into place (:func:`keras_vit.files.atomic_open`): a checkpoint is in the folder only complete. Then the oldest
-``ckpt-<step>.npz`` beyond ``keep`` are deleted; nothing else in the folder is touched (a temporary file that a
-killed save left is removed when the run restarts). Reading (:meth:`Checkpointer.restore`) tries the newest first;
-one that does not read whole is passed over with a warning; one that reads but does not fit the model is an error.
+The same format on every backend (docs/training.md): written atomically, the oldest beyond ``keep`` pruned;
+restored newest first, passing over one that does not read whole, refusing one that does not fit the model.
 """
 
 from __future__ import annotations
@@ -111,6 +94,17 @@ def _manifest(text: str) -> dict:
     return manifest
 
 
+def _is_history(history) -> bool:
+    """Whether a manifest's ``history`` is ``{"epoch": [...], metric: [...]}`` of equal lengths."""
+    if not isinstance(history, dict) or not isinstance(history.get("epoch"), list):
+        return False
+    length = len(history["epoch"])
+    return all(
+        isinstance(v, list) and len(v) == length and all(isinstance(x, (int, float)) for x in v)
+        for v in history.values()
+    )
+
+
 def _is_entry(entry) -> bool:
     return (
         isinstance(entry, list)
@@ -123,17 +117,16 @@ def _is_entry(entry) -> bool:
 
 
 class Checkpointer:
-    """Saves and restores a compiled model's variables, its optimizer's and the step in ``directory``.
-
-    ``write=False``: only check and remember the step (a multi-worker task that is not the chief; every task
-    restores the chief's checkpoints).
-    """
+    """Saves and restores a compiled model's variables, its optimizer's, the step and the epoch history in
+    ``directory``; ``write=False`` (a worker that is not the chief) only checks and remembers the step."""
 
     def __init__(self, directory: str, keep: int = 3, write: bool = True):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}.")
         self.directory, self.keep, self.write = directory, keep, write
         self.saved: int | None = None
+        self.history: dict[str, list] = {"epoch": []}  # the epochs done, saved with every checkpoint
+        self.history_restored = False
 
     def restore(self, model: keras.Model) -> int:
         """Load the newest checkpoint that reads whole into ``model``; return its step (0 without one)."""
@@ -163,6 +156,9 @@ class Checkpointer:
                 warn(
                     f"resuming from {path} (step {saved_step}), the newest checkpoint that reads: {'; '.join(failures)}"
                 )
+            history = manifest.get("history")
+            if _is_history(history):
+                self.history, self.history_restored = history, True
             self.saved = saved_step
             return saved_step
         if failures:
@@ -172,10 +168,10 @@ class Checkpointer:
             )
         return 0
 
-    def save(self, model: keras.Model, step: int) -> None:
-        """Save at ``step`` (once: saving the step just saved or restored again is a no-op); weights that are NaN
-        or infinite are a :class:`DivergedError` instead, and nothing is written."""
-        if step == self.saved:
+    def save(self, model: keras.Model, step: int, again: bool = False) -> None:
+        """Save at ``step`` with the history (once unless ``again``); non-finite weights: a :class:`DivergedError`,
+        nothing written."""
+        if step == self.saved and not again:
             return
         parts = _parts(model)
         arrays = {part: [np.asarray(keras.ops.convert_to_numpy(v)) for v in values] for part, values in parts.items()}
@@ -185,7 +181,7 @@ class Checkpointer:
                 f"last one is batch {self.saved or 'none'}). To fix: {DIVERGED_HINT}."
             )
         if self.write:
-            manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step}
+            manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step, "history": self.history}
             manifest.update({part: _entries(variables) for part, variables in parts.items()})
             self._write(step, manifest, arrays)
             self._prune()

@@ -1,31 +1,8 @@
-"""A training run's settings (:class:`TrainConfig`), its presets, and how the defaults are chosen.
+"""A training run's settings (:class:`TrainConfig`), its presets, and how the defaults are chosen (docs/training.md).
 
-A config has four sections -- ``model`` (:class:`ModelConfig`), ``data`` (:class:`DataConfig`),
-``optim`` (:class:`OptimConfig`) and ``run`` (:class:`RunConfig`: how a run runs, which a resumed run
-may change) -- and a ``preset``. Each field is declared once with its default and help text (see
-:mod:`keras_vit.fields`; the command-line options are generated from them). Fields whose
-default is ``None`` and that a preset names come from the preset (:func:`resolve`):
-
-* ``finetune`` -- the paper's fine-tuning recipe (Dosovitskiy et al. 2021, App. B.1.1): SGD momentum
-  0.9, base lr 0.03 (0.01 for B/16 on CIFAR-10), 500 warmup steps then cosine decay, global-norm
-  clipping at 1, no weight decay, batch 512, 10k steps (20k on ImageNet), 384 px, inception crop
-  (area 0.05-1) + flip, evaluation by plain resize.
-* ``scratch`` -- training from scratch with the augmentations of modern ViT training (DeiT /
-  "How to train your ViT"): AdamW(0.9, 0.999), weight decay 0.1, lr 1e-3, 5% warmup, cosine,
-  300 epochs, label smoothing 0.1, stochastic depth 0.1, RandAugment(2, 0.5), MixUp 0.8, CutMix 1.0.
-* ``digits`` -- the offline default: a 4-block ViT on scikit-learn's digits, tuned to finish in a few
-  minutes on 2 CPU cores.
-
-A preset is a partial override of the sections; what the user sets overrides the preset.
-``preset="auto"`` picks ``digits`` when no dataset is named, ``finetune`` when weights are given,
-and ``scratch`` otherwise. A named model brings its own architecture (the preset's width, depth, ...
-are dropped), and given ``steps`` or ``epochs`` replace the preset's length. Machine rule: when
-``batch_size`` is not given and no accelerator is present, the finetune and scratch presets' batch of
-512 becomes 32 and (unless ``lr`` is given) the learning rate is scaled by the same factor, 1/16
-(linear scaling rule). ``accumulation_steps`` keeps a large batch with less memory.
-
-The flat names (``lr``, ``batch_size``, ``model``, ...) are the command-line options, the keywords of
-:meth:`TrainConfig.replace` and the keys of ``run.json``.
+Four sections, each checking its own fields when made: ``model``, ``data``, ``optim`` and ``run`` (what a resumed
+run may change). ``None`` fields come from the preset (:func:`resolve`). The flat names (``lr``, ``model``) are
+the command-line options, the keywords of :meth:`TrainConfig.replace` and the keys of ``run.json``.
 """
 
 from __future__ import annotations
@@ -89,6 +66,20 @@ def parse_model_name(name: str) -> str:
     return name
 
 
+class _Checked:
+    """A section that checks its fields against :data:`RANGES` when made: a ``ValueError`` naming the first."""
+
+    def __post_init__(self) -> None:
+        for field in option_fields(type(self)):
+            name, value = flag_name(field), getattr(self, field.name)
+            allowed = RANGES.get(name)
+            values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+            if allowed is None or value is None:
+                continue
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v in allowed for v in values):
+                raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {_shown(value)}.")
+
+
 # Every option of keras_vit.config.ViTConfig that makes the model (its architecture included), with the config's
 # help and choices; None: the variant's or ViT's default (dropout and drop_path: the preset's).
 MODEL_OPTIONS = field_names("architecture", "structure", "numerics", "training")
@@ -101,7 +92,7 @@ ModelOptions = model_flags(
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(ModelOptions):
+class ModelConfig(_Checked, ModelOptions):
     """The model: a variant with any option of keras_vit.config.ViTConfig replaced, its weights and LoRA."""
 
     name: str | None = option(
@@ -120,7 +111,7 @@ class ModelConfig(ModelOptions):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
+class DataConfig(_Checked):
     """The data: where it comes from, how it is split, augmented and evaluated."""
 
     dataset: str | None = option(
@@ -151,9 +142,15 @@ class DataConfig:
         "leave out image-folder files that do not decode, naming them", unset="no: stop before training, naming them"
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        low, high = self.crop_area or (0, 1)
+        if low > high:
+            raise ValueError(f"--crop-area must be low,high with low <= high, got {_shown(self.crop_area)}.")
+
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(_Checked):
     """The optimisation: batch, length, learning-rate schedule, optimizer, loss, precision, seed."""
 
     batch_size: int | None = option("global batch (per optimizer update)", unset=PRESET)
@@ -187,13 +184,13 @@ def _verbosity(text: str) -> int | str:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class RunConfig(_Checked):
     """How a run runs: devices, outputs, checkpoints, logs (a resumed run may change these)."""
 
     strategy: str = option(
         "TensorFlow: a tf.distribute strategy (default, one_device, mirrored, multi_worker, tpu); JAX: a "
         "keras.distribution (default, data_parallel, model_parallel); torch: one device. auto: see "
-        "keras_vit.training.strategy",
+        "keras_vit.training.distributed.strategy",
         "auto",
         choices=STRATEGIES,
     )
@@ -219,6 +216,11 @@ class RunConfig:
         parse=_verbosity,
     )
     overwrite: bool = option("delete output-dir first instead of resuming from it", False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.output_dir:
+            raise ValueError("--output-dir must name a folder, got an empty string.")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
@@ -384,7 +386,6 @@ def resolve(config: TrainConfig, *, train_examples: int | None, accelerator: str
         optim["lr"] *= CPU_BATCH / optim["batch_size"]
         optim["batch_size"] = CPU_BATCH
     resolved = TrainConfig().update(values).update(config.set_fields(), preset=preset)
-    _check_ranges(resolved)  # before derived values: an error shows the value as given
     optim = resolved.optim
     steps, eval_every = optim.steps, optim.eval_every
     if optim.epochs is not None and steps is not None:
@@ -465,24 +466,6 @@ def _shown(value: Any) -> str:
     """A value as typed on the command line (``-3``, ``0.05,1``)."""
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-
-
-def _check_ranges(config: TrainConfig) -> None:
-    """A ``ValueError`` naming the first setting outside its :data:`RANGES` (and a crop area that is not low,high,
-    an empty output folder)."""
-    for name, allowed in RANGES.items():
-        section, field = FLAT_NAMES[name]
-        value = getattr(getattr(config, section), field)
-        if value is None:
-            continue
-        values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v in allowed for v in values):
-            raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {_shown(value)}.")
-    if not config.run.output_dir:
-        raise ValueError("--output-dir must name a folder, got an empty string.")
-    low, high = config.data.crop_area or (0, 1)
-    if low > high:
-        raise ValueError(f"--crop-area must be low,high with low <= high, got {_shown(config.data.crop_area)}.")
 
 
 def _check(config: TrainConfig, replicas: int) -> None:

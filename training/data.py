@@ -1,8 +1,6 @@
 """Labelled image sources: scikit-learn's digits (offline), an image folder, or any TFDS dataset.
 
-A source has a training and a held-out :class:`Split`. Splits of in-memory images and of image files
-have random access, so the training stream can restart at any step exactly (see ``pipeline``); TFDS
-splits are streams.
+In-memory and file splits have random access (the stream restarts at any step exactly); TFDS splits are streams.
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ import tensorflow as tf
 
 from keras_vit import datasets
 from keras_vit.images import IMAGE_EXTENSIONS, image_problem, read_image
+from keras_vit.training.distributed.sharding import WHOLE, Shard, part_range
 from keras_vit.training.errors import CorruptDataError, warn
-from keras_vit.training.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "FOLDER_EVAL_NAMES",
@@ -46,13 +44,8 @@ TFDS_EVAL_SPLITS = {"imagenet2012": "validation", "imagenet_v2": "test", "imagen
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    """One split of ``(image uint8 (H, W, 3), label int)`` examples.
-
-    ``items`` holds the images themselves (``(N, H, W, 3)`` uint8) or their file paths (``(N,)`` str)
-    and gives random access; otherwise ``stream`` is a finite ``tf.data.Dataset`` in a fixed order,
-    of encoded images (JPEG/PNG bytes, decoded after shuffling, to keep shuffle buffers small) when
-    ``encoded``, and ``parts(index, count)`` reads part ``index`` of ``count`` of it alone (TFDS' even splits).
-    """
+    """One split of ``(image uint8 (H, W, 3), label int)`` examples: ``items`` (images or file paths, random
+    access), else ``stream`` (a finite ``tf.data.Dataset``, of encoded images when ``encoded``)."""
 
     num_examples: int | None
     items: np.ndarray | None = None
@@ -75,8 +68,8 @@ class Split:
         return lambda i: (items[i], labels[i])
 
     def part(self, index: int, count: int) -> tf.data.Dataset:
-        """The stream's part ``index`` of ``count`` (:func:`~keras_vit.training.sharding.part_range`), once, in a
-        fixed order, as stored (streams only)."""
+        """The stream's part ``index`` of ``count`` (``sharding.part_range``), once, in a fixed order, as stored
+        (streams only)."""
         if count == 1:
             return self.stream
         if self.parts is None:
@@ -125,11 +118,7 @@ def image_file(path: tf.Tensor) -> tf.Tensor:
 
 
 def load_digits(eval_fraction: float = 0.2, seed: int = 0) -> Source:
-    """scikit-learn's 1797 handwritten digits (8x8, 17 grey levels; shipped inside scikit-learn).
-
-    The images of :func:`keras_vit.datasets.load_digits` as uint8 RGB; ``eval_fraction`` of each class held
-    out by :func:`keras_vit.datasets.stratified_split` (359 of 1797 images by default).
-    """
+    """scikit-learn's 1797 digits as uint8 RGB, ``eval_fraction`` of each class held out (359 by default)."""
     grey, labels = datasets.load_digits()
     images = np.repeat(grey[..., None], 3, axis=-1)
     train, held = datasets.stratified_split(labels, eval_fraction, seed)
@@ -149,15 +138,9 @@ def check_images(
     shard: Shard = WHOLE,
     gather: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> list[np.ndarray]:
-    """Decode the image files of each split ``(paths, parts)`` (in threads); per split, the mask of those that
-    decode. Bad files raise :class:`CorruptDataError` naming them, or with ``skip`` are left out with a warning
-    naming them.
-
-    Several workers: this one decodes only the files it will read, its span (:meth:`Shard.span`) of each split cut
-    in ``parts`` parts, and ``gather`` (``sharding.gather_over_workers``) collects what every worker found, so
-    that all agree. Leaving files out moves the spans' ends: each worker then checks the files that came into its
-    span, until none is bad.
-    """
+    """Per split ``(paths, parts)``, the mask of the files that decode (decoded in threads); bad files raise
+    :class:`CorruptDataError` naming them, or with ``skip`` are left out with a warning. Several workers: each
+    checks its own span, and ``gather`` makes them agree."""
     listing = [path for paths, _ in splits for path in paths]
     problems: dict[int, str | None] = {}  # listing index -> why it does not decode (None: it does)
     bad: set[int] = set()
@@ -240,15 +223,9 @@ def load_folder(
     input_shards: int | None = None,
     gather: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Source:
-    """Images in ``root/<class>/*.jpg|png|...``, one sub-folder per class (sorted names -> labels).
-
-    If ``root`` has ``train/`` and one of ``val/``, ``validation/``, ``test/``, those are the splits;
-    otherwise ``eval_fraction`` of each class is held out (seeded). Every file is decoded first
-    (:func:`check_images`): one that does not decode is an error naming it, or with ``skip_corrupt``
-    left out. A class folder without images is an error naming it. A worker of several (``shard``) decodes only
-    the files it will read: its parts of the ``input_shards`` (default: one per worker) of the training split, its
-    part of the held-out split; ``gather`` makes the workers agree on the bad files.
-    """
+    """Images in ``root/<class>/*``, one sub-folder per class (sorted names -> labels); ``train/`` and ``val/``
+    (``validation/``, ``test/``) are the splits, else ``eval_fraction`` of each class is held out. Every file is
+    decoded first (:func:`check_images`); a class folder without images is a ``ValueError`` naming it."""
     if not os.path.isdir(root):
         raise ValueError(f"Image folder {root!r} does not exist.")
     eval_dir = next((os.path.join(root, n) for n in FOLDER_EVAL_NAMES if os.path.isdir(os.path.join(root, n))), None)
@@ -304,11 +281,8 @@ def load_tfds(
     download: bool = True,
     seed: int = 0,
 ) -> Source:
-    """A ``tensorflow_datasets`` dataset with ``image`` and ``label`` features.
-
-    ``manual_dir`` is where manually downloaded archives are (ImageNet); ``eval_split`` defaults to
-    ``validation`` for ImageNet and ``test`` otherwise.
-    """
+    """A TFDS dataset with ``image`` and ``label`` features (``eval_split``: ``validation`` for ImageNet, else
+    ``test``)."""
     import tensorflow_datasets as tfds
 
     try:

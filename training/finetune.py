@@ -34,8 +34,8 @@ def finetune(
 ) -> FinetuneResult:
     """Train as ``config`` says, changed by ``fields`` (flat :class:`TrainConfig` names: ``lr=0.1``, ``model="S/16"``).
 
-    ``callbacks`` are added to ``model.fit``; ``strategy`` is a name (see ``keras_vit.training.strategy``) or a
-    ready ``tf.distribute.Strategy``.
+    ``callbacks`` are added to ``model.fit``; ``strategy`` is a name (``distributed.strategy``) or a ready
+    ``tf.distribute.Strategy``.
     """
     if isinstance(strategy, str):
         fields["strategy"], strategy = strategy, None

@@ -1,23 +1,7 @@
-"""``model.fit`` that resumes: checkpoints every N steps, step-level logs, TensorBoard, final outputs.
+"""``model.fit`` that resumes: checkpoints every N steps, step logs, TensorBoard, final outputs (docs/training.md).
 
-A run writes to ``output_dir``::
-
-    checkpoints/        ckpt-<step>.npz: every model variable (weights, LoRA adapters, random-seed states),
-                        every optimizer variable (step counter, momenta, accumulators) and the step; the same
-                        format on every backend (see :mod:`keras_vit.training.checkpoint`)
-    tensorboard/        Keras' per-epoch train/validation curves; steps/ has loss and lr per log step
-    train_log.jsonl     one line per log step: step, epoch, loss (mean since the last line), lr
-    model.keras         the final model (for inference; the optimizer state lives in checkpoints/)
-    metrics.json        the final held-out metrics, the history and the run's settings
-
-Started again with a checkpoint present, :func:`fit` restores it and continues from its step: the
-data stream restarts at that step (``data_fn(step)``), the optimizer's iteration count and hence the
-learning-rate schedule carry on, and ``train_log.jsonl`` is cut back to that step. An "epoch" is an
-evaluation interval of ``steps_per_epoch`` steps; a resumed run keeps the same epoch boundaries.
-
-Every backend: ``model.fit`` and the callbacks are the same. On JAX the training state lives outside the
-Keras variables during an epoch; the callbacks here reach the model through ``Callback.model``, which attaches
-it first. Under a ``keras.distribution`` the fit runs in its scope (``strategy.training_scope``).
+A restarted run restores its newest checkpoint and goes on from its step: the data stream, the schedule and the
+epoch history carry on, and ``train_log.jsonl`` is cut back to that step. An "epoch" is an evaluation interval.
 """
 
 from __future__ import annotations
@@ -41,10 +25,10 @@ from keras_vit.cloning import copy_weights
 from keras_vit.files import atomic_open, atomic_path, naming
 from keras_vit.models import VisionTransformer
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
+from keras_vit.training.distributed.sharding import gather_over_workers, input_shard
+from keras_vit.training.distributed.strategy import Strategy, is_chief, training_scope
 from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
 from keras_vit.training.outputs import write_json
-from keras_vit.training.sharding import gather_over_workers, input_shard
-from keras_vit.training.strategy import Strategy, is_chief, training_scope
 
 __all__ = [
     "CheckpointEvery",
@@ -122,11 +106,31 @@ class CheckpointEvery(StepCallback):
         self.last = step
 
 
+class EpochHistory(StepCallback):
+    """Adds each epoch's metrics to the checkpointer's history, which every checkpoint carries to a resumed run; a
+    checkpoint saved at the epoch's last step is saved again with it."""
+
+    def __init__(self, checkpointer: Checkpointer):
+        super().__init__()
+        self.checkpointer, self.saved_last, self.batches = checkpointer, False, 0
+
+    def on_step_end(self, step, batches_in_epoch, logs):
+        self.saved_last, self.batches = self.checkpointer.saved == step, batches_in_epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.batches < self.segment.steps_per_epoch:  # stopped mid-epoch: the resumed run ends it
+            return
+        history = self.checkpointer.history
+        history["epoch"].append(epoch)
+        for key, value in (logs or {}).items():
+            history.setdefault(key, []).append(float(value))
+        if self.saved_last:
+            self.checkpointer.save(self.model, self.checkpointer.saved, again=True)
+
+
 class TorchStepSeed(StepCallback):
-    """torch only: seeds torch's global generators from ``(seed, step)`` before every batch. Keras' torch dropout
-    draws from them when its layer has no seed of its own, and so does each new data iterator ``model.fit``
-    makes; keyed by the step, the masks of a resumed run are those of an uninterrupted one (as the seed-generator
-    states in the checkpoint give on TensorFlow and JAX)."""
+    """torch only: seeds torch's global generators from ``(seed, step)`` before every batch, so that a resumed run
+    draws the dropout masks of an uninterrupted one."""
 
     def __init__(self, seed: int):
         super().__init__()
@@ -164,11 +168,8 @@ class StopOnNonFinite(StepCallback):
 
 
 class StopOnSignal(StepCallback):
-    """Preemption: on SIGTERM or SIGINT (in the main thread) the run finishes the update it is in, writes a checkpoint
-    at that step and stops; :func:`fit` then raises :class:`PreemptedError`, and the same command resumes from the
-    checkpoint. Everything since the last periodic checkpoint is kept. With several workers (``agree``: whether any
-    worker has a signal, a collective every update) they all stop at the same update, so that the chief's checkpoint
-    is the state of every worker and no worker waits on one that has stopped."""
+    """On SIGTERM or SIGINT the run ends its update, checkpoints that step and stops (:class:`PreemptedError`);
+    several workers (``agree``) all stop at the same update."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -273,9 +274,10 @@ def truncate_log(path: str, step: int) -> None:
 
 @dataclasses.dataclass
 class FitResult:
-    history: dict[str, list[float]]
+    history: dict[str, list[float]]  # every epoch's, those before a resume included when its checkpoint has them
     start_step: int
     end_step: int
+    history_restored: bool = False  # whether ``history`` begins with the restored checkpoint's
 
 
 def fit(
@@ -295,12 +297,8 @@ def fit(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int | str = "auto",
 ) -> FitResult:
-    """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir`` if possible.
-
-    ``data_fn(step)`` must return the endless training batches from batch ``step`` on. Steps here are
-    ``model.fit`` batches (with gradient accumulation, ``accumulation_steps`` of them per update). ``seed``
-    keys torch's dropout masks by step (:class:`TorchStepSeed`).
-    """
+    """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir``'s checkpoints;
+    ``data_fn(step)`` gives the endless batches from ``step`` on (steps are ``model.fit`` batches)."""
     chief = is_chief(strategy)
     work_dir = output_dir if chief else tempfile.mkdtemp(prefix="keras_vit_worker_")
     previous = None
@@ -390,18 +388,18 @@ def _fit(
         guard,
         saver,
         stopper,
+        EpochHistory(checkpointer),
         StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
         *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
     ]
     tensorboard = keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"), update_freq="epoch")
-    history: dict[str, list[float]] = {"epoch": []}
     try:
         for segment in plan_segments(start, total_steps, steps_per_epoch):
             for stepper in steppers:
                 stepper.segment = segment
             saver.last = segment.start_step
             with training_scope(strategy):
-                run = model.fit(
+                model.fit(
                     data_fn(segment.start_step),
                     epochs=segment.first_epoch + segment.epochs,
                     shuffle=False,
@@ -411,15 +409,12 @@ def _fit(
                     callbacks=[*steppers, *callbacks, tensorboard],  # TensorBoard logs what the callbacks leave
                     verbose=verbose,
                 )
-            history["epoch"].extend(run.epoch)
-            for key, values in run.history.items():
-                history.setdefault(key, []).extend(float(v) for v in values)
             if stopper.stopped_at is not None:
                 raise stopper.error()
     finally:
         stopper.restore()
     checkpointer.save(model, total_steps)
-    return FitResult(history, start, total_steps)
+    return FitResult(checkpointer.history, start, total_steps, checkpointer.history_restored)
 
 
 def _uncompiled(model: keras.Model) -> keras.Model:

@@ -1,27 +1,8 @@
-"""Masked patch prediction: the paper's self-supervised pre-training (Section 4.6, Appendix B.1.2).
+"""Masked patch prediction, the paper's self-supervised pre-training (Section 4.6, App. B.1.2; docs/training.md).
 
-In the spirit of BERT's masked language modelling: 50% of the patch embeddings of every image are
-corrupted -- of those, 80% are replaced by a learnable ``[mask]`` embedding, 10% by the embedding of a
-random other patch of the same image, 10% kept as they are -- and the encoder's output token of
-every corrupted patch predicts that patch's mean colour, quantised to 3 bits per channel (512
-classes), with a Dense head and cross-entropy. Only corrupted patches count in the loss.
-
-The pieces:
-
-- :func:`sample_corruption` draws a plan: ``kinds`` (B, N) (:data:`KEEP`, :data:`MASK`, :data:`RANDOM`,
-  :data:`UNCHANGED`) and ``sources`` (B, N), the patch whose embedding each position receives
-  (itself except for :data:`RANDOM`). Stateless: the same seed gives the same plan.
-- :class:`PatchCorruption` applies a plan to patch embeddings inside the model.
-- :func:`colour_targets` computes the 512-way class of every patch's mean colour.
-
-The data side (:func:`sample_corruption`, :func:`colour_targets`, :func:`masked_patch_dataset`) is TensorFlow ops
-in tf.data, the model side Keras layers: pre-training runs on every Keras backend.
-- :func:`masked_patch_model` wraps a keras-vit model: ``{images, corruption, sources} -> (B, N, 512)``
-  logits, sharing (and so training) the model's own encoder layers.
-- :func:`masked_patch_dataset` turns a ``keras_vit.training.data`` split into training batches
-  ``(inputs, targets, sample_weight)``.
-- :class:`MaskedPatches` is the task a training run trains (:func:`keras_vit.training.runner.train`): the config's
-  ViT inside :func:`masked_patch_model`, under cross-entropy over the corrupted patches.
+A plan (:func:`sample_corruption`) corrupts 50% of the patch embeddings (80% ``[mask]``, 10% another patch, 10%
+kept, :class:`PatchCorruption`); each corrupted patch's output token predicts its 3-bit mean colour
+(:func:`colour_targets`, 512 classes). :class:`MaskedPatches` is the task a run trains.
 """
 
 from __future__ import annotations
@@ -33,12 +14,12 @@ import keras
 import tensorflow as tf
 from keras import layers, ops
 
-from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, Split
+from keras_vit.training.distributed.sharding import WHOLE, Shard, distribute_input
+from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
-from keras_vit.training.sharding import WHOLE, Shard, distribute_input
-from keras_vit.training.steps import Setup
+from keras_vit.training.setup import Setup
 
 __all__ = [
     "KEEP",
@@ -72,13 +53,9 @@ def _check_fractions(rate: float, mask_fraction: float, random_fraction: float) 
 def sample_corruption(
     batch_size, num_patches: int, seed, *, rate: float = 0.5, mask_fraction: float = 0.8, random_fraction: float = 0.1
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """A corruption plan ``(kinds, sources)``, both int32 ``(batch_size, num_patches)``.
-
-    Exactly ``round(rate * num_patches)`` patches of every image are corrupted, chosen uniformly; each
-    independently becomes :data:`MASK` with probability ``mask_fraction``, :data:`RANDOM` with
-    ``random_fraction``, else :data:`UNCHANGED`. A :data:`RANDOM` patch's source is a uniformly chosen
-    *other* patch of the same image. ``seed`` is a pair of ints (stateless random ops).
-    """
+    """A stateless corruption plan ``(kinds, sources)``, int32 ``(batch_size, num_patches)``: ``round(rate * N)``
+    patches of each image corrupted (``mask_fraction`` :data:`MASK`, ``random_fraction`` :data:`RANDOM`, from
+    another patch of the image; else :data:`UNCHANGED`); ``seed``: a pair of ints."""
     _check_fractions(rate, mask_fraction, random_fraction)
     count = round(rate * num_patches)
     if count < 1:
@@ -98,15 +75,9 @@ def sample_corruption(
 
 
 def colour_targets(images, patch_size: int, bits: int = 3, value_range: tuple[float, float] = (0.0, 255.0)):
-    """The class of every ``patch_size`` patch's mean colour, quantised to ``bits`` per channel: int32 ``(B, N)``.
-
-    With pixel values ``v`` in [0, 255] (``images`` in ``value_range`` are mapped there) and ``L = 2**bits``
-    levels: ``bin_c = min(floor(mean_c * L / 256), L - 1)`` per channel, and
-    ``class = (bin_r * L + bin_g) * L + bin_b``, one of ``L**3`` (512 for 3 bits). Patches in row-major order.
-    Means within :data:`EDGE_TOLERANCE` grey levels below a bin edge count as on it, so that images
-    scaled to [-1, 1] and back (round-off ~1e-5) keep the classes of their [0, 255] originals. TensorFlow ops:
-    it runs in the tf.data pipeline on every backend.
-    """
+    """The class of every patch's mean colour, ``bits`` per channel: int32 ``(B, N)``, row-major; ``L = 2**bits``,
+    ``class = (bin_r * L + bin_g) * L + bin_b`` (512 for 3 bits), means within :data:`EDGE_TOLERANCE` below a bin edge
+    counting as on it. TensorFlow ops (tf.data on every backend)."""
     height, width, channels = images.shape[1:]
     if channels != 3:
         raise ValueError(f"Colour targets need RGB images, got {channels} channels.")
@@ -125,11 +96,8 @@ def colour_targets(images, patch_size: int, bits: int = 3, value_range: tuple[fl
 
 @keras.saving.register_keras_serializable(package="keras_vit_training")
 class PatchCorruption(layers.Layer):
-    """Applies a corruption plan to patch embeddings: ``call(tokens, kinds, sources)``.
-
-    :data:`MASK` positions get the learnable ``mask_token`` (normal(0.02)); every other position gets
-    the embedding of its ``sources`` entry, which is itself except for :data:`RANDOM`.
-    """
+    """Applies a corruption plan to patch embeddings, ``call(tokens, kinds, sources)``: :data:`MASK` positions get
+    the learnable ``mask_token``, the others their ``sources`` patch's embedding."""
 
     def build(self, tokens_shape, kinds_shape=None, sources_shape=None):
         self.mask_token = self.add_weight(
@@ -180,14 +148,8 @@ def patch_grid(model: keras.Model) -> tuple[int, int]:
 
 
 def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None = None) -> keras.Model:
-    """The masked-patch-prediction model around a keras-vit ``encoder`` (any head; it is not used).
-
-    Inputs ``{"images", "corruption", "sources"}`` (see :func:`sample_corruption`); output the
-    ``(B, N, 2**(3 bits))`` logits of every patch token (float32 under a mixed-precision policy, like the
-    classification head). The corruption sits between the patch
-    embedding and the class token / position embeddings; the layers from there to ``encoder_norm`` are
-    ``encoder``'s own, so training this model pre-trains ``encoder``.
-    """
+    """The masked-patch model around ``encoder``: ``{images, corruption, sources}`` -> float32 ``(B, N, 512)``
+    logits, the corruption between the patch embedding and the rest of ``encoder``'s own layers (so it trains them)."""
     if not 1 <= bits <= 8:
         raise ValueError(f"bits must be between 1 and 8 per channel, got {bits}.")
     num_patches, _ = patch_grid(encoder)
@@ -234,18 +196,12 @@ def masked_patch_dataset(
     input_shards: int | None = None,
     **corruption,
 ) -> tf.data.Dataset:
-    """Masked-patch batches of ``split``'s images (labels unused): ``({images, corruption, sources},
-    targets (B, N), sample_weight (B, N))``.
+    """Batches ``({images, corruption, sources}, targets (B, N), sample_weight (B, N))`` of ``split``'s images.
 
-    ``training``: the endless augmented stream of :func:`keras_vit.training.pipeline.train_dataset` from
-    ``start_step`` on, each batch corrupted with seed ``(seed, step)``, so a resumed run sees the same
-    batches; otherwise the split once, resized, with fixed corruption (for evaluation).
-    ``corruption``: ``rate``, ``mask_fraction``, ``random_fraction`` of :func:`sample_corruption`.
-    ``whole_batches``: evaluation in whole batches, the last one filled with blank images whose patches weigh 0
-    (:func:`keras_vit.training.pipeline.eval_dataset`; training batches are always whole).
-    ``shard``, ``input_shards``: this worker's part of every batch (see the pipelines); its corruption is keyed by
-    the part too, so that the workers' parts are corrupted independently.
-    """
+    ``training``: the endless stream from ``start_step``, each batch corrupted with seed ``(seed, step)`` (a resumed
+    run sees the same batches); otherwise the split once with fixed corruption, in whole batches when
+    ``whole_batches`` (blanks weigh 0). ``corruption``: keywords of :func:`sample_corruption`; ``shard``,
+    ``input_shards``: this worker's part (corrupted independently)."""
     size = augment.image_size
     if size % patch_size:
         raise ValueError(f"image_size {size} is not divisible by the patch size {patch_size}.")
@@ -308,11 +264,11 @@ class MaskedPatches:
         )
 
     def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
-        encoder = steps.build_model(config, source.num_classes)  # its head does not learn the classes here
+        encoder = build_model(config, source.num_classes)  # its head does not learn the classes here
         return masked_patch_model(encoder, bits=self.bits), encoder
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:
-        steps.compile_model(
+        compile_model(
             model,
             config,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
@@ -323,7 +279,7 @@ class MaskedPatches:
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
         config, source = setup.config, setup.source
-        augment, patch = steps.augment_of(config), patch_grid(model)[1]
+        augment, patch = Augment.of(config), patch_grid(model)[1]
         settings = dict(
             seed=config.optim.seed,
             bits=self.bits,

@@ -1,21 +1,7 @@
 """Whether a training step's batch fits in the memory this process may use, checked before the first step.
 
-An oversized batch under a memory cap (a container's cgroup limit, ``ulimit -v``) would otherwise end in the
-allocator's crash (SIGSEGV, or the kernel's OOM kill) with no message. :func:`check_batch_fits` refuses it first,
-saying what batch fits, on a CPU (the host's memory is the device's; an accelerator reports its own out-of-memory
-errors).
-
-The estimate (:func:`activation_bytes`) is a lower bound: the values one training step keeps per image for the
-backward pass, per block of the encoder (``T`` tokens of width ``D``, ``H`` heads, MLP width ``M``)::
-
-    T * (11 D + 2 M) + 2 H T^2
-        the LayerNorms' inputs and outputs (4 T D), q, k, v (3 T D), the attention logits and weights (2 H T^2),
-        the attention's output and projection (2 T D), the residual (T D), the MLP's hidden layer before and after
-        the GELU (2 T M) and its output (T D)
-
-plus the image and the patch embedding, times the bytes of the compute dtype (4 in float32, 2 under mixed
-precision). Measured on TensorFlow's CPU kernels: a step takes about 1.35 times this (a width-64, depth-2 ViT at
-65 tokens: 0.92 MiB per image measured, 0.68 MiB estimated), so a batch refused here would not have fitted.
+The estimate is a lower bound of what a step keeps per image (docs/performance.md), so a refused batch would not
+have fitted; an accelerator reports its own out-of-memory errors.
 """
 
 from __future__ import annotations

@@ -1,13 +1,4 @@
-"""Optimizers whose gradient clipping sees the whole global batch under any ``tf.distribute`` strategy.
-
-Keras 3 clips gradients (``clipnorm`` / ``global_clipnorm`` / ``clipvalue``) inside each replica,
-*before* they are summed across replicas, so under MirroredStrategy or TPUStrategy the clip applies
-to each replica's share and the update differs from one-device training on the same global batch
-(the bug tf.keras once avoided by refusing clipping under strategies, tensorflow/tensorflow#33929).
-The classes here sum the gradients across replicas first, clip the sum, and hand every replica
-``clipped / replicas`` so Keras' own all-reduce rebuilds exactly the clipped global gradient. On JAX a
-``keras.distribution`` differentiates the loss of the whole global batch, so Keras' own clip is right there.
-"""
+"""Optimizers whose gradient clipping sees the whole global batch under any ``tf.distribute`` strategy."""
 
 from __future__ import annotations
 
@@ -70,12 +61,8 @@ def build_optimizer(
     accumulation_steps: int = 1,
     variables=None,
 ) -> keras.optimizers.Optimizer:
-    """One of :data:`OPTIMIZERS` with global-norm clipping at ``clip_norm`` (``None``/0: off).
-
-    ``weight_decay`` (decoupled, multiplied by the learning rate as in PyTorch's AdamW) needs
-    ``adamw`` or ``sgd``; ``variables`` (the model's trainable variables) lets biases, norms, the class
-    token and position embeddings be excluded from it.
-    """
+    """One of :data:`OPTIMIZERS` with global-norm clipping at ``clip_norm`` (0: off); ``weight_decay`` (decoupled,
+    ``adamw`` or ``sgd``) spares biases, norms and embeddings among ``variables``."""
     check_choice(name, OPTIMIZERS, "optimizer")
     if weight_decay and name == "adam":
         raise ValueError("optimizer='adam' has no decoupled weight decay; use 'adamw' (or weight_decay=0).")

@@ -1,14 +1,7 @@
-"""A run's output folder: the marker that says a run wrote it, what ``--overwrite`` may delete, strict JSON.
+"""A run's output folder: its marker, its lock, what ``--overwrite`` may delete, strict JSON (docs/faults.md).
 
-A run starts only in a missing or empty folder or in its own run folder (:func:`check_usable`). Every command
-writes :data:`MARKER` into its output folder before anything else of its own. Every file is
-written atomically (:mod:`keras_vit.files`); the temporary files of :data:`RUN_FILES` that a killed run left
-are removed when a run starts again. :func:`clear_output` (``--overwrite``) deletes only the entries of
-:data:`RUN_FILES` (and those temporary files), and only in a folder that holds the marker (or a ``run.json``,
-which runs wrote before the marker existed); a non-empty folder without either is refused, naming it. Other
-files in a run folder are left alone.
-
-JSON outputs are strict JSON: :func:`write_json` writes NaN and infinite floats as ``null``.
+A run starts only in a missing or empty folder or its own run folder; ``--overwrite`` deletes only
+:data:`RUN_FILES`, and only in a run's folder.
 """
 
 from __future__ import annotations
@@ -18,12 +11,15 @@ import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keras_vit.config import CLASSIFIERS
 from keras_vit.files import finite_json, still_linked, temporary_target, write_json
 from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
+
+if TYPE_CHECKING:
+    from keras_vit.training.setup import Setup
 
 try:
     import fcntl
@@ -43,6 +39,7 @@ __all__ = [
     "mark_output",
     "read_json",
     "run_lock",
+    "start_parent",
     "write_json",
 ]
 
@@ -125,6 +122,7 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
         yield
         return
     check_usable(path, overwrite)
+    created = _missing_folders(path)
     os.makedirs(path, exist_ok=True)
     lock = os.path.join(path, LOCK)
     while True:
@@ -145,9 +143,30 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
+    except Exception as error:
+        if not still_linked(fd, lock):  # the folder (or its lock) was removed under the run
+            raise OutputDirError(
+                f"--output-dir {path} was deleted while the run was writing it; the run stopped. Start it again "
+                "to train from the beginning."
+            ) from error
+        raise
     finally:
-        os.unlink(lock)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
         os.close(fd)
+        for folder in created:  # a run refused before it wrote anything leaves no folder it made
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders of ``path`` that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def check_paths(path: str, files: Sequence[str], folders: Sequence[str] = RUN_FOLDERS) -> None:
@@ -215,3 +234,17 @@ def _remove_temporaries(path: str) -> None:
     for name in os.listdir(path):
         if temporary_target(name) in RUN_FILES and os.path.isfile(os.path.join(path, name)):
             os.remove(os.path.join(path, name))
+
+
+def start_parent(setup: Setup, command: str, files: Sequence[str] = ()) -> None:
+    """Clear (``overwrite``) and mark the output folder of a command whose runs go to its sub-folders (``pretrain``,
+    ``ablation``), checking that it can write its own ``files`` there; each run there checks and starts its own
+    folder."""
+    if setup.chief:
+        out = setup.config.run.output_dir
+        if setup.config.run.overwrite:
+            clear_output(out)
+        else:
+            check_usable(out)
+        check_paths(out, [MARKER, *files], folders=())
+        mark_output(out, command)

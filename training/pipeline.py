@@ -1,35 +1,8 @@
 """tf.data pipelines: training augmentation and evaluation preprocessing, ending in [-1, 1] images.
 
-The pipelines are tf.data on every Keras backend (as Keras recommends for JAX and torch too): their maps use
-TensorFlow ops, Keras' preprocessing layers (``RandAugment``, ``MixUp``, ``CutMix``) and
-``keras_vit.preprocess_input``, which all switch to TensorFlow ops inside tf.data, never the backend's
-``keras.ops``; ``model.fit`` turns the batches into the backend's arrays.
-
-Training (per example): inception crop (a random box covering ``crop_area`` of the image, aspect
-3/4..4/3, resized to the output size) or a plain resize, a random horizontal flip, optionally Keras'
-``RandAugment``; then per batch optionally Keras' ``MixUp`` / ``CutMix`` (one of the two per batch
-when both are on). Evaluation: resize, or resize to ``size / eval_crop`` and crop the centre.
-
-The training stream is a function of ``(seed, start_step, input_shards)``: each example's crop and flip use
-stateless random ops keyed by its position in the stream, and splits with random access are shuffled per
-epoch by a stateless permutation, so a run restarted at step ``s`` sees exactly the batches an uninterrupted
-run sees from step ``s`` on. TFDS streams restart with a fresh shuffle.
-
-Input shards: the training split is cut into ``input_shards`` contiguous parts (:func:`sharding.part_range`; TFDS
-through ``tfds.even_splits``), each shuffled on its own (a permutation per epoch keyed by ``(seed, epoch, part)``;
-a TFDS part through its own shuffle buffer of ``shuffle_buffer / input_shards``), and every global batch takes
-``batch / input_shards`` consecutive examples of each part, in part order. A run of N input workers
-(:mod:`keras_vit.training.sharding`; ``input_shards`` a multiple of N) gives worker ``k`` the parts
-``k * input_shards / N`` up to ``(k + 1) * input_shards / N``: it builds only its slice of every global batch and
-opens only the files (TFDS shards) of its parts. The batches, the order within them and every example's
-augmentation are the same for any number of workers that divides ``input_shards``, one process included; with one
-part the stream is a single permutation (or shuffle buffer) of the whole split. Over ``n / batch`` steps each
-part is covered once when ``input_shards`` divides the split's ``n`` examples (otherwise the parts, one example
-apart in size, drift out of step by that much). Not keyed by position, and so different for each part of a batch
-under several workers: ``RandAugment``, and the pairs of MixUp / CutMix, which are drawn within a worker's part.
-
-Evaluation under N > 1 workers: worker ``k`` scores part ``k`` of the held-out split (the same even rule), filled
-up with blanks of weight 0 to the same number of whole batches on every worker (:func:`eval_part_length`).
+TensorFlow ops on every Keras backend. The training stream is a function of ``(seed, start_step, input_shards)``:
+a run restarted at step ``s`` sees the batches an uninterrupted run sees from ``s`` on, for any number of
+workers that divides ``input_shards`` (docs/training.md, docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -42,8 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import preprocess_input
+from keras_vit.training.config import DataConfig, TrainConfig
 from keras_vit.training.data import Split
-from keras_vit.training.sharding import WHOLE, Shard, part_range
+from keras_vit.training.distributed.sharding import WHOLE, Shard, part_range
 
 __all__ = [
     "Augment",
@@ -59,27 +33,48 @@ __all__ = [
 ]
 
 AUTOTUNE = tf.data.AUTOTUNE
+FINETUNE_AUGMENT = DataConfig(crop_area=(0.05, 1.0), flip=True)  # the fine-tuning recipe's: crop and flip
 
 
 @dataclasses.dataclass(frozen=True)
 class Augment:
-    """What the pipelines do to images; see the module docstring."""
+    """What the pipelines do to images of ``image_size``: the augmentation fields of ``data`` (checked there); unset,
+    a crop area of ``(1, 1)`` or 0 RandAugment operations is off. Default: the fine-tuning recipe's crop and flips."""
 
     image_size: int
-    crop_area: tuple[float, float] | None = (0.05, 1.0)
-    flip: bool = True
-    randaugment: tuple[int, float] | None = None  # (num_ops, factor) of keras.layers.RandAugment
-    mixup: float = 0.0  # alpha of keras.layers.MixUp; 0 = off
-    cutmix: float = 0.0  # factor of keras.layers.CutMix; 0 = off
-    eval_crop: float = 1.0
+    data: DataConfig = FINETUNE_AUGMENT
 
-    def __post_init__(self):
-        if self.crop_area is not None and not 0 < self.crop_area[0] <= self.crop_area[1] <= 1:
-            raise ValueError(f"crop_area must satisfy 0 < low <= high <= 1, got {self.crop_area}.")
-        if not 0 < self.eval_crop <= 1:
-            raise ValueError(f"eval_crop must be in (0, 1], got {self.eval_crop}.")
-        if self.mixup < 0 or self.cutmix < 0:
-            raise ValueError(f"mixup and cutmix must be >= 0, got {self.mixup} and {self.cutmix}.")
+    @classmethod
+    def of(cls, config: TrainConfig) -> Augment:
+        """The pipelines' settings of a resolved config."""
+        return cls(config.model.image_size, config.data)
+
+    @property
+    def crop_area(self) -> tuple[float, float] | None:
+        area = self.data.crop_area
+        return None if area is None or tuple(area) == (1.0, 1.0) else tuple(area)
+
+    @property
+    def flip(self) -> bool:
+        return bool(self.data.flip)
+
+    @property
+    def randaugment(self) -> tuple[int, float] | None:
+        """``(num_ops, factor)`` of ``keras.layers.RandAugment``, or ``None``."""
+        value = self.data.randaugment
+        return tuple(value) if value and value[0] > 0 else None
+
+    @property
+    def mixup(self) -> float:
+        return self.data.mixup or 0.0
+
+    @property
+    def cutmix(self) -> float:
+        return self.data.cutmix or 0.0
+
+    @property
+    def eval_crop(self) -> float:
+        return self.data.eval_crop or 1.0
 
 
 def distribute_options() -> tf.data.Options:
@@ -232,11 +227,8 @@ def train_dataset(
     shard: Shard = WHOLE,
     input_shards: int | None = None,
 ) -> tf.data.Dataset:
-    """Endless batches ``(images (B, S, S, 3) in [-1, 1], one-hot labels (B, classes))`` from ``start_step``.
-
-    ``batch_size`` is the global batch; ``shard``: this worker's part of each (``B = batch_size / shard.count``),
-    of the split read in ``input_shards`` parts (default: one per worker; see the module docstring).
-    """
+    """Endless batches ``(images (B, S, S, 3) in [-1, 1], one-hot labels)`` from ``start_step``; ``batch_size`` is
+    global, ``shard`` this worker's part of it, the split read in ``input_shards`` parts (default: one per worker)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
     units = input_shards or shard.count
@@ -269,14 +261,8 @@ def eval_dataset(
     whole_batches: bool = False,
     shard: Shard = WHOLE,
 ) -> tf.data.Dataset:
-    """The held-out split once: ``(images in [-1, 1], one-hot labels)`` batches.
-
-    ``whole_batches`` (a TPU's static shapes, a keras.distribution that splits each batch into equal parts):
-    every batch has ``batch_size`` examples and a weight per example, ``(images, labels, weights)``; the last
-    batch is filled up with blank examples of weight 0, so every held-out image is scored once and no blank is.
-    ``shard`` (several workers; whole batches always): this worker's part of the split in batches of
-    ``batch_size / shard.count``, filled up to :func:`eval_part_length`.
-    """
+    """The held-out split once, ``(images in [-1, 1], one-hot labels)`` batches; ``whole_batches`` (or a ``shard`` of
+    several): ``(images, labels, weights)`` in whole batches, the last filled with blanks of weight 0."""
     local = shard.local_batch(batch_size)
     ds = split.examples(shard.index, shard.count).map(
         lambda image, label: (preprocess_input(eval_transform(image, augment)), tf.one_hot(label, num_classes)),

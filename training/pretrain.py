@@ -1,26 +1,7 @@
-"""Self-supervised pre-training by masked patch prediction, then fine-tuning: ``python -m keras_vit.training.pretrain``.
+"""Masked patch pre-training, then fine-tuning: ``python -m keras_vit.training.pretrain`` (docs/training.md).
 
-The paper's Section 4.6 / Appendix B.1.2 (see :mod:`keras_vit.training.masked_patch`): corrupt 50% of the patch
-embeddings (80% ``[mask]``, 10% another patch, 10% unchanged) and predict each corrupted patch's
-3-bit mean colour (512 classes). The paper pre-trained ViT-B/16 on JFT for 1M steps (batch 4096,
-Adam, lr 2e-4, 10k warmup steps, cosine decay) and reached 79.9% on ImageNet after fine-tuning: 2%
-better than training from scratch, 4% behind supervised pre-training.
-
-One run, each phase a run of :func:`keras_vit.training.runner.train` like ``keras_vit.training.finetune``'s
-(precision policy, strategy scope, checkpoints and resuming, ``run.json``, ``metrics.json``):
-
-1. builds the ViT that ``keras_vit.training.finetune`` will fine-tune (same options, same presets: without
-   ``--dataset`` a small ViT on scikit-learn's digits, offline);
-2. pre-trains it by masked patch prediction on the training images (labels unused) into ``OUT/pretrain``
-   (Adam, warmup + cosine; the ``--pretrain-*`` options) and saves the encoder as ``OUT/encoder.keras``;
-3. fine-tunes it as ``keras_vit.training.finetune`` does (``OUT/finetune``), loading the encoder into
-   the freshly built model before the first step; ``--compare-scratch`` also trains the same model
-   from random initialisation (``OUT/scratch``) and prints both held-out accuracies.
-
-Every option of ``python -m keras_vit.training.finetune`` applies to the fine-tuning (and so chooses the
-model and data); the pre-training shares the model, data, precision, seed and run options, and takes its
-optimisation from the ``--pretrain-*`` options (without gradient accumulation, RandAugment, MixUp or CutMix).
-``--lora-rank`` is refused: the pre-training trains the whole encoder.
+Pre-trains into ``OUT/pretrain`` and saves ``OUT/encoder.keras``, then fine-tunes it into ``OUT/finetune`` (and
+from scratch into ``OUT/scratch`` with ``--compare-scratch``). ``--lora-rank`` is refused.
 """
 
 from __future__ import annotations
@@ -36,11 +17,11 @@ from keras_vit import fields
 from keras_vit.cli import add_debug_flag, command_errors
 from keras_vit.fields import option
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs, steps
+from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.masked_patch import MaskedPatches
 from keras_vit.training.runner import train
-from keras_vit.training.steps import Setup
+from keras_vit.training.setup import Setup, prepare
 from keras_vit.training.supervised import Classification, FinetuneResult
 
 __all__ = [
@@ -163,8 +144,8 @@ def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None)
             "--lora-rank does not apply to pretrain, which fine-tunes the whole encoder it pre-trained; fine-tune "
             "its encoder.keras with LoRA through keras_vit.training.finetune --weights OUT/encoder.keras --lora-rank N."
         )
-    setup = steps.prepare(finetune_config)
-    steps.start_parent(setup, "pretrain", ["encoder.keras", "summary.json"])
+    setup = prepare(finetune_config)
+    outputs.start_parent(setup, "pretrain", ["encoder.keras", "summary.json"])
     out, verbose = setup.config.run.output_dir, setup.config.run.verbose
     encoder_path = os.path.join(out, "encoder.keras")
     task = MaskedPatches(config.rate, config.mask_fraction, config.random_fraction, config.bits)

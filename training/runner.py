@@ -1,18 +1,7 @@
-"""The one training run every command goes through: :func:`train`.
+"""The one training run every command goes through: :func:`train` of a prepared :class:`Setup` and a :class:`Task`.
 
-Given a prepared :class:`~keras_vit.training.steps.Setup` (strategy, data, resolved config) and a :class:`Task`
-(what is trained: a classifier, or the masked-patch model around one), a run
-
-1. checks its output folder (``overwrite`` clears it; a folder holding another run's checkpoints is refused);
-2. builds and compiles the task's model under the config's precision policy and in the strategy's scope
-   (optimizer, schedule, clipping, gradient accumulation, weight decay: :func:`steps.compile_model`);
-3. marks the folder and writes ``run.json``;
-4. trains with :func:`keras_vit.training.loop.fit`: checkpoints, step logs, TensorBoard, resuming from the
-   folder's last checkpoint;
-5. evaluates on the held-out data and writes ``model.keras`` and ``metrics.json``.
-
-``finetune`` is one run; ``pretrain`` a masked-patch run then classification runs; ``ablation`` one
-classification run per setting and seed.
+It checks the output folder, builds and compiles the task's model, marks the folder, trains with
+:func:`keras_vit.training.loop.fit`, evaluates and writes ``model.keras`` and ``metrics.json`` (docs/design.md).
 """
 
 from __future__ import annotations
@@ -28,14 +17,15 @@ import tensorflow as tf
 
 from keras_vit.config import ViTConfig
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs, steps
+from keras_vit.training import outputs, resume
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source
+from keras_vit.training.distributed.strategy import strategy_name, training_scope
 from keras_vit.training.errors import OutputDirError
 from keras_vit.training.loop import fit, save_outputs
 from keras_vit.training.memory import check_batch_fits
-from keras_vit.training.steps import Setup
-from keras_vit.training.strategy import strategy_name, training_scope
+from keras_vit.training.model import policy_name, precision
+from keras_vit.training.setup import Setup, describe
 
 __all__ = ["OverImages", "RunResult", "Task", "train"]
 
@@ -64,12 +54,8 @@ class Task(Protocol):
 
 
 class OverImages(keras.callbacks.Callback):
-    """The held-out loss over the images alone when the evaluation is in whole batches (TPU, JAX DataParallel).
-
-    Keras' loss tracker averages over every example of a batch, so the blanks that fill the last one (weight 0,
-    loss 0) pull ``val_loss`` down by images / (images + blanks); this puts ``val_loss`` back, times ``scale``,
-    for the callbacks after it (TensorBoard, and History and the progress bar, which Keras calls last).
-    """
+    """Puts ``val_loss`` back over the images alone, times ``scale``, when evaluation in whole batches counts the
+    blanks (weight 0) that fill the last one; for the callbacks after it."""
 
     def __init__(self, images: int, blanks: int):
         super().__init__()
@@ -99,13 +85,9 @@ def train(
     command: str = "finetune",
     model_path: str | None = None,
 ) -> RunResult:
-    """Run ``task`` as ``setup`` says, into its ``output_dir`` (see the module docstring).
-
-    ``callbacks`` are added to ``model.fit``; ``command`` is written in the folder's marker; ``model_path`` is where
-    the kept model goes (default ``OUTPUT_DIR/model.keras``). A loss that turns NaN or infinite stops the run with a
-    ``DivergedError`` (no model is saved). The run holds its folder's lock from start to end
-    (:func:`keras_vit.training.outputs.run_lock`): a second run into the folder is refused meanwhile.
-    """
+    """Run ``task`` as ``setup`` says into its ``output_dir``, holding the folder's lock; ``callbacks`` go to
+    ``model.fit``, ``command`` to the folder's marker, the kept model to ``model_path`` (default ``model.keras``).
+    Errors: :class:`DivergedError`, :class:`OutputDirError`, :class:`PreemptedError`."""
     with outputs.run_lock(setup.config.run.output_dir, setup.chief, setup.config.run.overwrite):
         return _run(setup, task, callbacks, command, model_path)
 
@@ -115,26 +97,26 @@ def _run(
 ) -> RunResult:
     config, source, strategy = setup.config, setup.source, setup.strategy
     optim, run = config.optim, config.run
-    previous = steps.prepare_output(config, setup.chief, model_path)
-    steps.check_classes(run.output_dir, source)
+    previous = resume.prepare_output(config, setup.chief, model_path)
+    resume.check_classes(run.output_dir, source)
     if previous.finished is not None:
         return _finished(setup, task, previous.finished, model_path)
     if setup.chief and previous.extends:
         print(f"extending the run in {run.output_dir} from {previous.extends} to {optim.steps} steps", flush=True)
     if setup.chief and run.verbose:
-        print("\n".join(filter(None, (steps.describe(setup), task.describe()))), flush=True)
+        print("\n".join(filter(None, (describe(setup), task.describe()))), flush=True)
 
     keras.utils.set_random_seed(optim.seed)
-    with steps.precision(config, setup.device), strategy.scope():
+    with precision(config, setup.device), strategy.scope():
         model, kept = task.build(config, source)
         task.compile(model, config)
-    steps.start_output(config, setup.chief, command, previous)  # started: the folder is marked, the settings written
-    steps.record_classes(setup)
+    resume.start_output(config, setup.chief, command, previous)  # started: the folder is marked, the settings written
+    resume.record_classes(setup)
 
     accumulate = optim.accumulation_steps
     micro_batch = optim.batch_size // accumulate
     if setup.device == "cpu" and isinstance(getattr(kept, "config", None), ViTConfig):  # the host's memory
-        compute = keras.dtype_policies.get(steps.policy_name(config, setup.device)).compute_dtype
+        compute = keras.dtype_policies.get(policy_name(config, setup.device)).compute_dtype
         check_batch_fits(kept.config, micro_batch // setup.shard.count, 4 if compute == "float32" else 2, accumulate)
     data_fn, eval_data = task.datasets(setup, kept, micro_batch)
     count = source.eval.num_examples
@@ -171,8 +153,8 @@ def _run(
         "backend": keras.backend.backend(),
         "strategy": strategy_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
-        "precision": steps.policy_name(config, setup.device),
-        "history": _joined(previous.history or {}, result.history),
+        "precision": policy_name(config, setup.device),
+        "history": result.history if result.history_restored else _joined(previous.history or {}, result.history),
         "config": config_lib.json_ready(config),
     }
     save_outputs(kept, metrics, run.output_dir, strategy, model_path)

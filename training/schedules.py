@@ -1,19 +1,4 @@
-"""Learning-rate schedules: linear warmup, then cosine or linear decay (the ViT paper's schedules), from Keras'.
-
-For optimizer update ``t = 1, 2, ..., T`` (``t = iterations + 1``) with ``W`` warmup steps::
-
-    progress = clip((t - W) / (T - W), 0, 1)
-    cosine:   lr = end + (base - end) * 0.5 * (1 + cos(pi * progress))
-    linear:   lr = end + (base - end) * (1 - progress)
-    constant: lr = base
-    lr = lr * min(1, t / W)            (when W > 0)
-
-The curves are Keras' own: cosine is ``keras.optimizers.schedules.CosineDecay(0, warmup_target=base,
-warmup_steps=W, decay_steps=T - W, alpha=end / base)``, constant the same with ``alpha=1``, linear
-``PolynomialDecay(base, T - W, end, power=1)`` after the warmup (Keras has no linear decay with warmup, so
-there the warmup is one ``where``). :class:`WarmupDecay` feeds them ``t``: it counts updates from 1, not
-0, and advances once per update when gradients are accumulated over several calls.
-"""
+"""Learning-rate schedules: linear warmup, then cosine, linear or constant decay (the ViT paper's), from Keras'."""
 
 from __future__ import annotations
 
@@ -28,11 +13,8 @@ __all__ = ["DECAYS", "WarmupDecay"]
 
 @keras.saving.register_keras_serializable(package="keras_vit_training")
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup over ``warmup_steps`` updates, then ``decay`` to ``end_lr`` at ``total_steps`` (Keras' schedules).
-
-    With ``accumulation_steps = A`` the optimizer calls the schedule once per micro-batch; the
-    schedule then advances once per ``A`` calls, i.e. once per update.
-    """
+    """Linear warmup over ``warmup_steps`` updates, then ``decay`` to ``end_lr`` at ``total_steps``; advances once per
+    update (every ``accumulation_steps`` calls)."""
 
     def __init__(
         self,

@@ -1,13 +1,6 @@
-"""Image classification, the task of fine-tuning, of the fine-tuning half of pre-training and of the ablation.
+"""Image classification: the task of fine-tuning, of pre-training's fine-tuning half and of the ablation.
 
-:class:`Classification` is the :class:`~keras_vit.training.runner.Task`: the config's ViT (with another position
-embedding or classifier when given), label-smoothed cross-entropy, the augmented training stream and the held-out
-set. :func:`train_classifier` is one run of it (:func:`keras_vit.training.runner.train`): load the data and the
-strategy, resolve the config, build and compile the model under the precision policy, ``model.fit`` with
-checkpoints (resuming from ``output_dir`` when it holds one), evaluate on held-out data, save ``model.keras`` and
-``metrics.json``. The run's settings (``run.json``) are written once the model is built: a run that fails before
-does not bind the next one. A loss that turns NaN or infinite stops the run with a ``DivergedError`` (no model is
-saved).
+:class:`Classification` is the :class:`~keras_vit.training.runner.Task`; :func:`train_classifier` one run of it.
 """
 
 from __future__ import annotations
@@ -18,14 +11,14 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from keras_vit.training import steps
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source
-from keras_vit.training.pipeline import eval_dataset, train_dataset
+from keras_vit.training.distributed.sharding import distribute_input
+from keras_vit.training.distributed.strategy import Strategy
+from keras_vit.training.model import build_model, compile_model
+from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 from keras_vit.training.runner import RunResult, train
-from keras_vit.training.sharding import distribute_input
-from keras_vit.training.steps import Setup
-from keras_vit.training.strategy import Strategy
+from keras_vit.training.setup import Setup, prepare
 
 __all__ = ["Classification", "FinetuneResult", "train_classifier"]
 
@@ -50,17 +43,17 @@ class Classification:
         return ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in self.options().items())
 
     def build(self, config: TrainConfig, source: Source) -> tuple[keras.Model, keras.Model]:
-        model = steps.build_model(config, source.num_classes, class_names=source.class_names, **self.options())
+        model = build_model(config, source.num_classes, class_names=source.class_names, **self.options())
         return model, model
 
     def compile(self, model: keras.Model, config: TrainConfig) -> None:
-        steps.compile_model(model, config)
+        compile_model(model, config)
 
     def datasets(
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
         config, source = setup.config, setup.source
-        augment = steps.augment_of(config)
+        augment = Augment.of(config)
 
         def data_fn(step: int) -> tf.data.Dataset:
             return distribute_input(
@@ -93,8 +86,6 @@ def train_classifier(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     strategy: Strategy | None = None,
 ) -> FinetuneResult:
-    """Train the classifier ``config`` describes, evaluate it and save it (see the module docstring).
-
-    ``callbacks`` are added to ``model.fit``; ``strategy`` replaces the config's.
-    """
-    return train(steps.prepare(config, strategy), Classification(), callbacks=callbacks)
+    """Train the classifier ``config`` describes, evaluate and save it; ``callbacks`` go to ``model.fit``,
+    ``strategy`` replaces the config's."""
+    return train(prepare(config, strategy), Classification(), callbacks=callbacks)

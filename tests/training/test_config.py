@@ -26,9 +26,9 @@ from keras_vit.training.config import (
     resolve,
     run_differences,
 )
+from keras_vit.training.distributed.strategy import choose_strategy, get_strategy
+from keras_vit.training.model import build_model
 from keras_vit.training.schedules import WarmupDecay
-from keras_vit.training.steps import build_model
-from keras_vit.training.strategy import choose_strategy, get_strategy
 from keras_vit.variants import parse_variant
 
 # torch runs the library tests, and of these only the tests marked for it below

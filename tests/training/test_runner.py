@@ -15,9 +15,17 @@ import keras
 import numpy as np
 import pytest
 from PIL import Image
-from test_training_data import write_images
-from test_training_resume import Crash
-from training_support import REPO, TINY, TINY_MODEL_FLAGS, backend_env, checkpoint_steps, read_log
+from training_support import (
+    REPO,
+    TINY,
+    TINY_MODEL_FLAGS,
+    Crash,
+    backend_env,
+    checkpoint_steps,
+    damaged_folder,
+    read_log,
+    write_images,
+)
 
 from keras_vit.files import temporary_path
 from keras_vit.training import outputs
@@ -74,7 +82,8 @@ def test_a_first_run_into_a_users_folder_is_refused_and_touches_nothing(tmp_path
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
 def test_a_preempted_run_checkpoints_where_it_is_says_so_and_resumes(tmp_path, signal_number):
     """SIGTERM (a preemption) or Ctrl-C mid-run: a checkpoint at the step reached, one line, a non-zero exit; the
-    same command resumes from that step, nothing since the last periodic checkpoint (here: none) is lost."""
+    same command resumes from that step, nothing since the last periodic checkpoint (here: none) is lost, and
+    ``metrics.json`` keeps the history of every epoch, those before the stop included."""
     out = tmp_path / "run"
     command = [
         sys.executable,
@@ -86,7 +95,7 @@ def test_a_preempted_run_checkpoints_where_it_is_says_so_and_resumes(tmp_path, s
         "--steps",
         "300",
         "--eval-every",
-        "300",
+        "50",
         "--log-every",
         "1",
         "--checkpoint-every",
@@ -100,7 +109,7 @@ def test_a_preempted_run_checkpoints_where_it_is_says_so_and_resumes(tmp_path, s
     run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     log = out / "train_log.jsonl"
     deadline = time.monotonic() + 240
-    while not (log.exists() and len(log.read_text().splitlines()) >= 5) and time.monotonic() < deadline:
+    while not (log.exists() and len(log.read_text().splitlines()) >= 55) and time.monotonic() < deadline:
         assert run.poll() is None, run.stderr.read()[-2000:]
         time.sleep(0.1)
     run.send_signal(signal_number)
@@ -108,13 +117,58 @@ def test_a_preempted_run_checkpoints_where_it_is_says_so_and_resumes(tmp_path, s
     assert run.returncode == 1
     last = err.strip().splitlines()[-1]
     stopped = int(re.fullmatch(rf"error: stopped by {signal_number.name} at step (\d+): .*resume\.", last).group(1))
-    assert 5 <= stopped < 300
+    assert 55 <= stopped < 300  # past the first epoch
     assert checkpoint_steps(str(out)) == [stopped]  # the only checkpoint: the one written on the signal
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     steps = [entry["step"] for entry in read_log(str(out))]
     assert steps == list(range(1, 301))  # every step logged once: the resume went on from the checkpoint
-    assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == stopped
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == stopped
+    history = metrics["history"]
+    assert history["epoch"] == list(range(6))  # 300 steps, an epoch every 50: none lost to the stop
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history)
+    assert all(len(values) == 6 for values in history.values())
+    assert all(isinstance(value, float) for key in ("loss", "val_accuracy") for value in history[key])
+
+
+@pytest.mark.backends("tensorflow")  # processes and folders: backend-independent
+def test_a_run_folder_deleted_while_the_run_trains_ends_the_process_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "keras_vit.training.finetune", *TINY_MODEL_FLAGS, "--output-dir", str(out)]
+    command += ["--steps", "100000", "--eval-every", "100000", "--checkpoint-every", "20", "--mixed-precision", "none"]
+    run = subprocess.Popen(command, env=backend_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not checkpoint_steps(str(out)) and time.monotonic() < deadline:
+            assert run.poll() is None, run.stderr.read()[-2000:]
+            time.sleep(0.1)
+        shutil.rmtree(out)
+        _, err = run.communicate(timeout=30)  # it ends: no thread left waiting
+    finally:
+        run.kill()
+    assert run.returncode == 1
+    errors = [line for line in err.splitlines() if line.startswith(("error", "Traceback"))]
+    assert errors == [
+        f"error: --output-dir {out} was deleted while the run was writing it; the run stopped. Start it again to "
+        "train from the beginning."
+    ]
+
+
+def test_a_run_refused_by_its_checks_leaves_no_folder_it_made_and_keeps_the_users(tmp_path):
+    """An image size the patch does not divide is refused when the model is built, inside the run's folder lock."""
+    bad = {**TINY, "image_size": 10, "steps": 2}
+    with pytest.raises(ValueError, match="image_size"):
+        finetune(output_dir=str(tmp_path / "new" / "run"), **bad)
+    assert not (tmp_path / "new").exists()  # neither the run folder nor the parent it made
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ValueError, match="image_size"):
+        finetune(output_dir=str(tmp_path / "mine"), **bad)
+    assert (tmp_path / "mine").is_dir() and not list((tmp_path / "mine").iterdir())  # the user's folder stays
+    with pytest.raises(ValueError, match="refused"), outputs.run_lock(str(tmp_path / "locked" / "run")):
+        assert (tmp_path / "locked" / "run" / outputs.LOCK).is_file()
+        raise ValueError("refused inside the lock")
+    assert not (tmp_path / "locked").exists()
 
 
 @pytest.mark.backends("tensorflow")  # processes and file locks: backend-independent
@@ -316,19 +370,6 @@ def test_a_run_that_fails_before_its_first_step_does_not_bind_the_corrected_reru
 
 
 # --- image folders -----------------------------------------------------------------------------------
-
-
-def damaged_folder(root):
-    """Three classes of good images, plus a truncated JPEG and a text file named .png; returns the bad paths."""
-    write_images(root, per_class=4)
-    truncated, text = os.path.join(root, "dog", "cut.jpg"), os.path.join(root, "emu", "letter.png")
-    with open(os.path.join(root, "dog", "0.jpg"), "rb") as file:
-        data = file.read()
-    with open(truncated, "wb") as file:
-        file.write(data[: len(data) // 2])
-    with open(text, "w") as file:
-        file.write("not an image at all")
-    return truncated, text
 
 
 def test_corrupt_images_are_named_before_training(tmp_path):

@@ -8,16 +8,15 @@ import keras
 import numpy as np
 import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
-from test_training_resume import Crash
-from training_support import TINY, TINY_MODEL_FLAGS, iterations
+from training_support import TINY, TINY_MODEL_FLAGS, Crash, iterations
 
 from keras_vit import lora_parameter_count
 from keras_vit.precision import auto_policy, with_policy
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import load_digits
 from keras_vit.training.finetune import finetune, main
-from keras_vit.training.pipeline import eval_dataset
-from keras_vit.training.steps import augment_of, build_model, policy_name
+from keras_vit.training.model import build_model, policy_name
+from keras_vit.training.pipeline import Augment, eval_dataset
 
 # torch runs the library tests, and of these only the tests marked for it below
 pytestmark = pytest.mark.backends("tensorflow", "jax")
@@ -112,7 +111,7 @@ def test_offline_default_run_reaches_its_stated_accuracy(tmp_path, capsys):
     assert "held-out accuracy" in capsys.readouterr().out
     # The trained model for inference in float32 and in bfloat16 (keras_vit.precision.with_policy): the same
     # held-out accuracy within 0.01 (measured: equal, 0.9638 both, for the model trained in float32).
-    data = eval_dataset(load_digits(0.2, 0).eval, 10, 32, augment_of(result.config))
+    data = eval_dataset(load_digits(0.2, 0).eval, 10, 32, Augment.of(result.config))
     accuracy = {}
     for policy in ("float32", "mixed_bfloat16"):
         model = with_policy(result.model, policy)

@@ -31,7 +31,7 @@ from training_support import (
     weights_difference,
 )
 
-from keras_vit.training.launch import free_ports
+from keras_vit.training.distributed.launch import free_ports
 
 # The parent only starts and reads the runs (the TensorFlow test pass); the processes are JAX.
 pytestmark = [pytest.mark.backends("tensorflow"), pytest.mark.requires("jax")]

@@ -34,8 +34,8 @@ DISTRIBUTED = """
 import json, tempfile
 import keras, numpy as np
 from keras_vit.training.finetune import finetune
-from keras_vit.training.steps import build_model
-from keras_vit.training.strategy import get_strategy
+from keras_vit.training.model import build_model
+from keras_vit.training.distributed.strategy import get_strategy
 
 config, out, weights = json.loads({config!r}), {{}}, {{}}
 for name in ("default", "data_parallel", "model_parallel"):
@@ -147,9 +147,8 @@ def test_the_pretrain_command_runs_on_jax(tmp_path):
 TORCH_RESUME = """
 import json, tempfile
 import keras, numpy as np
-from test_training_resume import Crash
 from keras_vit.training.finetune import finetune
-from keras_vit.training.strategy import get_strategy
+from keras_vit.training.distributed.strategy import get_strategy
 
 config = json.loads({config!r})
 whole = finetune(output_dir=tempfile.mkdtemp(), **config)

@@ -11,16 +11,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from test_training_data import write_images
-from test_training_faults import damaged_folder
+from training_support import damaged_folder, write_images
 
 from keras_vit.training import data as data_lib
+from keras_vit.training.config import DataConfig
 from keras_vit.training.data import Split, load_folder, load_tfds
+from keras_vit.training.distributed.sharding import Shard, part_range
 from keras_vit.training.errors import CorruptDataError
 from keras_vit.training.pipeline import Augment, eval_dataset, eval_part_length, train_dataset
-from keras_vit.training.sharding import Shard, part_range
 
-AUGMENT = Augment(8, crop_area=(0.5, 1.0), flip=True)  # keyed by position: the same for any number of workers
+AUGMENT = Augment(
+    8, DataConfig(crop_area=(0.5, 1.0), flip=True)
+)  # keyed by position: the same for any number of workers
 
 
 def batches(dataset: tf.data.Dataset, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:

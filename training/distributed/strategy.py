@@ -1,31 +1,6 @@
 """Choosing how a run is distributed: a ``tf.distribute`` strategy on TensorFlow, a ``keras.distribution`` on JAX.
 
-TensorFlow: ``auto`` picks, in order, ``tpu`` when a TPU is reachable (``TPU_NAME`` set, or a TPU VM's
-``/dev/accel0``), ``multi_worker`` when ``TF_CONFIG`` describes more than one task, ``mirrored`` when more
-than one GPU is visible, else ``default`` (one CPU or one GPU).
-
-JAX: ``auto`` is ``data_parallel`` (``keras.distribution.DataParallel`` over ``jax.devices()``) when there is
-more than one device, else ``default`` (one device). ``model_parallel`` is ``keras.distribution.ModelParallel``
-on a ``(batch, model)`` mesh with ``model_devices`` devices on the model axis (default: all), sharding the
-attention and MLP kernels of every block (:func:`vit_layout_map`). torch: one device (``auto``/``default``).
-The other backends' run is a :class:`KerasDistribution`; the tf.distribute-only names are errors there, and
-the JAX-only names on TensorFlow.
-
-Several JAX processes (one per host, or ``keras_vit.training.launch --workers N`` on one machine): before it lists
-the devices, :func:`initialize_jax_processes` calls ``jax.distributed.initialize`` with what the environment
-says, in ``keras.distribution.initialize``'s variables: ``KERAS_DISTRIBUTION_JOB_ADDRESSES`` (``host:port`` of
-every process, or of the coordinator alone; the first is the coordinator, process 0),
-``KERAS_DISTRIBUTION_NUM_PROCESSES`` and ``KERAS_DISTRIBUTION_PROCESS_ID``; or, with ``KERAS_VIT_JAX_CLUSTER=auto``,
-with JAX's own detection of the cluster (TPU pod slices, Slurm, Open MPI). On CPUs the collectives are gloo's.
-The mesh then spans every process's devices; each process feeds its own part of the batch
-(:mod:`keras_vit.training.sharding`), so Keras' own dataset sharding is off.
-
-``multi_worker``, and a JAX process joining the others, wait at most ``KERAS_VIT_CONNECT_TIMEOUT`` seconds
-(default 600) for the other tasks; past it a watchdog process names the peers (JAX: the coordinator) whose
-address does not answer a TCP connection and kills it (TensorFlow itself would wait forever, JAX abort without
-naming it). ``KERAS_VIT_COLLECTIVE_TIMEOUT`` sets
-``CommunicationOptions(timeout_seconds=...)`` of every collective (off by default: TensorFlow runs a
-thread per collective for it; a dead peer is found anyway by the strategy's health check).
+``auto``, the JAX processes' environment and the connection timeouts: docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -44,7 +19,7 @@ import tensorflow as tf
 
 from keras_vit.checks import check_choice
 from keras_vit.training.config import JAX_STRATEGIES, STRATEGIES, TF_STRATEGIES
-from keras_vit.training.launch import JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID
+from keras_vit.training.distributed.launch import JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID
 
 __all__ = [
     "JAX_STRATEGIES",
@@ -118,11 +93,8 @@ def split_cpu(num_devices: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class KerasDistribution:
-    """How a run on JAX or torch is distributed: a ``keras.distribution`` (JAX), or ``None`` for one device.
-
-    It answers what the training code asks of a ``tf.distribute`` strategy: :meth:`scope` (variables created in
-    it get the distribution's layouts; ``model.fit`` in it splits the batch) and :attr:`num_replicas_in_sync`.
-    """
+    """A run on JAX or torch: a ``keras.distribution`` (JAX) or ``None`` (one device), with what the training code
+    asks of a ``tf.distribute`` strategy (:meth:`scope`, :attr:`num_replicas_in_sync`)."""
 
     distribution: keras.distribution.Distribution | None = None
 
@@ -179,7 +151,7 @@ def keras_distribution(name: str = "auto", model_devices: int | None = None) -> 
                 "data_parallel or model_parallel."
             )
         return KerasDistribution()
-    # Each process feeds its own part of every batch (keras_vit.training.sharding): no sharding by Keras.
+    # Each process feeds its own part of every batch (keras_vit.training.distributed.sharding): no sharding by Keras.
     if name == "data_parallel":
         return KerasDistribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
     model = model_devices or len(devices)
@@ -296,14 +268,9 @@ def choose_strategy(env: dict[str, str] | None = None, num_gpus: int | None = No
 
 
 def get_strategy(name: str = "auto", tpu: str | None = None, model_devices: int | None = None) -> Strategy:
-    """Build the strategy called ``name`` (one of :data:`STRATEGIES`) for the Keras backend.
-
-    On TensorFlow a ``tf.distribute.Strategy``: ``mirrored`` replicates over all local GPUs, or over all logical
-    CPUs when there is no GPU (see :func:`split_cpu`). ``tpu`` connects to ``tpu`` (an address or name; default
-    ``TPU_NAME`` or the local TPU VM). On the other backends a :class:`KerasDistribution`
-    (:func:`keras_distribution`; ``model_devices``: the model axis of ``model_parallel``); TensorFlow is then
-    kept off the GPUs (it only runs the tf.data pipeline).
-    """
+    """The strategy called ``name`` (:data:`STRATEGIES`) for the Keras backend: a ``tf.distribute.Strategy`` on
+    TensorFlow (``tpu``: the TPU ``tpu`` names), else a :class:`KerasDistribution` (``model_devices``: the model axis
+    of ``model_parallel``). A ``ValueError`` for a name the backend does not run."""
     check_choice(name, STRATEGIES, "strategy")
     if keras.backend.backend() == "openvino":
         raise ValueError(

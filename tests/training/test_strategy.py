@@ -10,11 +10,11 @@ pytestmark = pytest.mark.backends("tensorflow")  # tf.distribute; JAX's keras.di
 # Runs in a fresh process: the CPU must be split into two logical devices before TensorFlow starts.
 MIRRORED_VS_DEFAULT = """
 import json, tempfile
-from keras_vit.training.strategy import split_cpu
+from keras_vit.training.distributed.strategy import split_cpu
 split_cpu(2)
 import keras, numpy as np
 from keras_vit.training.finetune import finetune
-from keras_vit.training.steps import build_model
+from keras_vit.training.model import build_model
 
 config = json.loads({config!r})
 weights, replicas, accuracy = {{}}, {{}}, {{}}

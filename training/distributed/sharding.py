@@ -1,15 +1,7 @@
-"""Input sharded at the source: which part of every batch a worker reads, and how its part reaches ``model.fit``.
+"""Input sharded at the source: which part of every batch a worker reads, and how it reaches ``model.fit``.
 
-A run has N *input workers*: the tasks of a TensorFlow ``MultiWorkerMirroredStrategy``, or the JAX processes of a
-``keras.distribution`` mesh that spans several (each holds a block of the batch axis). Worker ``k`` builds only
-part ``k`` of every global batch (:class:`Shard`), reading only the files (TFDS shards) of that part: see
-:func:`keras_vit.training.pipeline.train_dataset` for how the training stream is cut so that N workers see the
-batches of one process. :func:`distribute_input` hands a worker's part to ``model.fit``: on TensorFlow through
-``distribute_datasets_from_function`` (each worker's part split over its local replicas), on JAX as it is (Keras
-assembles the global batch from the processes' parts, ``jax.make_array_from_process_local_data``).
-
-:func:`gather_over_workers` collects a small integer vector from every worker (checking that all resumed at the
-same step, agreeing on the image files that do not decode).
+Worker ``k`` of N builds part ``k`` of every global batch (:class:`Shard`), reading only its own files
+(docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.training.strategy import KerasDistribution, Strategy
+from keras_vit.training.distributed.strategy import KerasDistribution, Strategy
 
 __all__ = ["WHOLE", "Shard", "distribute_input", "gather_over_workers", "input_shard", "part_range"]
 

@@ -2,17 +2,17 @@
 
 import hashlib
 import json
-import os
+import re
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
-from training_support import TINY
+from training_support import TINY, write_images
 
 from keras_vit import preprocess_input
 from keras_vit.training import data as data_lib
+from keras_vit.training.config import DataConfig
 from keras_vit.training.data import Split, load_digits, load_folder, load_source, load_tfds
 from keras_vit.training.finetune import finetune
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
@@ -24,21 +24,6 @@ pytestmark = pytest.mark.backends("tensorflow", "jax")
 # sha256 of (images, labels) of the digits' splits as training/data.py made them before keras_vit.datasets.
 DIGITS_HELD_OUT = "ef74cf7408b16ebc5c0dbab65af78704cafa3e7bd13212cc1d0ae7e2a3ec6954"
 DIGITS_TRAIN = "1c03aaba7a606b1d7d85fd65b122ac89d0f9863d066cd10ded39757a2bbf0799"
-COLOURS = ((220, 30, 30), (30, 220, 30), (30, 30, 220))  # class k is bright in channel k
-
-
-def write_images(root, per_class=4, names=("cat", "dog", "emu"), first=0):
-    """Class folders of PNG/JPEG files of several sizes, coloured by class."""
-    rng = np.random.default_rng(first)
-    for label, name in enumerate(names):
-        os.makedirs(os.path.join(root, name), exist_ok=True)
-        for i in range(per_class):
-            h, w = 10 + 3 * i, 14 - 2 * i
-            pixels = np.clip(np.array(COLOURS[label]) + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
-            ext = "png" if i % 2 else "jpg"
-            Image.fromarray(pixels).save(os.path.join(root, name, f"{first + i}.{ext}"))
-    with open(os.path.join(root, names[0], "notes.txt"), "w") as file:
-        file.write("not an image")
 
 
 def test_digits_split_is_held_out_and_stratified():
@@ -154,7 +139,7 @@ def _batches(ds, count):
 @pytest.mark.backends("tensorflow", "jax", "torch")
 def test_training_stream_restarts_exactly_at_any_step():
     split = load_digits().train
-    augment = Augment(16, crop_area=(0.3, 1.0), flip=True)
+    augment = Augment(16, DataConfig(crop_area=(0.3, 1.0), flip=True))
     full = _batches(train_dataset(split, 10, 100, augment, seed=3), 20)  # 20 batches span 2 epochs
     for start in (0, 7, 14, 19):
         resumed = _batches(train_dataset(split, 10, 100, augment, seed=3, start_step=start), 20 - start)
@@ -168,7 +153,7 @@ def test_training_stream_restarts_exactly_at_any_step():
 @pytest.mark.backends("tensorflow", "jax", "torch")
 def test_every_example_once_per_epoch():
     split = Split(12, np.arange(12, dtype=np.uint8).reshape(12, 1, 1, 1).repeat(3, -1), np.arange(12))
-    batches = _batches(train_dataset(split, 12, 4, Augment(1, crop_area=None, flip=False)), 6)
+    batches = _batches(train_dataset(split, 12, 4, Augment(1, DataConfig())), 6)
     labels = [np.argmax(y, axis=1) for _, y in batches]
     first, second = np.concatenate(labels[:3]), np.concatenate(labels[3:])
     assert sorted(first) == list(range(12)) and sorted(second) == list(range(12))
@@ -185,7 +170,7 @@ def test_the_pipelines_scale_pixels_with_preprocess_input_on_every_backend():
     expected = keras.ops.convert_to_numpy(preprocess_input(pixels[0]))
     assert (expected.min(), expected.max()) == (-1.0, 1.0)
     held_out = next(iter(eval_dataset(split, 2, 1, Augment(16))))[0][0].numpy()
-    trained = next(iter(train_dataset(split, 2, 1, Augment(16, crop_area=None, flip=False))))[0][0].numpy()
+    trained = next(iter(train_dataset(split, 2, 1, Augment(16, DataConfig()))))[0][0].numpy()
     for images in (held_out, trained):
         assert images.dtype == np.float32
         np.testing.assert_allclose(images, expected, rtol=0, atol=1e-6)
@@ -198,7 +183,7 @@ def test_inception_crop_and_flip_change_images_but_eval_does_not():
     assert len({c.tobytes() for c in crops}) == 8
     plain = next(iter(eval_dataset(split, 2, 1, Augment(16))))[0][0].numpy()
     np.testing.assert_allclose(plain, (image[0] - 127.5) / 127.5, atol=1e-5)
-    centre = next(iter(eval_dataset(split, 2, 1, Augment(8, eval_crop=0.5))))[0][0].numpy()
+    centre = next(iter(eval_dataset(split, 2, 1, Augment(8, DataConfig(eval_crop=0.5)))))[0][0].numpy()
     assert centre.shape == (8, 8, 3)
     np.testing.assert_allclose(centre, (image[0, 4:12, 4:12] - 127.5) / 127.5, atol=1e-5)
 
@@ -207,9 +192,9 @@ def test_inception_crop_and_flip_change_images_but_eval_does_not():
 def test_mixup_and_cutmix_mix_labels():
     split = load_digits().train
     for augment in (
-        Augment(8, mixup=0.8),
-        Augment(8, cutmix=1.0),
-        Augment(8, mixup=0.8, cutmix=1.0, randaugment=(2, 0.5)),
+        Augment(8, DataConfig(crop_area=(0.05, 1.0), flip=True, mixup=0.8)),
+        Augment(8, DataConfig(crop_area=(0.05, 1.0), flip=True, cutmix=1.0)),
+        Augment(8, DataConfig(crop_area=(0.05, 1.0), flip=True, mixup=0.8, cutmix=1.0, randaugment=(2, 0.5))),
     ):
         images, labels = next(iter(train_dataset(split, 10, 32, augment)))
         labels = labels.numpy()
@@ -218,11 +203,15 @@ def test_mixup_and_cutmix_mix_labels():
         assert images.shape == (32, 8, 8, 3)
 
 
-def test_bad_augment_settings():
-    with pytest.raises(ValueError, match="crop_area"):
-        Augment(8, crop_area=(0.5, 1.5))
-    with pytest.raises(ValueError, match="eval_crop"):
-        Augment(8, eval_crop=0.0)
+def test_bad_augment_settings_are_refused_by_the_data_section():
+    with pytest.raises(ValueError, match=re.escape("--crop-area must be in (0, 1], got 0.5,1.5.")):
+        DataConfig(crop_area=(0.5, 1.5))
+    with pytest.raises(ValueError, match=re.escape("--crop-area must be low,high with low <= high, got 0.9,0.5.")):
+        DataConfig(crop_area=(0.9, 0.5))
+    with pytest.raises(ValueError, match=re.escape("--eval-crop must be in (0, 1], got 0.")):
+        DataConfig(eval_crop=0.0)
+    with pytest.raises(ValueError, match=re.escape("--mixup must be >= 0, got -1.")):
+        DataConfig(mixup=-1.0)
 
 
 @pytest.mark.parametrize("batch", [16, 359, 7])
@@ -231,7 +220,7 @@ def test_whole_eval_batches_score_every_image_once(batch):
     evaluated on them scores what it scores on the plain batches: the accuracy exactly, the loss once scaled by
     (images + blanks) / images, as runner.OverImages does (359 digits: 9 blanks at batch 16, none at 359 or 7)."""
     split = load_digits(0.2, 0).eval
-    augment = Augment(16, crop_area=None, flip=False)
+    augment = Augment(16, DataConfig())
     padded = list(eval_dataset(split, 10, batch, augment, whole_batches=True))
     assert all(x.shape[0] == batch and w.shape == (batch,) for x, _, w in padded)
     weights = np.concatenate([w.numpy() for *_, w in padded])

@@ -13,7 +13,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from training_support import REPO, TINY, TINY_MODEL_FLAGS, backend_env, checkpoint_steps, iterations, read_log
+from training_support import REPO, TINY, TINY_MODEL_FLAGS, Crash, backend_env, checkpoint_steps, iterations, read_log
 
 from keras_vit.training import ablation
 from keras_vit.training.checkpoint import checkpoint_path, read_checkpoint
@@ -35,19 +35,6 @@ RUN = {
     "lr": 0.05,
     "warmup": 3,
 }
-
-
-class Crash(keras.callbacks.Callback):
-    """Simulates the process dying after ``at`` batches."""
-
-    def __init__(self, at: int):
-        super().__init__()
-        self.at, self.seen = at, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen == self.at:
-            raise RuntimeError("simulated crash")
 
 
 def test_plan_segments_keeps_epoch_boundaries():

@@ -10,6 +10,7 @@ import pytest
 import keras_vit
 from keras_vit.precision import global_policy
 from keras_vit.training.ablation import AblationRow, _runs, table
+from keras_vit.training.config import DataConfig
 from keras_vit.training.data import load_digits
 from keras_vit.training.masked_patch import (
     KEEP,
@@ -121,7 +122,7 @@ def test_short_masked_patch_pretraining_lowers_the_loss_and_trains_the_encoder(t
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
     source = load_digits()
-    augment = Augment(16, crop_area=None, flip=False)
+    augment = Augment(16, DataConfig())
     held_out = masked_patch_dataset(source.eval, 128, augment, 4, training=False)
     before = mpp.evaluate(held_out, return_dict=True, verbose=0)
     embedding_before = keras.ops.convert_to_numpy(model.get_layer("embedding").kernel)
@@ -271,7 +272,7 @@ def test_whole_masked_eval_batches_weigh_only_real_patches():
     """``whole_batches=True`` (TPU, JAX data_parallel): every batch whole, the blanks' patches weigh 0, so the
     corrupted patches scored are exactly those of the plain batches (359 digits at batch 64: 25 blanks)."""
     split = load_digits(0.2, 0).eval
-    augment = Augment(16, crop_area=None, flip=False)
+    augment = Augment(16, DataConfig())
     plain = list(masked_patch_dataset(split, 64, augment, 4, training=False))
     whole = list(masked_patch_dataset(split, 64, augment, 4, training=False, whole_batches=True))
     assert [w.shape for *_, w in whole] == [(64, 16)] * 6 and sum(len(t) for _, t, _ in plain) == 359

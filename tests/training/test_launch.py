@@ -30,7 +30,7 @@ from training_support import (
     weights_difference,
 )
 
-from keras_vit.training.launch import free_ports
+from keras_vit.training.distributed.launch import free_ports
 
 pytestmark = pytest.mark.backends("tensorflow")  # MultiWorkerMirroredStrategy
 ENV = cluster_env("tensorflow")
