@@ -25,7 +25,9 @@ from keras_vit import zoo
 from keras_vit.checkpoints.formats import (
     EXPECTED,
     HUGGINGFACE_WEIGHT_FILES,
+    check_archive,
     detect_format,
+    from_bfloat16,
     read_json,
     read_state_dict,
     recorded_num_heads,
@@ -47,7 +49,7 @@ from keras_vit.layers import TransformerBlock
 from keras_vit.models import VisionTransformer, model_options
 from keras_vit.variants import parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
-from keras_vit.zoo.validate import check_members, npz_shapes, safetensors_shapes
+from keras_vit.zoo.validate import npz_shapes, safetensors_shapes
 
 __all__ = [
     "CheckpointArrays",
@@ -105,17 +107,13 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
+    check_archive(path)  # what a member declares, before numpy unpacks it
     try:
-        if zipfile.is_zipfile(path):  # what a member declares, before numpy unpacks it
-            with zipfile.ZipFile(path) as archive:
-                check_members(archive)
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise ValueError("it holds one array, not named arrays")
         with data:
-            arrays = {key: _from_bfloat16(data[key]) for key in data.files}
-    except CorruptCheckpointError as exc:  # named by what the archive declares: a bomb, a lying header, objects
-        raise ValueError(f"{path} is refused: {exc}.") from exc
+            arrays = {key: from_bfloat16(data[key]) for key in data.files}
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise ValueError(
             f"{path} is not a readable .npz checkpoint ({type(exc).__name__}: {exc}). The file is truncated "
@@ -127,16 +125,6 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
         listed = ", ".join(sorted(arrays)[:5]) or "none"
         raise ValueError(f"{path} is not a ViT checkpoint: it has no 'embedding/kernel' key (keys: {listed}).")
     return CheckpointArrays(arrays, str(path))
-
-
-def _from_bfloat16(array: np.ndarray) -> np.ndarray:
-    """numpy stores an ``ml_dtypes.bfloat16`` array (JAX's, Keras') as 2-byte void records (``|V2``): read back as
-    bfloat16, widened to float32. Other arrays are returned as they are."""
-    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
-        import ml_dtypes
-
-        return array.view(ml_dtypes.bfloat16).astype("float32")
-    return array
 
 
 _PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")
@@ -269,6 +257,7 @@ def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
     ``model.save``): its weights in the ``.npz`` layout and its :class:`~keras_vit.config.ViTConfig` (of the
     :class:`~keras_vit.models.VisionTransformer` it is or holds); a plain model made of keras-vit layers brings the
     options its layers show, and its architecture is read from the shapes as a checkpoint's."""
+    check_archive(path)
     try:
         model = keras.saving.load_model(path, compile=False)
     except Exception as exc:  # Keras raises many kinds for a damaged or foreign file (ValueError, TypeError, ...)
