@@ -256,7 +256,8 @@ def test_a_keras_archive_whose_weights_declare_gigabytes_is_refused_at_once(tiny
             archive.writestr(name, content)
     _declare_size(saved, "model.weights.h5", 3 << 30)
     peak, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
-    with pytest.raises(ValueError, match=r"bomb.keras is refused: model.weights.h5 declares 3,221,225,472 bytes"):
+    refused = r"bomb.keras is refused: model.weights.h5 would unpack to 3,221,225,472 bytes from"
+    with pytest.raises(ValueError, match=refused):
         keras_vit.model_from_checkpoint(saved)
     assert time.monotonic() - start < 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200_000  # KB

@@ -88,15 +88,15 @@ def check_archive(path: Path) -> None:
             twice = sorted({name for name in names if names.count(name) > 1})
             if twice:
                 raise CorruptCheckpointError(f"it holds two members named {twice[0]!r} (which one is the weights?)")
+            if names and all(name.endswith(".npy") for name in names):
+                check_members(archive)
             for info in infos:
                 unpacked, packed = info.file_size, max(info.compress_size, 1)
                 if unpacked > _BOMB_FROM and unpacked > _BOMB_RATIO * packed:
                     raise CorruptCheckpointError(
-                        f"{info.filename} declares {unpacked:,} bytes unpacked from {packed:,} (no weights compress "
-                        "that well; a zip bomb?)"
+                        f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no weights compress "
+                        "that well (a zip bomb?)"
                     )
-            if names and all(name.endswith(".npy") for name in names):
-                check_members(archive)
     except CorruptCheckpointError as exc:
         raise ValueError(f"{path} is refused: {exc}.") from None
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):

@@ -11,12 +11,14 @@ nest these under ``opt/target/``; they read the same.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -67,39 +69,32 @@ __all__ = [
 _TRAINING_PREFIX = "opt/target/"  # checkpoints saved with their optimizer state nest the parameters here
 
 
-class CheckpointArrays(dict):
-    """A checkpoint's arrays by key (the ``.npz`` layout), remembering where they came from (for messages).
+@dataclasses.dataclass(frozen=True, eq=False)
+class CheckpointArrays(Mapping[str, np.ndarray]):
+    """A checkpoint read into the ``.npz`` layout: a read-only mapping of its arrays, and what the file says beside.
 
-    ``format`` is one of :data:`~keras_vit.checkpoints.formats.FORMATS`; ``model_options`` are the
-    :class:`~keras_vit.config.ViTConfig` fields that reproduce the source model where its shapes do not show them
-    (``gelu``, ``fc_norm``, a hybrid's ResNet numerics); ``heads_known`` is False where
-    the file does not record the head count (timm) and the attention arrays are regrouped for the model's
-    (:func:`with_num_heads`). A ``keras_weights`` file has no arrays here: ``keras_weights`` is its path, for
-    ``keras.Model.load_weights``. A saved keras-vit model (``.keras``) brings its whole ``config`` (else ``None``) and,
-    as ``extra``, its variables that the ``.npz`` layout has no key for (a 2-D or relative position embedding's), by
-    variable path.
+    Fields: ``arrays`` by ``.npz`` key; ``source`` (for messages); ``format`` (one of
+    :data:`~keras_vit.checkpoints.formats.FORMATS`); ``model_options``, the config fields its shapes do not show
+    (``gelu``, ``fc_norm``, ...); ``heads_known``, False where the file does not record the head count (timm);
+    ``config``, a saved keras-vit model's own; ``extra``, its variables outside the ``.npz`` layout, by path.
     """
 
-    def __init__(
-        self,
-        arrays: Mapping[str, np.ndarray],
-        source: str,
-        *,
-        format: str = "npz",
-        model_options: Mapping | None = None,
-        heads_known: bool = True,
-        keras_weights: Path | None = None,
-        config: ViTConfig | None = None,
-        extra: Mapping[str, np.ndarray] | None = None,
-    ):
-        super().__init__(arrays)
-        self.source = source
-        self.format = format
-        self.model_options = dict(model_options or {})
-        self.heads_known = heads_known
-        self.keras_weights = keras_weights
-        self.config = config
-        self.extra = dict(extra or {})
+    arrays: Mapping[str, np.ndarray]
+    source: str
+    format: str = "npz"
+    model_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    heads_known: bool = True
+    config: ViTConfig | None = None
+    extra: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.arrays)
 
 
 def read_npz(path: str | os.PathLike) -> CheckpointArrays:
@@ -237,7 +232,10 @@ def read_path(path: str | os.PathLike) -> CheckpointArrays:
     if fmt == "keras":
         return read_saved_model(path)
     if fmt == "keras_weights":
-        return CheckpointArrays({}, str(path), format=fmt, keras_weights=path)
+        raise ValueError(
+            f"{path} is a Keras .weights.h5: it holds no architecture. Build the model it was saved from "
+            "and load it there (keras_vit.ViT(..., weights=path) or model.load_weights(path))."
+        )
     if fmt == "keras_hub":
         arrays, options = read_keras_hub_preset(path)
         return CheckpointArrays(arrays, str(path), format=fmt, model_options=options)
@@ -301,9 +299,7 @@ def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays
             regrouped[key] = kernel.reshape(kernel.shape[0], num_heads, -1)
             if bias in arrays:
                 regrouped[bias] = arrays[bias].reshape(num_heads, -1)
-    fields = dict(format=arrays.format, model_options=arrays.model_options, heads_known=True)
-    fields.update(config=arrays.config, extra=arrays.extra)
-    return CheckpointArrays(regrouped, arrays.source, **fields)
+    return dataclasses.replace(arrays, arrays=regrouped, heads_known=True)
 
 
 def read_checkpoint(weights: str | os.PathLike | Mapping[str, np.ndarray]) -> CheckpointArrays:
