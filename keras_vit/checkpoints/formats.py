@@ -1,14 +1,5 @@
-"""What a checkpoint file or folder is, told from its content (the suffix only breaks ties), and reading
-the raw tensors of the torch-world formats.
-
-    npz             Google's .npz (a zip of .npy arrays)                        read.read_npz
-    safetensors     a safetensors state dict (timm, Hugging Face)              safetensors.numpy
-    torch           a torch.save state dict (.pth, .pt, .bin; zip or pickle)   torch.load(weights_only=True)
-    huggingface     a Hugging Face folder: config.json + model.safetensors / pytorch_model.bin
-    keras_hub       a keras-hub preset folder: config.json (keras_hub>...) + model.weights.h5
-    keras_weights   Keras' own .weights.h5 (HDF5)                              keras.Model.load_weights
-    keras           a saved keras-vit model (.keras): weights and config        keras.saving.load_model
-"""
+"""What a checkpoint file or folder is, from its content (:data:`FORMATS`; the suffix breaks ties), the checks of
+a zip before anything is unpacked, and reading the raw tensors of safetensors and torch files."""
 
 from __future__ import annotations
 

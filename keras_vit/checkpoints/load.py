@@ -1,14 +1,6 @@
-"""Loading a published ``.npz`` checkpoint into a model, and building the model a checkpoint describes.
-
-:func:`load_weights` checks everything before it assigns anything: missing keys, unexpected keys and
-shape mismatches are listed, each by name, in one ``ValueError``, and the model is left untouched. A
-model without the checkpoint's classifier (``include_top=False``, another ``num_classes``, no
-``pre_logits`` layer) skips the head on purpose, with a warning that says what was skipped and why, unless the
-caller asked for that head to be dropped or replaced (``new_head``: ``ViT(include_top=False)``, ``num_classes=``).
-Every format :mod:`~keras_vit.checkpoints.read` reads arrives here in the ``.npz`` layout, so all of this
-holds for timm, Hugging Face and keras-hub checkpoints too; a Keras ``.weights.h5`` goes to
-``keras.Model.load_weights``.
-"""
+"""Loading ``.npz``-layout arrays into a model (:func:`load_weights`: every key checked before any is assigned, a
+head that does not fit skipped with a warning) and building the model a checkpoint describes
+(:func:`model_from_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -116,9 +108,8 @@ def _layers_of(model: keras.Model, cls) -> list:
 
 
 def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
-    """A ``ValueError`` where the model's structure differs from the source's (an option of the config's
-    ``"structure"`` group, such as ``fc_norm``, on in one and off in the other); one warning naming the numerics
-    that differ (GELU, a hybrid's ResNet epsilons)."""
+    """A ``ValueError`` where a ``"structure"`` option of the config is on in the model and off in the source (or
+    the reverse); one warning naming the numerics that differ (GELU, a hybrid's ResNet epsilons)."""
     built = model_options(model)
     differ = {name: value for name, value in arrays.model_options.items() if name in built and built[name] != value}
     if not differ:
@@ -311,8 +302,8 @@ def model_from_checkpoint(
     regroups a timm state dict's attention arrays (timm does not record it; default: guessed from the width).
 
     Image size, classes and ``pre_logits`` are the checkpoint's unless given (see :func:`checkpoint_defaults`);
-    so are a foreign checkpoint's numerics (``gelu="exact"``, ``fc_norm``, timm's ResNet epsilons). The model is
-    named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
+    so are a foreign checkpoint's options (``gelu="exact"``, a norm after pooling, timm's ResNet epsilons). The
+    model is named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
     """
     arrays = read_checkpoint(weights)
     num_heads = overrides.pop("num_heads", None)

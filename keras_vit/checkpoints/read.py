@@ -1,13 +1,6 @@
-"""Reading checkpoints: the published Google ``.npz`` files (google-research/vision_transformer) and catalogue
-names, and every other format :mod:`~keras_vit.checkpoints.formats` detects (timm and Hugging Face state dicts
-and folders, keras-hub presets), converted into the ``.npz`` key layout; a Keras ``.weights.h5`` is passed on.
-
-A checkpoint is a flat ``.npz`` whose keys are the Flax module paths: ``embedding/kernel``, ``cls``,
-``Transformer/posembed_input/pos_embedding``, ``Transformer/encoderblock_{i}/...``,
-``Transformer/encoder_norm/...``, ``pre_logits/...``, ``head/...`` (and ``conv_root/...``,
-``block{s}/unit{u}/...`` for the ResNet of the hybrids). Checkpoints saved with their optimizer state
-nest these under ``opt/target/``; they read the same.
-"""
+"""Reading checkpoints into the ``.npz`` key layout: catalogue names (downloaded, checked against their entry),
+``.npz`` files (keys under ``opt/target/`` read the same), foreign formats through their converters, and saved
+keras-vit models (``.keras``)."""
 
 from __future__ import annotations
 
@@ -37,6 +30,7 @@ from keras_vit.checkpoints.formats import (
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
 from keras_vit.checkpoints.huggingface_towers import looks_like_tower, tower_to_npz
 from keras_vit.checkpoints.inspect import (
+    TOKEN_FIELDS,
     CheckpointInfo,
     checkpoint_info,
     differences,
@@ -75,7 +69,7 @@ class CheckpointArrays(Mapping[str, np.ndarray]):
 
     Fields: ``arrays`` by ``.npz`` key; ``source`` (for messages); ``format`` (one of
     :data:`~keras_vit.checkpoints.formats.FORMATS`); ``model_options``, the config fields its shapes do not show
-    (``gelu``, ``fc_norm``, ...); ``heads_known``, False where the file does not record the head count (timm);
+    (``gelu``, a norm after pooling, ...); ``heads_known, False where the file does not record the head count (timm);
     ``config``, a saved keras-vit model's own; ``extra``, its variables outside the ``.npz`` layout, by path.
     """
 
@@ -182,7 +176,7 @@ def check_catalogue_shapes(entry: zoo.Checkpoint, shapes: Mapping[str, tuple[int
     differ = differences(found, expected, entry.name)
     if config is not None:
         tokens = prefix_token_fields(arrays)
-        for field in ("distillation_token", "num_register_tokens", "class_position_embedding", "mlp_type"):
+        for field in TOKEN_FIELDS:
             ours = tokens.get(field, getattr(ViTConfig, field))  # the file's, else the field's default
             if ours != getattr(config, field):
                 differ = ", ".join(filter(None, (differ, f"{field} {ours} ({entry.name}: {getattr(config, field)})")))

@@ -1,8 +1,8 @@
 """Weight files that are not what they claim (issue 25): each refused with one line naming the file and the cause,
 or read correctly; written with numpy, safetensors and Keras themselves in the published layouts.
 
-The timm and Hugging Face cases (files written by timm and transformers) are in ``test_foreign_weights.py``; a
-catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
+The timm and Hugging Face cases (files written by timm and transformers) are in ``test_timm.py`` and
+``test_huggingface.py``; a catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
 """
 
 import gzip
