@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import keras
 
 from keras_vit import zoo
+from keras_vit.checkpoints.keras_files import keras_weights_file
 from keras_vit.checkpoints.load import checkpoint_defaults, load_weights, model_from_checkpoint
 from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint
 from keras_vit.config import GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
@@ -156,12 +157,13 @@ def ViT(
             if entry is not None and include_preprocessing:  # the crop and resize its evaluation used
                 fields.setdefault("crop_fraction", entry.preprocessing["crop_fraction"])
                 fields.setdefault("interpolation", entry.preprocessing["interpolation"])
-        weights = read_checkpoint(weights)
-        if weights.config is not None:  # a saved keras-vit model: its architecture and options unless given
-            fields, variant = _saved_fields(weights, variant, fields, num_classes), None
-        image_size, num_classes, fields["representation_size"] = checkpoint_defaults(
-            weights, image_size, num_classes, fields.get("representation_size")
-        )
+        if keras_weights_file(weights) is None:  # a .weights.h5 has no shapes to read before the model exists
+            weights = read_checkpoint(weights)
+            if weights.config is not None:  # a saved keras-vit model: its architecture and options unless given
+                fields, variant = _saved_fields(weights, variant, fields, num_classes), None
+            image_size, num_classes, fields["representation_size"] = checkpoint_defaults(
+                weights, image_size, num_classes, fields.get("representation_size")
+            )
     given = dict(image_size=image_size, num_classes=num_classes, channels=channels)
     fields.update({key: value for key, value in given.items() if value is not None})
     fields["dynamic_image_size"] = fields.get("dynamic_image_size", False) or (dynamic and not include_preprocessing)

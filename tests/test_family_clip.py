@@ -2,7 +2,7 @@
 timm and Hugging Face files both ways, and the few-shot probe on their embeddings.
 
 timm and transformers build small random models of each architecture in subprocesses that never import TensorFlow
-(see tests/test_foreign_weights.py), save them with their own libraries and write their outputs on crops of
+(see tests/checkpoints/test_timm.py), save them with their own libraries and write their outputs on crops of
 scikit-learn's two sample photos; keras-vit loads the files and must give the same numbers (float32, 1e-4).
 """
 
@@ -13,8 +13,8 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from reference_runs import TIMM_SCRIPT, run_reference, write_timm_files
 from sklearn.datasets import load_sample_images
-from test_foreign_weights import TIMM_SCRIPT, run_reference, write_timm_files
 
 import keras_vit
 from keras_vit import zoo

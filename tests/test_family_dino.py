@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from reference_runs import TIMM_SCRIPT, run_reference
 from sklearn.datasets import load_sample_images
-from test_foreign_weights import TIMM_SCRIPT, run_reference
 
 import keras_vit
 from keras_vit.config import ViTConfig

@@ -152,3 +152,13 @@ def test_the_package_init_is_not_a_hub():
     graph = import_graph()
     assert graph["keras_vit"] == INIT_IMPORTS
     assert all(graph[module] <= INIT_IMPORTS for module in INIT_IMPORTS)
+
+
+# An option is a field (config.py), the code that builds its layer, its key rule and the variants that set it.
+OPTIONS = ("layer_scale_init", "qk_norm", "num_register_tokens", "fc_norm")
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_an_option_is_named_in_at_most_four_library_files(option):
+    named = sorted(str(path.relative_to(REPO)) for path in module_files().values() if option in path.read_text())
+    assert 1 <= len(named) <= 4, f"{option} is named in {len(named)} library files: {named}"

@@ -1,14 +1,5 @@
-"""What a checkpoint file or folder is, told from its content (the suffix only breaks ties), and reading
-the raw tensors of the torch-world formats.
-
-    npz             Google's .npz (a zip of .npy arrays)                        read.read_npz
-    safetensors     a safetensors state dict (timm, Hugging Face)              safetensors.numpy
-    torch           a torch.save state dict (.pth, .pt, .bin; zip or pickle)   torch.load(weights_only=True)
-    huggingface     a Hugging Face folder: config.json + model.safetensors / pytorch_model.bin
-    keras_hub       a keras-hub preset folder: config.json (keras_hub>...) + model.weights.h5
-    keras_weights   Keras' own .weights.h5 (HDF5)                              keras.Model.load_weights
-    keras           a saved keras-vit model (.keras): weights and config        keras.saving.load_model
-"""
+"""What a checkpoint file or folder is, from its content (:data:`FORMATS`; the suffix breaks ties), the checks of
+a zip before anything is unpacked, and reading the raw tensors of safetensors and torch files."""
 
 from __future__ import annotations
 
@@ -23,7 +14,9 @@ import numpy as np
 __all__ = [
     "FORMATS",
     "HUGGINGFACE_WEIGHT_FILES",
+    "check_archive",
     "detect_format",
+    "from_bfloat16",
     "read_json",
     "read_state_dict",
     "recorded_num_heads",
@@ -55,6 +48,8 @@ _SUFFIXES = {
     ".keras": "keras",
 }
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# A zip member that unpacks past this and 20-fold its packed size is zeros, not weights (a zip bomb).
+_BOMB_RATIO, _BOMB_FROM = 20, 64 << 20
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 
 
@@ -68,6 +63,45 @@ def read_json(path: Path) -> dict:
     if not isinstance(content, dict):
         raise ValueError(f"{path} holds a JSON {type(content).__name__}, not an object of fields.")
     return content
+
+
+def check_archive(path: Path) -> None:
+    """A ``ValueError`` naming ``path`` and the member, before anything is unpacked from a zip (``.npz``,
+    ``.keras``, a zip-based ``.pth``): two members of one name, a member whose declared size no weights reach (a zip
+    bomb), and for an ``.npz`` what :func:`~keras_vit.zoo.validate.check_members` refuses. A damaged zip passes:
+    its reader names the damage."""
+    from keras_vit.zoo.errors import CorruptCheckpointError
+    from keras_vit.zoo.validate import check_members
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names, infos = archive.namelist(), archive.infolist()
+            twice = sorted({name for name in names if names.count(name) > 1})
+            if twice:
+                raise CorruptCheckpointError(f"it holds two members named {twice[0]!r} (which one is the weights?)")
+            if names and all(name.endswith(".npy") for name in names):
+                check_members(archive)
+            for info in infos:
+                unpacked, packed = info.file_size, max(info.compress_size, 1)
+                if unpacked > _BOMB_FROM and unpacked > _BOMB_RATIO * packed:
+                    raise CorruptCheckpointError(
+                        f"{info.filename} would unpack to {unpacked:,} bytes from {packed:,}: no weights compress "
+                        "that well (a zip bomb?)"
+                    )
+    except CorruptCheckpointError as exc:
+        raise ValueError(f"{path} is refused: {exc}.") from None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+        return
+
+
+def from_bfloat16(array: np.ndarray) -> np.ndarray:
+    """A bfloat16 array (``ml_dtypes``', or numpy's ``|V2`` records of one in an ``.npz``) widened to float32;
+    another array as it is."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
+        import ml_dtypes
+
+        return array.view(ml_dtypes.bfloat16).astype("float32")
+    return array
 
 
 def _folder_format(path: Path) -> str:
@@ -172,7 +206,7 @@ def read_state_dict(path: str | Path, fmt: str) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
 
         try:
-            return dict(load_file(path))
+            return {key: from_bfloat16(value) for key, value in load_file(path).items()}
         except (SafetensorError, OSError, ValueError, TypeError) as exc:
             raise ValueError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}).") from exc
     try:
@@ -182,6 +216,7 @@ def read_state_dict(path: str | Path, fmt: str) -> dict[str, np.ndarray]:
             f"{path} is a torch checkpoint (torch.save); reading it needs PyTorch: pip install torch. "
             "Or convert it once to .safetensors (safetensors.torch.save_file), which keras-vit reads without torch."
         ) from None
+    check_archive(path)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds (UnpicklingError, KeyError, RuntimeError, ...)

@@ -1,30 +1,6 @@
-"""Hugging Face ``transformers`` checkpoints of the ViT family in the Google ``.npz`` key layout, for the strict
-loader of :mod:`keras_vit.checkpoints.load`: ``ViTModel`` / ``ViTForImageClassification`` (``model_type`` "vit"),
-``DeiTModel`` / ``DeiTForImageClassificationWithTeacher`` ("deit"), ``Dinov2Model`` ("dinov2") and
-``Dinov2WithRegistersModel`` ("dinov2_with_registers").
-
-A folder holds ``config.json`` (``model_type``, ``num_attention_heads``, ``hidden_act``, ...) and
-``model.safetensors`` or ``pytorch_model.bin``, in the published key layout (what ``save_pretrained`` writes).
-Keys (after the ``vit.`` / ``deit.`` / ``dinov2.`` prefix of the task models):
-
-    embeddings.patch_embeddings.projection     -> embedding          (conv, (O, I, kh, kw) -> (kh, kw, I, O))
-    embeddings.cls_token / position_embeddings -> cls / posembed_input/pos_embedding
-    embeddings.distillation_token / register_tokens -> distillation_token / register_tokens
-    encoder.layer.{i}.layernorm_before / _after (DINOv2: norm1 / norm2) -> encoderblock_{i}/LayerNorm_0 / LayerNorm_2
-    encoder.layer.{i}.attention.attention.{query,key,value}, attention.output.dense -> MultiHeadDotProductAttention_1
-    encoder.layer.{i}.intermediate.dense / output.dense (DINOv2: mlp.fc1 / fc2; SwiGLU: mlp.weights_in / weights_out)
-        -> MlpBlock_3/Dense_0 / Dense_1
-    encoder.layer.{i}.layer_scale1 / layer_scale2.lambda1 -> encoderblock_{i}/ls1 / ls2/gamma
-    layernorm -> encoder_norm;  pooler.dense (ViTModel, tanh) -> pre_logits
-    classifier (DeiT with teacher: cls_classifier, distillation_classifier) -> head (head_dist)
-
-DINOv2's registers come after the class token, which keeps its position embedding (``class_position_embedding``
-on). ``embeddings.mask_token`` (masked-image-modelling input only) is not used at inference and is dropped.
-``config.json`` is honoured field by field (:func:`_check_config`): ``hidden_act`` (the GELU), ``layer_norm_eps``
-(1e-12 by default, the model's ``layer_norm_epsilon``) and the dropouts become model options; the shapes
-(``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``qkv_bias``, ...) must agree with the weights; a
-field keras-vit does not know is refused, naming it.
-"""
+"""Hugging Face ``transformers`` ViT, DeiT and DINOv2 (with registers) state dicts and folders in the ``.npz`` key
+layout (key map in docs/foreign-weights.md). ``config.json`` is honoured field by field (:func:`_check_config`):
+numerics become options, shapes must agree with the weights, an unknown field is refused naming it."""
 
 from __future__ import annotations
 
@@ -34,9 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
-from keras_vit.checkpoints.inspect import DISTILLATION_TOKEN, REGISTER_TOKENS, prefix_token_fields
+from keras_vit.checkpoints.inspect import DISTILLATION_TOKEN, REGISTER_TOKENS, TOKEN_FIELDS, format_fields
 from keras_vit.checkpoints.timm import (
-    LAYER_SCALE_INIT,
     block_arrays,
     block_indices,
     conv_kernel,
@@ -44,6 +19,7 @@ from keras_vit.checkpoints.timm import (
     linear_kernel,
 )
 from keras_vit.checks import check_fraction, check_positive_number
+from keras_vit.config import ViTConfig
 
 __all__ = ["HIDDEN_ACTS", "HUGGINGFACE_UNSUPPORTED", "MODEL_TYPES", "huggingface_to_npz", "looks_like_huggingface"]
 
@@ -94,7 +70,7 @@ _SHAPES = ("hidden_size", "num_hidden_layers", "intermediate_size", "patch_size"
 _INERT = ("initializer_range", "encoder_stride", "pooler_act", "pooler_output_size", "qkv_bias", "num_attention_heads")
 # DINOv2's: the MLP's width and kind and the registers are read from the weights (prefix_token_fields), layer scale's
 # starting value is the weights', the rest choose the outputs of its backbone API.
-_INERT += ("mlp_ratio", "use_swiglu_ffn", "num_register_tokens", "layerscale_value", "use_mask_token")
+_INERT += ("mlp_ratio", "use_swiglu_ffn", "layerscale_value", "use_mask_token")
 _INERT += ("out_features", "out_indices", "stage_names", "apply_layernorm", "reshape_hidden_states")
 # transformers' PretrainedConfig fields: bookkeeping, not the model's (labels, dtype, outputs, version).
 _GENERIC = (
@@ -151,7 +127,7 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
             f"{source} is a Hugging Face {model_type!r} model; keras-vit reads the model types {MODEL_TYPES} "
             "(ViTModel, ViTForImageClassification, DeiT's, Dinov2Model, Dinov2WithRegistersModel) only."
         )
-    unknown = sorted(set(config) - {*_HONOURED, *_DROPOUTS, *_SHAPES, *_INERT, *_GENERIC})
+    unknown = sorted(set(config) - {*_HONOURED, *_DROPOUTS, *_SHAPES, *_INERT, *_GENERIC, *TOKEN_FIELDS})
     if unknown:
         raise ValueError(f"{source}: config.json sets fields keras-vit does not know, so cannot honour: {unknown}.")
     act = config.get("hidden_act", "gelu")
@@ -243,8 +219,14 @@ def huggingface_to_npz(
         if f"{hf_name}.weight" in rest:
             arrays[f"{name}/kernel"] = linear_kernel(take(f"{hf_name}.weight"))
             arrays[f"{name}/bias"] = take(f"{hf_name}.bias")
-    if any(key.endswith("/ls1/gamma") for key in arrays):
-        options["layer_scale_init"] = LAYER_SCALE_INIT
-    options.update(prefix_token_fields(arrays))
+    shown = format_fields(arrays)
+    differ = [
+        f"{name}={config[name]!r} (the weights: {shown.get(name, getattr(ViTConfig, name))!r})"
+        for name in TOKEN_FIELDS
+        if name in (config or {}) and config[name] != shown.get(name, getattr(ViTConfig, name))
+    ]
+    if differ:
+        raise ValueError(f"{source}: config.json disagrees with the weights: {'; '.join(differ)}.")
+    options.update(shown)
     arrays.update(rest)  # unrecognised: reported as unexpected by the loader
     return arrays, options, bool(config and config.get("num_attention_heads"))

@@ -1,23 +1,5 @@
-"""Hugging Face ``transformers`` image towers, CLIP's and SigLIP's, in the Google ``.npz`` key layout.
-
-``CLIPVisionModel`` / ``CLIPVisionModelWithProjection`` (``model_type: "clip_vision_model"``) and
-``SiglipVisionModel`` (``"siglip_vision_model"``) folders; keys with or without the ``vision_model.`` prefix:
-
-    embeddings.patch_embedding (no bias in CLIP)     -> embedding (a zero bias where there is none)
-    embeddings.class_embedding (CLIP)                -> cls
-    embeddings.position_embedding.weight (N, D)      -> posembed_input/pos_embedding (1, N, D)
-    pre_layrnorm (CLIP, sic)                         -> norm_pre
-    encoder.layers.{i}.layer_norm1 / layer_norm2     -> encoderblock_{i}/LayerNorm_0 / LayerNorm_2
-    encoder.layers.{i}.self_attn.{q,k,v,out}_proj    -> MultiHeadDotProductAttention_1/{query,key,value,out}
-    encoder.layers.{i}.mlp.fc1 / fc2                 -> MlpBlock_3/Dense_0 / Dense_1
-    post_layernorm                                   -> encoder_norm
-    head.probe, head.attention (in_proj, out_proj), head.layernorm, head.mlp (SigLIP) -> MAPHead_0
-    visual_projection (CLIP ...WithProjection, no bias) -> head (a zero bias): the image embedding
-
-CLIP's ``pooler_output`` is the normalised class token (``include_top=False, pooling="token"``), its
-``image_embeds`` the head's output; SigLIP's ``pooler_output`` the MAP head's (``pooling="map"``).
-``layer_norm_eps`` and ``hidden_act`` (``quick_gelu``: QuickGELU) become ``layer_norm_epsilon`` and ``gelu``.
-"""
+"""Hugging Face CLIP and SigLIP image towers (``CLIPVisionModel[WithProjection]``, ``SiglipVisionModel``) in the
+``.npz`` key layout (key map in docs/foreign-weights.md); ``layer_norm_eps`` and ``hidden_act`` become options."""
 
 from __future__ import annotations
 

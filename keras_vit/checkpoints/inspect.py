@@ -21,6 +21,7 @@ __all__ = [
     "checkpoint_config",
     "checkpoint_info",
     "differences",
+    "format_fields",
     "prefix_token_fields",
     "shapes_only",
 ]
@@ -28,6 +29,10 @@ __all__ = [
 _BLOCK_QUERY = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1/query/kernel")
 
 DISTILLATION_TOKEN, REGISTER_TOKENS = "distillation_token", "register_tokens"  # keras_vit.tokens' npz keys
+# The config fields that a checkpoint's keys and shapes show (:func:`prefix_token_fields`), the options a file's
+# format records aside; a file with layer scale reads as this starting value (the file's gammas replace it).
+TOKEN_FIELDS = ("distillation_token", "num_register_tokens", "class_position_embedding", "mlp_type")
+LAYER_SCALE_INIT = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +87,8 @@ def _class_tokens(arrays: Mapping[str, np.ndarray]) -> int:
 
 
 def prefix_token_fields(arrays: Mapping[str, np.ndarray]) -> dict:
-    """The config fields of the prefix tokens and MLP a checkpoint's arrays show: ``distillation_token``,
-    ``num_register_tokens``, ``class_position_embedding`` (off where the position embeddings are a square grid
-    and the class token has none) and ``mlp_type`` (``"swiglu"`` where ``Dense_1`` takes half of ``Dense_0``'s
-    width)."""
+    """The :data:`TOKEN_FIELDS` a checkpoint's arrays show: a distillation token, registers, no class position
+    embedding (a square grid of them beside a class token), a SwiGLU MLP (``Dense_1`` half ``Dense_0``'s width)."""
     fields: dict = {}
     if DISTILLATION_TOKEN in arrays:
         fields["distillation_token"] = True
@@ -97,6 +100,15 @@ def prefix_token_fields(arrays: Mapping[str, np.ndarray]) -> dict:
     fc1, fc2 = (arrays.get(f"Transformer/encoderblock_0/MlpBlock_3/Dense_{i}/kernel") for i in (0, 1))
     if fc1 is not None and fc2 is not None and fc2.shape[0] * 2 == fc1.shape[1]:
         fields["mlp_type"] = "swiglu"
+    return fields
+
+
+def format_fields(arrays: Mapping[str, np.ndarray]) -> dict:
+    """:func:`prefix_token_fields` and layer scale (``encoderblock_{i}/ls1/gamma`` keys): what a converted foreign
+    file's keys show beside the options its format spells."""
+    fields = prefix_token_fields(arrays)
+    if any(key.endswith("/ls1/gamma") for key in arrays):
+        fields["layer_scale_init"] = LAYER_SCALE_INIT
     return fields
 
 
@@ -140,9 +152,8 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
 def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
     """The config of the model a checkpoint holds: :func:`checkpoint_info`'s architecture, classifier, image size
     and head (classes and ``pre_logits``), a hybrid's ResNet width (its root convolution's channels), ``norm_pre``
-    and ``qk_norm`` where their keys are there, and the options its format records
-    (``CheckpointArrays.model_options``: timm's ``gelu="exact"``, ``fc_norm``, ...); a saved keras-vit model's own
-    config."""
+    and qk-norm where their keys are there, and the options its format records (``model_options``); a saved
+    keras-vit model's own config."""
     if getattr(arrays, "config", None) is not None:
         return arrays.config
     info = checkpoint_info(arrays)

@@ -1,24 +1,6 @@
-"""keras-hub ``ViTBackbone`` presets (``save_to_preset`` folders) in the Google ``.npz`` key layout, read
-with h5py alone (keras-hub need not be installed).
-
-A preset folder holds ``config.json`` (``"registered_name": "keras_hub>ViTBackbone"``, ``num_heads``,
-``use_class_token``, ...) and ``model.weights.h5``, whose groups follow the layers:
-
-    layers/vi_t_patching_and_embedding/vars/0                         -> cls (1, 1, D)
-    .../patch_embedding/vars/{0,1}, .../position_embedding/vars/0     -> embedding, posembed (N, D) -> (1, N, D)
-    layers/vi_t_encoder/encoder_layers/vi_t_encoder_block[_k]/        -> encoderblock_{i} (in the order of k)
-        layer_norm_1, mha/{query,key,value}_dense (D, heads, d_h), mha/output_dense (heads, d_h, D),
-        layer_norm_2, mlp/dense_1, mlp/dense_2
-    layers/vi_t_encoder/layer_norm                                     -> encoder_norm
-
-The backbone has no classifier: load it with ``include_top=False`` or into a new head. Its MLP uses exact
-GELU (``gelu="exact"``).
-
-:func:`save_preset` writes a keras-vit model as such a folder (through keras-hub's own ``save_to_preset``, then
-the model's arrays into the same groups), plus what keras-hub's backbone has no place for: ``keras-vit.json`` (the
-model's :class:`~keras_vit.config.ViTConfig`) and ``head.npz`` (its classifier, ``.npz`` keys). keras-hub reads the
-backbone (``keras_hub.models.Backbone.from_preset``); keras-vit reads it all back.
-"""
+"""keras-hub ``ViTBackbone`` presets, both ways: :func:`read_keras_hub_preset` reads a preset folder's
+``model.weights.h5`` with h5py into the ``.npz`` key layout; :func:`save_preset` writes one, with keras-vit's
+config (``keras-vit.json``) and head (``head.npz``) beside it. Layouts: docs/foreign-weights.md."""
 
 from __future__ import annotations
 
@@ -123,7 +105,7 @@ def _block(group, index: int) -> dict:
 def save_preset(model, folder: str | Path) -> Path:
     """Write ``model`` (a :class:`~keras_vit.models.VisionTransformer`) as a keras-hub ``ViTBackbone`` preset
     folder plus its keras-vit config and head (module docstring). Needs keras-hub. keras-hub's backbone holds
-    a plain ViT only: a hybrid, another position embedding, ``fc_norm`` or layer scale is a ``ValueError``; its
+    a plain ViT only: a hybrid or any other structure option is a ``ValueError``; its
     MLP computes exact GELU (the published checkpoints' tanh approximation differs by ~1e-3 in keras-hub; keras-vit
     reads the preset back with the model's own). ``folder`` must not exist; it appears whole or not at all."""
     import json
@@ -131,6 +113,7 @@ def save_preset(model, folder: str | Path) -> Path:
     import h5py
 
     from keras_vit.checkpoints.timm import model_arrays
+    from keras_vit.config import ViTConfig, field_names
     from keras_vit.files import atomic_path
     from keras_vit.models import VisionTransformer
     from keras_vit.optional import require
@@ -138,11 +121,10 @@ def save_preset(model, folder: str | Path) -> Path:
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"save_preset needs a keras_vit model (VisionTransformer); {model.name!r} is not one.")
     config, architecture = model.config, model.config.architecture
+    structure = [name for name in field_names("structure") if name not in ("classifier", "representation_size")]
     limits = {
         "resnet_stages": (architecture.resnet_stages, None),
-        "position_embedding": (config.position_embedding, "learned_1d"),
-        "fc_norm": (config.fc_norm, False),
-        "layer_scale_init": (config.layer_scale_init, None),
+        **{name: (getattr(config, name), getattr(ViTConfig, name)) for name in structure},
         "dynamic_image_size": (config.dynamic_image_size, False),
         "include_preprocessing": (config.include_preprocessing, False),
     }

@@ -1,17 +1,6 @@
-"""Where every array of a published ``.npz`` checkpoint goes in a keras-vit model.
-
-:func:`npz_key_map` walks a model's layers by class and returns ``{npz_key: (variable, transform)}``:
-``transform`` turns the stored array into the variable's layout (e.g. ``(D, heads, head_dim) ->
-(D, heads * head_dim)``). Several keys may share one variable: their transformed arrays are
-concatenated along its last axis in the map's order (the fused ``qkv`` projection takes ``query``,
-``key`` and ``value``). A transform may raise ``ValueError`` to reject an array; the loader reports it
-with the key.
-
-Extension point: any layer that defines a method ``npz_key_map(self) -> dict[str, tuple[keras.Variable,
-Callable]]`` contributes its own entries, with full checkpoint keys (the hybrids' ResNet layer maps
-``conv_root/kernel``, ``gn_root/scale``, ``block1/unit1/conv1/kernel``, ...). Such a method takes
-precedence over the built-in mapping of the layer's class.
-"""
+"""``npz_key_map(model)``: ``{npz_key: (variable, transform)}`` for every variable a checkpoint holds. Keys sharing
+one variable are concatenated on its last axis in map order (the fused ``qkv``); a transform may raise
+``ValueError`` to reject an array. A layer with an ``npz_key_map()`` method (the hybrids' ResNet) maps its own keys."""
 
 from __future__ import annotations
 
@@ -62,7 +51,7 @@ def _block_map(prefix: str, block: TransformerBlock) -> KeyMap:
     heads = block.num_heads
     entries = _norm(f"{prefix}/LayerNorm_0", block.norm1)
     entries.update(_attention_map(attn, heads, ((block.attn.qkv, ("query", "key", "value")),), block.attn.out))
-    if block.attn.qk_norm:
+    if block.attn.q_norm is not None:  # qk-norm
         entries.update(_norm(f"{attn}/q_norm", block.attn.q_norm) | _norm(f"{attn}/k_norm", block.attn.k_norm))
     entries.update(_norm(f"{prefix}/LayerNorm_2", block.norm2))
     entries.update(_dense(f"{prefix}/MlpBlock_3/Dense_0", block.mlp.fc1))

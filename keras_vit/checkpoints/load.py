@@ -1,20 +1,11 @@
-"""Loading a published ``.npz`` checkpoint into a model, and building the model a checkpoint describes.
-
-:func:`load_weights` checks everything before it assigns anything: missing keys, unexpected keys and
-shape mismatches are listed, each by name, in one ``ValueError``, and the model is left untouched. A
-model without the checkpoint's classifier (``include_top=False``, another ``num_classes``, no
-``pre_logits`` layer) skips the head on purpose, with a warning that says what was skipped and why, unless the
-caller asked for that head to be dropped or replaced (``new_head``: ``ViT(include_top=False)``, ``num_classes=``).
-Every format :mod:`~keras_vit.checkpoints.read` reads arrives here in the ``.npz`` layout, so all of this
-holds for timm, Hugging Face and keras-hub checkpoints too; a Keras ``.weights.h5`` goes to
-``keras.Model.load_weights``.
-"""
+"""Loading ``.npz``-layout arrays into a model (:func:`load_weights`: every key checked before any is assigned, a
+head that does not fit skipped with a warning) and building the model a checkpoint describes
+(:func:`model_from_checkpoint`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import warnings
 from collections.abc import Mapping
 
@@ -28,14 +19,14 @@ from keras_vit.checkpoints.inspect import (
     checkpoint_info,
     differences,
 )
+from keras_vit.checkpoints.keras_files import keras_weights_file, load_keras_weights
 from keras_vit.checkpoints.keymap import KeyMap, npz_key_map
 from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, with_num_heads
 from keras_vit.checkpoints.timm import model_arrays
 from keras_vit.config import field_names, resnet_fields
 from keras_vit.heads import MAP_PREFIX
-from keras_vit.layers import PatchEmbed, TransformerBlock
+from keras_vit.layers import TransformerBlock
 from keras_vit.models import build_vit, model_options
-from keras_vit.position import AddPositionEmbs
 
 __all__ = ["LoadResult", "checkpoint_defaults", "load_weights", "model_from_checkpoint"]
 
@@ -117,9 +108,8 @@ def _layers_of(model: keras.Model, cls) -> list:
 
 
 def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
-    """A ``ValueError`` where the model's structure differs from the source's (an option of the config's
-    ``"structure"`` group, such as ``fc_norm``, on in one and off in the other); one warning naming the numerics
-    that differ (GELU, a hybrid's ResNet epsilons)."""
+    """A ``ValueError`` where a ``"structure"`` option of the config is on in the model and off in the source (or
+    the reverse); one warning naming the numerics that differ (GELU, a hybrid's ResNet epsilons)."""
     built = model_options(model)
     differ = {name: value for name, value in arrays.model_options.items() if name in built and built[name] != value}
     if not differ:
@@ -140,65 +130,6 @@ def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
             f"differ slightly; " + fix.format(theirs) + ".",
             stacklevel=3,
         )
-
-
-def _weights_h5_shape(path) -> dict[str, object]:
-    """Patch, width, depth, MLP width and position embeddings of the keras-vit model a ``.weights.h5`` was saved
-    from, read from the shapes Keras stored (``layers/patch_embed/vars/0``, one ``layers/transformer_block_N`` group
-    per block, ``layers/add_position_embs/vars/0``); None for what the file's layout does not show."""
-    import h5py
-
-    names: list[str] = []
-    with h5py.File(path, "r") as file:
-        file.visit(names.append)
-
-        def shape(pattern: str):
-            return next((file[n].shape for n in names if re.fullmatch(pattern, n)), None)
-
-        found = [shape(rf"layers/{layer}(_\d+)?/vars/0") for layer in ("patch_embed", "add_position_embs")]
-        fc1 = shape(r"layers/(\w+_)?transformer_block/mlp/fc1/vars/0")
-    blocks = {match[1] for match in map(re.compile(r"layers/((\w+_)?transformer_block(_\d+)?)/").match, names) if match}
-    return _shape(*found, len(blocks) or None, fc1)
-
-
-def _model_shape(model: keras.Model) -> dict[str, object]:
-    """:func:`_weights_h5_shape` of a model."""
-    blocks = _layers_of(model, TransformerBlock)
-    kernels = [tuple(layer.kernel.shape) for layer in _layers_of(model, PatchEmbed)]
-    learned = [layer for layer in _layers_of(model, AddPositionEmbs) if type(layer) is AddPositionEmbs]
-    return _shape(
-        kernels[0] if kernels else None,
-        tuple(learned[0].pos_embedding.shape) if learned else None,
-        len(blocks) or None,
-        (blocks[0].mlp_dim,) if blocks else None,
-    )
-
-
-def _shape(kernel, positions, depth: int | None, fc1) -> dict[str, object]:
-    patch, width = (kernel[0], kernel[-1]) if kernel is not None else (None, None)
-    tokens = None if positions is None else positions[1]
-    return {"patch": patch, "width": width, "depth": depth, "mlp": None if fc1 is None else fc1[-1], "tokens": tokens}
-
-
-def _load_keras_weights(model: keras.Model, arrays: CheckpointArrays) -> LoadResult:
-    """Keras' own loader, after a check of the shapes the file shows against the model's: a file of another
-    architecture is refused naming what differs, before Keras assigns any of it."""
-    theirs, ours = _weights_h5_shape(arrays.keras_weights), _model_shape(model)
-    differ = ", ".join(
-        f"{name} {theirs[name]} (the model: {ours[name]})"
-        for name in ours
-        if None not in (ours[name], theirs[name]) and ours[name] != theirs[name]
-    )
-    where = f"Cannot load the Keras weights file {arrays.source} into model {model.name!r}"
-    if differ:
-        raise ValueError(f"{where}: it is another architecture: {differ}. Build the model it was saved from.")
-    try:
-        model.load_weights(arrays.keras_weights)
-    except ValueError as exc:
-        raise ValueError(
-            f"{where} (a .weights.h5 holds no architecture: build the same model it was saved from): {exc}"
-        ) from exc
-    return LoadResult(loaded=tuple(variable.path for variable in model.weights), skipped=())
 
 
 def load_weights(
@@ -224,9 +155,11 @@ def load_weights(
     Raises ``ValueError`` listing every missing key, unexpected key and shape mismatch; nothing is
     assigned then.
     """
+    keras_file = keras_weights_file(weights)
+    if keras_file is not None:
+        load_keras_weights(model, keras_file)
+        return LoadResult(loaded=tuple(variable.path for variable in model.weights), skipped=())
     arrays = read_checkpoint(weights)
-    if arrays.format == "keras_weights":
-        return _load_keras_weights(model, arrays)
     blocks = _layers_of(model, TransformerBlock)
     if blocks:
         arrays = with_num_heads(arrays, blocks[0].num_heads)
@@ -340,8 +273,6 @@ def checkpoint_defaults(
     ``num_classes=None`` keeps the checkpoint's whole classifier: its classes and its ``pre_logits``
     layer (unless ``representation_size`` is given).
     """
-    if getattr(arrays, "format", "npz") == "keras_weights":
-        return image_size, num_classes, representation_size  # no shapes to read before the model exists
     info = checkpoint_info(arrays) if getattr(arrays, "config", None) is None else arrays.config
     if image_size is None:
         image_size = info.image_size
@@ -371,15 +302,10 @@ def model_from_checkpoint(
     regroups a timm state dict's attention arrays (timm does not record it; default: guessed from the width).
 
     Image size, classes and ``pre_logits`` are the checkpoint's unless given (see :func:`checkpoint_defaults`);
-    so are a foreign checkpoint's numerics (``gelu="exact"``, ``fc_norm``, timm's ResNet epsilons). The model is
-    named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
+    so are a foreign checkpoint's options (``gelu="exact"``, a norm after pooling, timm's ResNet epsilons). The
+    model is named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
     """
     arrays = read_checkpoint(weights)
-    if arrays.format == "keras_weights":
-        raise ValueError(
-            f"{arrays.source} is a Keras .weights.h5: it holds no architecture. Build the model it was saved from "
-            "and load it there (keras_vit.ViT(..., weights=path) or model.load_weights(path))."
-        )
     num_heads = overrides.pop("num_heads", None)
     if num_heads is None and not arrays.heads_known:
         _warn_heads_guessed(arrays)

@@ -1,22 +1,17 @@
-"""Reading checkpoints: the published Google ``.npz`` files (google-research/vision_transformer) and catalogue
-names, and every other format :mod:`~keras_vit.checkpoints.formats` detects (timm and Hugging Face state dicts
-and folders, keras-hub presets), converted into the ``.npz`` key layout; a Keras ``.weights.h5`` is passed on.
-
-A checkpoint is a flat ``.npz`` whose keys are the Flax module paths: ``embedding/kernel``, ``cls``,
-``Transformer/posembed_input/pos_embedding``, ``Transformer/encoderblock_{i}/...``,
-``Transformer/encoder_norm/...``, ``pre_logits/...``, ``head/...`` (and ``conv_root/...``,
-``block{s}/unit{u}/...`` for the ResNet of the hybrids). Checkpoints saved with their optimizer state
-nest these under ``opt/target/``; they read the same.
-"""
+"""Reading checkpoints into the ``.npz`` key layout: catalogue names (downloaded, checked against their entry),
+``.npz`` files (keys under ``opt/target/`` read the same), foreign formats through their converters, and saved
+keras-vit models (``.keras``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -25,7 +20,9 @@ from keras_vit import zoo
 from keras_vit.checkpoints.formats import (
     EXPECTED,
     HUGGINGFACE_WEIGHT_FILES,
+    check_archive,
     detect_format,
+    from_bfloat16,
     read_json,
     read_state_dict,
     recorded_num_heads,
@@ -33,6 +30,7 @@ from keras_vit.checkpoints.formats import (
 from keras_vit.checkpoints.huggingface import huggingface_to_npz, looks_like_huggingface
 from keras_vit.checkpoints.huggingface_towers import looks_like_tower, tower_to_npz
 from keras_vit.checkpoints.inspect import (
+    TOKEN_FIELDS,
     CheckpointInfo,
     checkpoint_info,
     differences,
@@ -47,7 +45,7 @@ from keras_vit.layers import TransformerBlock
 from keras_vit.models import VisionTransformer, model_options
 from keras_vit.variants import parse_variant
 from keras_vit.zoo.errors import CorruptCheckpointError
-from keras_vit.zoo.validate import check_members, npz_shapes, safetensors_shapes
+from keras_vit.zoo.validate import npz_shapes, safetensors_shapes
 
 __all__ = [
     "CheckpointArrays",
@@ -65,39 +63,32 @@ __all__ = [
 _TRAINING_PREFIX = "opt/target/"  # checkpoints saved with their optimizer state nest the parameters here
 
 
-class CheckpointArrays(dict):
-    """A checkpoint's arrays by key (the ``.npz`` layout), remembering where they came from (for messages).
+@dataclasses.dataclass(frozen=True, eq=False)
+class CheckpointArrays(Mapping[str, np.ndarray]):
+    """A checkpoint read into the ``.npz`` layout: a read-only mapping of its arrays, and what the file says beside.
 
-    ``format`` is one of :data:`~keras_vit.checkpoints.formats.FORMATS`; ``model_options`` are the
-    :class:`~keras_vit.config.ViTConfig` fields that reproduce the source model where its shapes do not show them
-    (``gelu``, ``fc_norm``, a hybrid's ResNet numerics); ``heads_known`` is False where
-    the file does not record the head count (timm) and the attention arrays are regrouped for the model's
-    (:func:`with_num_heads`). A ``keras_weights`` file has no arrays here: ``keras_weights`` is its path, for
-    ``keras.Model.load_weights``. A saved keras-vit model (``.keras``) brings its whole ``config`` (else ``None``) and,
-    as ``extra``, its variables that the ``.npz`` layout has no key for (a 2-D or relative position embedding's), by
-    variable path.
+    Fields: ``arrays`` by ``.npz`` key; ``source`` (for messages); ``format`` (one of
+    :data:`~keras_vit.checkpoints.formats.FORMATS`); ``model_options``, the config fields its shapes do not show
+    (``gelu``, a norm after pooling, ...); ``heads_known, False where the file does not record the head count (timm);
+    ``config``, a saved keras-vit model's own; ``extra``, its variables outside the ``.npz`` layout, by path.
     """
 
-    def __init__(
-        self,
-        arrays: Mapping[str, np.ndarray],
-        source: str,
-        *,
-        format: str = "npz",
-        model_options: Mapping | None = None,
-        heads_known: bool = True,
-        keras_weights: Path | None = None,
-        config: ViTConfig | None = None,
-        extra: Mapping[str, np.ndarray] | None = None,
-    ):
-        super().__init__(arrays)
-        self.source = source
-        self.format = format
-        self.model_options = dict(model_options or {})
-        self.heads_known = heads_known
-        self.keras_weights = keras_weights
-        self.config = config
-        self.extra = dict(extra or {})
+    arrays: Mapping[str, np.ndarray]
+    source: str
+    format: str = "npz"
+    model_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    heads_known: bool = True
+    config: ViTConfig | None = None
+    extra: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.arrays)
 
 
 def read_npz(path: str | os.PathLike) -> CheckpointArrays:
@@ -105,17 +96,13 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
+    check_archive(path)  # what a member declares, before numpy unpacks it
     try:
-        if zipfile.is_zipfile(path):  # what a member declares, before numpy unpacks it
-            with zipfile.ZipFile(path) as archive:
-                check_members(archive)
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise ValueError("it holds one array, not named arrays")
         with data:
-            arrays = {key: _from_bfloat16(data[key]) for key in data.files}
-    except CorruptCheckpointError as exc:  # named by what the archive declares: a bomb, a lying header, objects
-        raise ValueError(f"{path} is refused: {exc}.") from exc
+            arrays = {key: from_bfloat16(data[key]) for key in data.files}
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise ValueError(
             f"{path} is not a readable .npz checkpoint ({type(exc).__name__}: {exc}). The file is truncated "
@@ -127,16 +114,6 @@ def read_npz(path: str | os.PathLike) -> CheckpointArrays:
         listed = ", ".join(sorted(arrays)[:5]) or "none"
         raise ValueError(f"{path} is not a ViT checkpoint: it has no 'embedding/kernel' key (keys: {listed}).")
     return CheckpointArrays(arrays, str(path))
-
-
-def _from_bfloat16(array: np.ndarray) -> np.ndarray:
-    """numpy stores an ``ml_dtypes.bfloat16`` array (JAX's, Keras') as 2-byte void records (``|V2``): read back as
-    bfloat16, widened to float32. Other arrays are returned as they are."""
-    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
-        import ml_dtypes
-
-        return array.view(ml_dtypes.bfloat16).astype("float32")
-    return array
 
 
 _PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")
@@ -199,7 +176,7 @@ def check_catalogue_shapes(entry: zoo.Checkpoint, shapes: Mapping[str, tuple[int
     differ = differences(found, expected, entry.name)
     if config is not None:
         tokens = prefix_token_fields(arrays)
-        for field in ("distillation_token", "num_register_tokens", "class_position_embedding", "mlp_type"):
+        for field in TOKEN_FIELDS:
             ours = tokens.get(field, getattr(ViTConfig, field))  # the file's, else the field's default
             if ours != getattr(config, field):
                 differ = ", ".join(filter(None, (differ, f"{field} {ours} ({entry.name}: {getattr(config, field)})")))
@@ -249,7 +226,10 @@ def read_path(path: str | os.PathLike) -> CheckpointArrays:
     if fmt == "keras":
         return read_saved_model(path)
     if fmt == "keras_weights":
-        return CheckpointArrays({}, str(path), format=fmt, keras_weights=path)
+        raise ValueError(
+            f"{path} is a Keras .weights.h5: it holds no architecture. Build the model it was saved from "
+            "and load it there (keras_vit.ViT(..., weights=path) or model.load_weights(path))."
+        )
     if fmt == "keras_hub":
         arrays, options = read_keras_hub_preset(path)
         return CheckpointArrays(arrays, str(path), format=fmt, model_options=options)
@@ -269,6 +249,7 @@ def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
     ``model.save``): its weights in the ``.npz`` layout and its :class:`~keras_vit.config.ViTConfig` (of the
     :class:`~keras_vit.models.VisionTransformer` it is or holds); a plain model made of keras-vit layers brings the
     options its layers show, and its architecture is read from the shapes as a checkpoint's."""
+    check_archive(path)
     try:
         model = keras.saving.load_model(path, compile=False)
     except Exception as exc:  # Keras raises many kinds for a damaged or foreign file (ValueError, TypeError, ...)
@@ -312,9 +293,7 @@ def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays
             regrouped[key] = kernel.reshape(kernel.shape[0], num_heads, -1)
             if bias in arrays:
                 regrouped[bias] = arrays[bias].reshape(num_heads, -1)
-    fields = dict(format=arrays.format, model_options=arrays.model_options, heads_known=True)
-    fields.update(config=arrays.config, extra=arrays.extra)
-    return CheckpointArrays(regrouped, arrays.source, **fields)
+    return dataclasses.replace(arrays, arrays=regrouped, heads_known=True)
 
 
 def read_checkpoint(weights: str | os.PathLike | Mapping[str, np.ndarray]) -> CheckpointArrays:

@@ -1,24 +1,6 @@
-"""timm's ``VisionTransformer`` state dicts, both ways, through the Google ``.npz`` key layout.
-
-Reading (:func:`timm_to_npz`) renames and reshapes every tensor into the ``.npz`` layout, so the strict
-loader of :mod:`keras_vit.checkpoints.load` does the rest: torch ``Linear`` ``(out, in)`` -> ``(in, out)``,
-``Conv2d`` ``(O, I, kh, kw)`` -> ``(kh, kw, I, O)``, the fused ``attn.qkv`` split into ``query``/``key``/
-``value`` ``(D, heads, head_dim)``, LayerNorm ``weight`` -> ``scale``; a hybrid's ResNet
-(``patch_embed.backbone.stem...``, ``...stages.{s}.blocks.{u}...``) -> ``conv_root``, ``block{s+1}/unit{u+1}``.
-A GAP model's ``fc_norm`` (LayerNorm after the pooling) becomes ``encoder_norm`` of a model built with
-``fc_norm=True``; layer scale (``blocks.{i}.ls1.gamma``, ``ls2.gamma``) becomes ``encoderblock_{i}/ls1/gamma``,
-``ls2/gamma`` of a model built with ``layer_scale_init``. CLIP's ``norm_pre`` becomes ``Transformer/norm_pre`` (and
-``layer_norm_epsilon=1e-5``, timm's CLIP towers'), qk-norm (``blocks.{i}.attn.q_norm``, ``k_norm``) ``.../q_norm``,
-``k_norm``, and the attention-pooling head (``attn_pool``: ``latent``, ``q``, ``kv``, ``proj``, ``norm``, ``mlp``,
-timm's ``global_pool="map"``) big_vision's ``MAPHead_0`` keys (:mod:`keras_vit.heads`).
-
-Writing (:func:`to_timm_state_dict`, :func:`save_timm_safetensors`) inverts it for a keras-vit model,
-so a model fine-tuned here loads with ``timm.create_model(**timm_model_kwargs(model))`` and
-``load_state_dict``.
-
-A timm state dict does not record the number of heads: it comes from the model it is loaded into, the
-``num_heads`` given, or a guess from the width (the Ti/S/B/L/H table, else 64-wide heads).
-"""
+"""timm's ``VisionTransformer`` state dicts, both ways, through the ``.npz`` key layout: :func:`timm_to_npz` reads
+(key map in docs/foreign-weights.md), :func:`to_timm_state_dict` / :func:`save_timm_safetensors` write. A timm
+state dict does not record its head count: the model's, ``num_heads``, or a guess from the width."""
 
 from __future__ import annotations
 
@@ -33,7 +15,7 @@ import keras
 import numpy as np
 
 from keras_vit.checkpoints.formats import reject_unsupported
-from keras_vit.checkpoints.inspect import DISTILLATION_TOKEN, REGISTER_TOKENS, prefix_token_fields
+from keras_vit.checkpoints.inspect import DISTILLATION_TOKEN, REGISTER_TOKENS, format_fields, prefix_token_fields
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.files import atomic_path
 from keras_vit.layers import TransformerBlock
@@ -42,7 +24,6 @@ from keras_vit.resnet import TIMM_RESNET, ResNetStem
 from keras_vit.variants import SIZES
 
 __all__ = [
-    "LAYER_SCALE_INIT",
     "TIMM_UNSUPPORTED",
     "block_arrays",
     "block_indices",
@@ -75,7 +56,6 @@ _ATTENTION_ARRAY = re.compile(r"Transformer/encoderblock_(\d+)/MultiHeadDotProdu
 _BACKBONE = "patch_embed.backbone."
 _LAYER_SCALES = ("ls1", "ls2")
 _QK_NORMS = ("q_norm", "k_norm")
-LAYER_SCALE_INIT = 1e-5  # what a file with layer scale reads as: any value turns it on, the file's gammas replace it
 _MAP = "MAPHead_0"
 _MAP_ATTENTION = _MAP + "/MultiHeadDotProductAttention_0"
 _CLIP_EPSILON = 1e-5  # the LayerNorm epsilon of timm's CLIP towers (pre_norm=True), 1e-6 elsewhere
@@ -223,8 +203,7 @@ def timm_to_npz(
     state: Mapping[str, np.ndarray], *, num_heads: int | None = None, source: str = "the state dict"
 ) -> tuple[dict[str, np.ndarray], dict]:
     """A timm ViT state dict in the ``.npz`` layout, and the :class:`~keras_vit.config.ViTConfig` fields that
-    reproduce timm's model (``gelu="exact"``; ``fc_norm``; ``layer_scale_init``; timm's ResNet numerics for a
-    hybrid).
+    reproduce timm's model (``gelu="exact"``, the norm after pooling, layer scale, timm's ResNet numerics).
 
     Keys this does not recognise pass through unchanged, so the loader lists them as unexpected; known
     unsupported variants (:data:`TIMM_UNSUPPORTED`) raise a ``ValueError`` naming them.
@@ -267,9 +246,7 @@ def timm_to_npz(
             arrays[npz_key] = conv_kernel(value) if npz_key.endswith("/kernel") else value
     if "conv_root/kernel" in arrays:
         options.update(TIMM_RESNET)
-    if any(key.endswith("/ls1/gamma") for key in arrays):
-        options["layer_scale_init"] = LAYER_SCALE_INIT
-    options.update(prefix_token_fields(arrays))
+    options.update(format_fields(arrays))
     arrays.update(rest)  # unrecognised: reported as unexpected by the loader
     return arrays, options
 
@@ -477,8 +454,8 @@ def timm_model_kwargs(model: keras.Model) -> dict:
         global_pool="token" if "cls" in arrays else "map" if f"{_MAP}/probe" in arrays else "avg",
         fc_norm=uses_fc_norm(model),
     )
-    if blocks[0].layer_scale_init is not None:
-        kwargs["init_values"] = blocks[0].layer_scale_init
+    if blocks[0].ls1 is not None:
+        kwargs["init_values"] = blocks[0].ls1.init_value
     epsilon = blocks[0].layer_norm_epsilon
     if epsilon not in _TIMM_EPSILONS:
         raise ValueError(f"timm's ViTs have LayerNorm epsilon 1e-6 or (CLIP) 1e-5, this model {epsilon:g}.")
@@ -489,8 +466,8 @@ def timm_model_kwargs(model: keras.Model) -> dict:
     if blocks[0].gelu == "quick":
         kwargs["act_layer"] = "quick_gelu"
     tokens = prefix_token_fields(arrays)
-    if tokens.get("num_register_tokens"):
-        kwargs["reg_tokens"] = tokens["num_register_tokens"]
+    if REGISTER_TOKENS in arrays:
+        kwargs["reg_tokens"] = int(arrays[REGISTER_TOKENS].shape[1])
     if not tokens.get("class_position_embedding", True):
         kwargs["no_embed_class"] = True
     if tokens.get("distillation_token"):

@@ -1,8 +1,8 @@
 """Weight files that are not what they claim (issue 25): each refused with one line naming the file and the cause,
 or read correctly; written with numpy, safetensors and Keras themselves in the published layouts.
 
-The timm and Hugging Face cases (files written by timm and transformers) are in ``test_foreign_weights.py``; a
-catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
+The timm and Hugging Face cases (files written by timm and transformers) are in ``test_timm.py`` and
+``test_huggingface.py``; a catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
 """
 
 import gzip
@@ -224,3 +224,68 @@ def test_the_catalogue_check_of_a_variant_the_table_does_not_build_holds_its_hea
     with pytest.raises(CorruptCheckpointError, match=rf"another architecture: classes 10 \({entry.name}: 1000\)$"):
         catalogue_check(entry)(path)
     catalogue_check(entry)(write_checkpoint(tmp_path / "head.npz", vit_checkpoint(**{**TINY, "num_classes": 1000})))
+
+
+# --- archives refused from what they declare, and bfloat16 safetensors (issue 36) --------------------------------
+
+
+def _declare_size(path, member: str, size: int) -> None:
+    """Rewrite the zip's central directory so that ``member`` declares ``size`` bytes unpacked."""
+    data = bytearray(path.read_bytes())
+    end = data.rfind(b"PK\x05\x06")
+    at = int.from_bytes(data[end + 16 : end + 20], "little")  # the central directory's first entry
+    while data[at : at + 4] == b"PK\x01\x02":
+        named, extra, comment = (int.from_bytes(data[at + i : at + i + 2], "little") for i in (28, 30, 32))
+        if data[at + 46 : at + 46 + named] == member.encode():
+            data[at + 24 : at + 28] = size.to_bytes(4, "little")
+            return path.write_bytes(bytes(data))
+        at += 46 + named + extra + comment
+    raise AssertionError(f"no member {member}")
+
+
+def test_a_keras_archive_whose_weights_declare_gigabytes_is_refused_at_once(tiny, tmp_path):
+    import time
+
+    _, _, model = tiny
+    saved = tmp_path / "bomb.keras"
+    model.save(saved)
+    with zipfile.ZipFile(saved) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    with zipfile.ZipFile(saved, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    _declare_size(saved, "model.weights.h5", 3 << 30)
+    peak, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+    refused = r"bomb.keras is refused: model.weights.h5 would unpack to 3,221,225,472 bytes from"
+    with pytest.raises(ValueError, match=refused):
+        keras_vit.model_from_checkpoint(saved)
+    assert time.monotonic() - start < 1
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200_000  # KB
+
+
+def test_an_npz_with_two_members_of_one_name_is_refused_naming_it(tiny, tmp_path):
+    _, arrays, model = tiny
+    with pytest.warns(UserWarning, match="Duplicate name"), zipfile.ZipFile(tmp_path / "twice.npz", "w") as archive:
+        for key, value in [*arrays.items(), ("cls", np.zeros_like(arrays["cls"]))]:
+            member = io.BytesIO()
+            np.save(member, value)
+            archive.writestr(key + ".npy", member.getvalue())
+    with pytest.raises(ValueError, match=r"twice.npz is refused: it holds two members named 'cls.npy'"):
+        keras_vit.load_weights(model, tmp_path / "twice.npz")
+
+
+def test_a_bfloat16_safetensors_loads_as_a_bfloat16_npz_does(tiny, tmp_path):
+    from safetensors.numpy import save_file
+
+    from keras_vit.checkpoints import save_timm_safetensors, to_timm_state_dict
+
+    _, _, model = tiny
+    save_timm_safetensors(model, tmp_path / "f32.safetensors")
+    state = {key: value.astype(ml_dtypes.bfloat16) for key, value in to_timm_state_dict(model).items()}
+    save_file(state, tmp_path / "bf16.safetensors")
+    read = read_checkpoint(tmp_path / "bf16.safetensors")
+    assert read["embedding/kernel"].dtype == np.float32
+    full = keras_vit.model_from_checkpoint(tmp_path / "f32.safetensors", num_heads=2)
+    rounded = keras_vit.model_from_checkpoint(tmp_path / "bf16.safetensors", num_heads=2)
+    assert not np.array_equal(rounded.predict_on_batch(images()), full.predict_on_batch(images()))
+    np.testing.assert_allclose(rounded.predict_on_batch(images()), full.predict_on_batch(images()), atol=0.05)

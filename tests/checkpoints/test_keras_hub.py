@@ -1,14 +1,18 @@
-"""Preset folders: ``keras_vit.save_preset`` writes keras-hub's ``ViTBackbone`` preset plus keras-vit's config and
-head; ``keras_vit.ViT.from_preset`` reads it back whole, keras-hub reads the backbone."""
+"""keras-hub presets: a backbone keras-hub saved reads with its outputs; ``keras_vit.save_preset`` writes
+keras-hub's ``ViTBackbone`` preset plus keras-vit's config and head; ``keras_vit.ViT.from_preset`` reads it back
+whole, keras-hub reads the backbone."""
 
 import keras
 import numpy as np
 import pytest
+from keras.ops import convert_to_numpy as to_numpy
 from npz_layout import vit_checkpoint
+from reference_runs import photos
 
 import keras_vit
 
 pytestmark = pytest.mark.backends("tensorflow")  # keras-hub's save_to_preset, once; the format is backend-free
+TOLERANCE = 1e-4
 
 
 def images():
@@ -44,3 +48,18 @@ def test_a_model_keras_hub_cannot_hold_is_refused_and_nothing_is_written(tmp_pat
     with pytest.raises(ValueError, match="position_embedding='sincos_2d'"):
         keras_vit.save_preset(sincos, tmp_path / "preset")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.requires("keras_hub")
+def test_keras_hub_preset_matches_its_backbone(tmp_path):
+    import keras_hub
+
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
+    )
+    rng = np.random.default_rng(0)
+    for variable in backbone.weights:
+        variable.assign(variable + rng.normal(0, 0.1, variable.shape))
+    backbone.save_to_preset(str(tmp_path / "preset"))
+    model = keras_vit.model_from_checkpoint(tmp_path / "preset", include_top=False)
+    np.testing.assert_allclose(to_numpy(model(photos(32))), to_numpy(backbone(photos(32))), atol=TOLERANCE, rtol=0)

@@ -1,4 +1,5 @@
-"""Checkpoints from elsewhere: timm and Hugging Face state dicts, keras-hub presets, Keras' own files.
+"""Checkpoints from timm (both ways), and the readers' refusals: unsupported variants, unreadable paths, Keras' files.
+(Hugging Face: test_huggingface.py; keras-hub: test_keras_hub.py.)
 
 timm and transformers run in subprocesses that never import TensorFlow (torch after TensorFlow in one
 process crashes here): they build small random models, save them with their own libraries and write their
@@ -8,9 +9,7 @@ Without timm / torch / transformers those tests skip.
 
 import json
 import os
-import subprocess
 import sys
-import textwrap
 import threading
 import warnings
 import zipfile
@@ -19,80 +18,13 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy  # any backend's tensor (torch's track gradients)
-from sklearn.datasets import load_sample_image
+from reference_runs import TIMM_SCRIPT, photos, run_reference, write_timm_files
 
 import keras_vit
-from keras_vit.checkpoints.read import read_checkpoint
 
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
 
 TOLERANCE = 1e-4
-
-TIMM_SCRIPT = """
-import json, sys
-import numpy as np
-import timm, torch
-from safetensors.torch import save_file
-torch.manual_seed(0)
-torch.set_num_threads(2)
-for job in json.load(open(sys.argv[1])):
-    model = timm.create_model(job["model"], pretrained=False, **job["kwargs"]).eval()
-    if "load" in job:
-        from safetensors.torch import load_file
-        model.load_state_dict(load_file(job["load"]))
-    else:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.add_(torch.randn_like(p) * (0.2 if p.ndim == 1 else 0.05))
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if job["save"].endswith(".safetensors"):
-            save_file(state, job["save"])
-        else:
-            torch.save(state, job["save"])
-    images = torch.from_numpy(np.load(job["images"])).permute(0, 3, 1, 2)
-    with torch.no_grad():
-        np.save(job["logits"], model(images).numpy())
-"""
-
-HF_SCRIPT = """
-import json, sys
-import numpy as np
-import torch
-from transformers import ViTConfig, ViTForImageClassification, ViTModel
-torch.manual_seed(0)
-out, images = sys.argv[1], torch.from_numpy(np.load(sys.argv[2])).permute(0, 3, 1, 2)
-extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
-config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                   image_size=32, patch_size=8, num_labels=5, **extra)
-for cls, name in ((ViTForImageClassification, "classifier"), (ViTModel, "model")):
-    model = cls(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.2 if p.ndim == 1 else 0.05))
-        model.save_pretrained(f"{out}/{name}")
-        result = model(pixel_values=images)
-    if name == "classifier":
-        np.save(f"{out}/classifier.npy", result.logits.numpy())
-    else:
-        np.save(f"{out}/tokens.npy", result.last_hidden_state.numpy())
-        np.save(f"{out}/pooler.npy", result.pooler_output.numpy())
-"""
-
-
-def photos(size: int, count: int = 2) -> np.ndarray:
-    """``count`` crops of scikit-learn's china.jpg, scaled to [-1, 1]."""
-    image = load_sample_image("china.jpg").astype("float32")
-    crops = [image[40 + 90 * i : 40 + 90 * i + size, 100 + 130 * i : 100 + 130 * i + size] for i in range(count)]
-    return (np.stack(crops) - 127.5) / 127.5
-
-
-def run_reference(script: str, *args) -> None:
-    """Run a reference script in a fresh interpreter (its test is marked ``requires`` for the script's library)."""
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-
 
 TIMM_CASES = {
     "tiny": ("vit_tiny_patch16_224", dict(depth=1, img_size=32, num_classes=5), 32, ".safetensors"),
@@ -127,26 +59,6 @@ TIMM_CASES = {
 @pytest.fixture(scope="module")
 def timm_files(tmp_path_factory):
     return write_timm_files(tmp_path_factory.mktemp("timm"), TIMM_CASES)
-
-
-def write_timm_files(tmp, cases: dict, images=photos):
-    """timm's files of ``cases`` (name: (model, kwargs, image size, suffix)) in ``tmp``, with its outputs on
-    ``images(size)`` (``{name}.npy``): one subprocess for all."""
-    jobs = []
-    for name, (model, kwargs, size, suffix) in cases.items():
-        np.save(tmp / f"images{size}.npy", images(size))
-        jobs.append(
-            dict(
-                model=model,
-                kwargs=kwargs,
-                images=str(tmp / f"images{size}.npy"),
-                save=str(tmp / f"{name}{suffix}"),
-                logits=str(tmp / f"{name}.npy"),
-            )
-        )
-    (tmp / "jobs.json").write_text(json.dumps(jobs))
-    run_reference(TIMM_SCRIPT, tmp / "jobs.json")
-    return tmp
 
 
 @pytest.mark.reference
@@ -233,75 +145,6 @@ def test_keras_vit_to_timm_round_trip(tmp_path, options):
     (tmp_path / "jobs.json").write_text(json.dumps([job]))
     run_reference(TIMM_SCRIPT, tmp_path / "jobs.json")
     np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), to_numpy(model(photos(32))), atol=TOLERANCE, rtol=0)
-
-
-@pytest.mark.reference
-@pytest.mark.requires("transformers", "torch")
-def test_huggingface_folders_give_transformers_outputs(tmp_path):
-    np.save(tmp_path / "images.npy", photos(32))
-    run_reference(HF_SCRIPT, tmp_path, tmp_path / "images.npy")
-    classifier = keras_vit.model_from_checkpoint(tmp_path / "classifier")
-    np.testing.assert_allclose(
-        to_numpy(classifier(photos(32))), np.load(tmp_path / "classifier.npy"), atol=TOLERANCE, rtol=0
-    )
-    # ViTModel: the tokens after the final LayerNorm, and its pooler as pre_logits (a tanh Dense)
-    encoder = keras_vit.model_from_checkpoint(tmp_path / "model", include_top=False)
-    np.testing.assert_allclose(to_numpy(encoder(photos(32))), np.load(tmp_path / "tokens.npy"), atol=TOLERANCE, rtol=0)
-    assert "pre_logits/kernel" in keras_vit.load_weights(encoder, tmp_path / "model").skipped
-    pooled = read_checkpoint(tmp_path / "model/model.safetensors")
-    tokens = np.load(tmp_path / "tokens.npy")
-    pooler = np.tanh(tokens[:, 0] @ pooled["pre_logits/kernel"] + pooled["pre_logits/bias"])
-    np.testing.assert_allclose(pooler, np.load(tmp_path / "pooler.npy"), atol=TOLERANCE, rtol=0)
-
-
-@pytest.mark.reference
-@pytest.mark.requires("transformers", "torch")
-def test_a_hugging_face_config_is_honoured_field_by_field_or_refused_naming_the_field(tmp_path):
-    """``layer_norm_eps`` and ``hidden_act`` as transformers wrote them give its outputs; a field that disagrees with
-    the weights, is of the wrong type, or is unknown is refused, named, never dropped."""
-    np.save(tmp_path / "images.npy", photos(32))
-    numerics = dict(layer_norm_eps=1e-2, hidden_act="gelu_pytorch_tanh")
-    run_reference(HF_SCRIPT, tmp_path, tmp_path / "images.npy", json.dumps(numerics))
-    folder, expected = tmp_path / "classifier", np.load(tmp_path / "classifier.npy")
-    model = keras_vit.model_from_checkpoint(folder)
-    assert (model.config.layer_norm_epsilon, model.config.gelu) == (1e-2, "tanh")
-    np.testing.assert_allclose(to_numpy(model(photos(32))), expected, atol=TOLERANCE, rtol=0)
-    with pytest.warns(UserWarning, match="layer_norm_epsilon=0.01"):
-        dropped = keras_vit.model_from_checkpoint(folder, layer_norm_epsilon=1e-6)  # as if the field were ignored
-    assert np.abs(to_numpy(dropped(photos(32))) - expected).max() > 1e-3
-    config = json.loads((folder / "config.json").read_text())
-    refused = {
-        "num_attention_heads": ("2", r"config.json's num_attention_heads must be a positive integer, got '2'"),
-        "hidden_act": ("relu", r"uses hidden_act='relu'; keras-vit has GELU only"),
-        "qkv_bias": (False, r"disagrees with the weights: qkv_bias=False \(the weights have q/k/v biases\)"),
-        "hidden_size": (64, r"disagrees with the weights: hidden_size=64 \(the weights: 32\)"),
-        "use_absolute_position_embeddings": (  # BEiT's: keras-vit does not know it (DINOv2's use_mask_token it does)
-            True,
-            r"sets fields keras-vit does not know, so cannot honour: \['use_absolute_position_embeddings'\]",
-        ),
-    }
-    for field, (value, message) in refused.items():
-        (folder / "config.json").write_text(json.dumps({**config, field: value}))
-        with pytest.raises(ValueError, match=message):
-            keras_vit.model_from_checkpoint(folder)
-    (folder / "config.json").write_text(json.dumps({**config, "num_attention_heads": 3}))
-    with pytest.raises(ValueError, match=r"num_attention_heads=3 \(does not divide the weights' width 32\)"):
-        keras_vit.model_from_checkpoint(folder)
-
-
-@pytest.mark.requires("keras_hub")
-def test_keras_hub_preset_matches_its_backbone(tmp_path):
-    import keras_hub
-
-    backbone = keras_hub.models.ViTBackbone(
-        image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
-    )
-    rng = np.random.default_rng(0)
-    for variable in backbone.weights:
-        variable.assign(variable + rng.normal(0, 0.1, variable.shape))
-    backbone.save_to_preset(str(tmp_path / "preset"))
-    model = keras_vit.model_from_checkpoint(tmp_path / "preset", include_top=False)
-    np.testing.assert_allclose(to_numpy(model(photos(32))), to_numpy(backbone(photos(32))), atol=TOLERANCE, rtol=0)
 
 
 def small_model(**kwargs):

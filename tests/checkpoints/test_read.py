@@ -48,8 +48,17 @@ def originals(tmp_path_factory):
     np.savez(folder / "bfloat16.npz", **{key: value.astype(ml_dtypes.bfloat16) for key, value in arrays.items()})
     files = {path.name: path for path in folder.iterdir()}
     for path in files.values():
-        read_checkpoint(path)  # the originals read: what the mutations start from is valid
+        reader(model)(path)  # the originals read: what the mutations start from is valid
+    files["model"] = model
     return files
+
+
+def reader(model):
+    """What reads a file: the checkpoint reader, or for Keras' ``.weights.h5`` (no architecture) loading into
+    ``model``."""
+    return lambda path: (
+        keras_vit.load_weights(model, path) if path.name.endswith(".weights.h5") else read_checkpoint(path)
+    )
 
 
 mutations = st.lists(
@@ -90,7 +99,7 @@ def read_within_bound(reader, path: Path) -> None:
 def test_mutated_checkpoints_give_only_the_projects_errors(originals, tmp_path, name, edits):
     path = tmp_path / name
     path.write_bytes(mutate(originals[name].read_bytes(), edits))
-    read_within_bound(read_checkpoint, path)
+    read_within_bound(reader(originals["model"]), path)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

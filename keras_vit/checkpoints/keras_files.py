@@ -1,0 +1,93 @@
+"""Keras' own weights files, outside the checkpoint pipeline: a ``.weights.h5`` holds no architecture, so its
+shapes are checked against the model's, then ``keras.Model.load_weights`` assigns it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import keras
+
+from keras_vit.checkpoints.formats import detect_format
+from keras_vit.layers import PatchEmbed, TransformerBlock
+from keras_vit.position import AddPositionEmbs
+
+__all__ = ["keras_weights_file", "load_keras_weights"]
+
+
+def keras_weights_file(weights) -> Path | None:
+    """``weights`` as a path where it names an existing Keras ``.weights.h5``; None for anything else."""
+    if isinstance(weights, Mapping):
+        return None
+    path = Path(weights).expanduser()
+    return path if path.is_file() and detect_format(path) == "keras_weights" else None
+
+
+def _layers_of(model: keras.Model, cls) -> list:
+    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, cls)]
+
+
+def _weights_h5_shape(path) -> dict[str, object]:
+    """Patch, width, depth, MLP width and position embeddings of the keras-vit model a ``.weights.h5`` was saved
+    from, read from the shapes Keras stored (``layers/patch_embed/vars/0``, one ``layers/transformer_block_N`` group
+    per block, ``layers/add_position_embs/vars/0``); None for what the file's layout does not show."""
+    import h5py
+
+    names: list[str] = []
+    with h5py.File(path, "r") as file:
+        file.visit(names.append)
+
+        def shape(pattern: str):
+            return next((file[n].shape for n in names if re.fullmatch(pattern, n)), None)
+
+        found = [shape(rf"layers/{layer}(_\d+)?/vars/0") for layer in ("patch_embed", "add_position_embs")]
+        fc1 = shape(r"layers/(\w+_)?transformer_block/mlp/fc1/vars/0")
+    blocks = {match[1] for match in map(re.compile(r"layers/((\w+_)?transformer_block(_\d+)?)/").match, names) if match}
+    return _shape(*found, len(blocks) or None, fc1)
+
+
+def _model_shape(model: keras.Model) -> dict[str, object]:
+    """:func:`_weights_h5_shape` of a model."""
+    blocks = _layers_of(model, TransformerBlock)
+    kernels = [tuple(layer.kernel.shape) for layer in _layers_of(model, PatchEmbed)]
+    learned = [layer for layer in _layers_of(model, AddPositionEmbs) if type(layer) is AddPositionEmbs]
+    return _shape(
+        kernels[0] if kernels else None,
+        tuple(learned[0].pos_embedding.shape) if learned else None,
+        len(blocks) or None,
+        (blocks[0].mlp_dim,) if blocks else None,
+    )
+
+
+def _shape(kernel, positions, depth: int | None, fc1) -> dict[str, object]:
+    patch, width = (kernel[0], kernel[-1]) if kernel is not None else (None, None)
+    tokens = None if positions is None else positions[1]
+    return {"patch": patch, "width": width, "depth": depth, "mlp": None if fc1 is None else fc1[-1], "tokens": tokens}
+
+
+def load_keras_weights(model: keras.Model, path: Path) -> None:
+    """Keras' own loader, after a check of the shapes the file shows against the model's: a file of another
+    architecture is refused naming what differs, before Keras assigns any of it."""
+    try:
+        theirs = _weights_h5_shape(path)
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:  # h5py's kinds for a damaged file
+        raise ValueError(
+            f"{path} is not a readable Keras .weights.h5 ({type(exc).__name__}: {exc}). The file is truncated or "
+            "corrupt."
+        ) from exc
+    ours = _model_shape(model)
+    differ = ", ".join(
+        f"{name} {theirs[name]} (the model: {ours[name]})"
+        for name in ours
+        if None not in (ours[name], theirs[name]) and ours[name] != theirs[name]
+    )
+    where = f"Cannot load the Keras weights file {path} into model {model.name!r}"
+    if differ:
+        raise ValueError(f"{where}: it is another architecture: {differ}. Build the model it was saved from.")
+    try:
+        model.load_weights(path)
+    except (ValueError, OSError, RuntimeError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{where} (a .weights.h5 holds no architecture: build the same model it was saved from): {exc}"
+        ) from exc
