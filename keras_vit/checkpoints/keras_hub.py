@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_vit.checkpoints.formats import read_json
+from keras_vit.checkpoints.formats import check_archive, read_json
 
 __all__ = ["read_keras_hub_preset", "save_preset"]
 
@@ -84,7 +84,8 @@ def read_keras_hub_preset(path: str | Path) -> tuple[dict[str, np.ndarray], dict
     options = {"gelu": "exact"}
     if (path / CONFIG_FILE).is_file():  # written by save_preset: the model's own numerics and its head
         options["gelu"] = read_json(path / CONFIG_FILE)["config"]["gelu"]
-        with np.load(path / HEAD_FILE) as head:
+        check_archive(path / HEAD_FILE)
+        with np.load(path / HEAD_FILE, allow_pickle=False) as head:
             arrays.update({key: head[key] for key in head.files})
     return arrays, options
 
