@@ -1,8 +1,8 @@
 """Shared test set-up: the backend (TensorFlow unless ``KERAS_BACKEND`` says otherwise), quiet logs, seeds.
 
 A test runs on every Keras backend unless marked ``@pytest.mark.backends("tensorflow", ...)`` (on the test, or
-a file's ``pytestmark``; the closest mark counts): then it runs only on the backends it names and is skipped, saying
-why, on the others. A test whose behaviour does not depend on the backend (file readers, the zoo, argument checks)
+a file's ``pytestmark``; the closest mark counts): then it runs only on the backends it names and is deselected on
+the others. A test whose behaviour does not depend on the backend (file readers, the zoo, argument checks)
 is marked ``@pytest.mark.backend_independent`` and runs once, in the TensorFlow pass. CI runs the whole suite again
 under ``KERAS_BACKEND=jax`` and under torch, so the marks alone choose what each backend runs.
 A test marked ``@pytest.mark.requires("timm", "torch")`` needs those optional packages, in its own process or in
@@ -46,12 +46,24 @@ def missing_packages(modules) -> list[str]:
     return [module for module in modules if importlib.util.find_spec(module) is None]
 
 
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("backend_independent") and keras.backend.backend() != "tensorflow":
-        pytest.skip("backend-independent: runs in the TensorFlow pass only")
+def _runs_on(item, backend: str) -> bool:
+    """Whether ``item`` runs in this backend's pass (its ``backend_independent`` and ``backends`` marks)."""
+    if item.get_closest_marker("backend_independent"):
+        return backend == "tensorflow"
     marker = item.get_closest_marker("backends")
-    if marker is not None and keras.backend.backend() not in marker.args:
-        pytest.skip(f"needs the {' or '.join(marker.args)} backend, this run is {keras.backend.backend()}")
+    return marker is None or backend in marker.args
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect, rather than skip, the tests another backend's pass runs: a pass collects only its own."""
+    backend = keras.backend.backend()
+    kept = [item for item in items if _runs_on(item, backend)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not _runs_on(item, backend)])
+        items[:] = kept
+
+
+def pytest_runtest_setup(item):
     missing = missing_packages(module for mark in item.iter_markers("requires") for module in mark.args)
     if missing:
         installs = sorted({OPTIONAL.get(module, f"pip install {module}") for module in missing})
