@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -30,7 +31,9 @@ from keras_vit.variants import (
     parse_variant,
 )
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):  # at run time too, so typing.get_type_hints reads the constructors
+    from typing import Unpack
+elif TYPE_CHECKING:
     from typing_extensions import Unpack
 
 DEFAULT_VARIANT = "B/16"  # ViT()'s model when neither a saved model nor the options give an architecture
@@ -217,6 +220,8 @@ def _named(variant: str, image_size: int | tuple[int, int] | None, arguments: Vi
     """:func:`ViT` of ``variant`` with a named constructor's arguments."""
     function = constructor_name(variant)
     _check_first_argument(function, "image_size", image_size)
+    if "variant" in arguments:
+        raise TypeError(f"{function}() got an unexpected keyword argument 'variant': it builds {variant}.")
     stages = parse_variant(variant).resnet_stages
     if stages is not None and arguments.get("resnet") is not None:
         raise TypeError(f"{function}() fixes the ResNet to {stages}; use keras_vit.ViT(resnet=...) instead.")

@@ -2,6 +2,9 @@
 ``include_top``, ``input_tensor`` and ``include_preprocessing``. Tiny models (one block, small images)."""
 
 import inspect
+import pydoc
+import sys
+import typing
 
 import keras
 import numpy as np
@@ -51,19 +54,61 @@ def test_typed_arguments_are_vits_keywords():
     assert list(keras_vit.applications.ViTArguments.__annotations__) == [k for k in keywords if k != "image_size"]
 
 
-@pytest.mark.parametrize("name", ["ViT_Ti16", "ViT_R26_S32", "DeiT_Ti16_Distilled", "SigLIP_B16", "DINOv2_S14_Reg4"])
+CONSTRUCTORS = sorted(keras_vit.applications.NAMED_CONSTRUCTORS)
+OWN_WIDTH = {"ViT_Ti16", "ViT_R26_S32", "DeiT_Ti16_Distilled", "SigLIP_B16", "DINOv2_S14_Reg4"}  # the rest: 32 wide
+
+
+@pytest.mark.parametrize("name", CONSTRUCTORS)
 def test_named_constructor_is_vit_of_its_variant(name):
-    """A call equals ``ViT(variant, ...)`` with the same arguments: same config, same weights, same logits."""
-    from keras_vit.variants import FAMILY_VARIANTS, NAMED_VARIANTS, constructor_name
+    """A call (image size by position) equals ``ViT(variant, ...)``: same name, config, weights and logits."""
+    from keras_vit.variants import FAMILY_VARIANTS, NAMED_VARIANTS, constructor_name, parse_variant
 
     variant = next(v for v in (*NAMED_VARIANTS, *FAMILY_VARIANTS) if constructor_name(v) == name)
-    arguments = dict(depth=1, num_classes=3, image_size=56 if "14" in name else 64)
-    named = getattr(keras_vit, name)(**arguments)
-    built = ViT(variant, **arguments)
-    assert named.name == built.name and named.config == built.config
+    size = 56 if "14" in name else 64
+    arguments = dict(depth=1, num_classes=3, weights=None)
+    if name not in OWN_WIDTH:
+        arguments.update(hidden_size=32, num_heads=2, mlp_dim=64)
+        if parse_variant(variant).resnet_stages is not None:
+            arguments.update(resnet_width=32)
+    named = getattr(keras_vit, name)(size, **arguments)
+    built = ViT(variant, image_size=size, **arguments)
+    assert named.name == built.name == name.lower() and named.config == built.config
     built.set_weights(named.get_weights())
     images = np.random.default_rng(0).uniform(-1, 1, (2, *named.input_shape[1:])).astype("float32")
     np.testing.assert_array_equal(to_numpy(named(images)), to_numpy(built(images)))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name", CONSTRUCTORS)
+def test_help_shows_every_argument(name):
+    """``help()`` prints the constructor's own line, ViT's arguments with their defaults, and its docstring."""
+    constructor = getattr(keras_vit, name)
+    text = pydoc.render_doc(constructor, renderer=pydoc.plaintext)
+    assert f"{name}{inspect.signature(constructor)}" in text
+    for argument in ("image_size", "include_top: 'bool' = True", "weights", "classes", "name", "**options"):
+        assert argument in text, argument
+    assert constructor.__doc__.splitlines()[0] in text and "kwargs" not in text
+
+
+@pytest.mark.backend_independent
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="typing.Unpack is Python 3.11's")
+def test_type_hints_take_the_typed_arguments():
+    from typing import Unpack
+
+    hints = typing.get_type_hints(ViT_Ti16)
+    assert hints["kwargs"] == Unpack[keras_vit.applications.ViTArguments] and hints["return"] is keras.Model
+
+
+@pytest.mark.backend_independent
+def test_a_wrong_argument_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['dept'\]"):
+        ViT_Ti16(dept=1)
+    with pytest.raises(TypeError, match=r"ViT_Ti16\(\) got an unexpected keyword argument 'variant'"):
+        ViT_Ti16(variant="B/16")
+    with pytest.raises(TypeError, match=r"ViT_Ti16\(\) takes from 0 to 1 positional arguments but 2"):
+        ViT_Ti16(32, True)
+    with pytest.raises(TypeError, match=r"ViT_R26_S32\(\) fixes the ResNet to \(2, 2, 2, 2\)"):
+        ViT_R26_S32(resnet=(1, 1))
 
 
 def _same_weights(model: keras.Model, other: keras.Model) -> None:
