@@ -19,6 +19,7 @@ import numpy as np
 from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow
 from keras_vit.config import field_names, model_flags
 from keras_vit.fields import add_arguments, given
+from keras_vit.images import read_image
 from keras_vit.names import name_parts
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 from keras_vit.variants import parse_variant
@@ -225,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     _check_args(parser, args)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     with command_errors(args):
-        # before TensorFlow loads: the variant's name, what every run writes (results.json), the figures asked for
+        # before TensorFlow loads, in run's order: the variant's name, the images (read again by run), what every run
+        # writes (results.json) and the figures asked for
         if args.variant is not None:
             parse_variant(name_parts(args.variant)[0])
+        if args.images and (args.analyses is None or {"attention", "distance"} & set(args.analyses)):
+            for path in args.images:
+                read_image(path)
         _check_output_dir(args.output_dir, [*map(FIGURES.get, args.analyses or ()), "results.json"], args.overwrite)
         load_tensorflow()
         results = run(args)
@@ -243,7 +248,6 @@ def run(args: argparse.Namespace) -> dict:
     """Check, compute, then draw the chosen analyses (:func:`_write_outputs`); returns what results.json holds."""
     from keras_vit.analysis import attention, data, embeddings, plots
     from keras_vit.analysis.geometry import token_geometry
-    from keras_vit.images import read_image
 
     model = build_model(args)
     size = tuple(model.inputs[0].shape[1:3])
