@@ -64,20 +64,24 @@ def _timm_number(entry) -> bool:
 
 def _fetch(name: str, cache_dir, **kwargs) -> Path:
     """``zoo.fetch`` held to the entry's architecture (the loader's check: a file of another model is refused)."""
+    load_tensorflow()  # the checkpoint readers load Keras
     from keras_vit.checkpoints.read import catalogue_check
 
     return zoo.fetch(name, cache_dir=cache_dir, progress=True, check=catalogue_check(zoo.get(name)), **kwargs)
 
 
 def _download(args) -> None:
+    for name in args.names:  # every name checked before TensorFlow loads
+        zoo.get(name)
     for name in args.names:
         print(_fetch(name, args.cache_dir, timeout=args.timeout, deadline=args.deadline))
 
 
 def _verify(args) -> int:
+    entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
+    load_tensorflow()
     from keras_vit.checkpoints.read import catalogue_check
 
-    entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
     corrupt = checked = architecture_only = 0
     for entry in entries:
         result = zoo.check_cached(entry, args.cache_dir, check=catalogue_check(entry))
@@ -106,6 +110,7 @@ def _local(source: str, cache_dir) -> Path:
 
 
 def _info(args) -> None:
+    load_tensorflow()
     from keras_vit.checkpoints import checkpoint_info, read_npz
     from keras_vit.zoo.validate import check_npz
 

@@ -63,6 +63,7 @@ BEFORE_TENSORFLOW = textwrap.dedent(
         "model base": run("keras_vit.training.finetune", "--model", "base"),
         "timm name": run("keras_vit.training.finetune", "--model", "vit_base_patch16_224"),
         "analysis base": run("keras_vit.analysis", "base", "--output-dir", folder + "/new"),
+        "zoo download": run("keras_vit.zoo", "download", "B_16.no_such_checkpoint"),
     }
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "jax", "torch"))
     print(json.dumps({"help": helps, "exits": exits, "loaded": loaded}))
@@ -100,6 +101,8 @@ def test_help_and_refusals_come_before_tensorflow_loads(before_tensorflow):
         assert status == 1 and "a file, not a folder" in err, case
     status, _, err = exits["analysis"]
     assert status == 1 and "results.json already exist" in err and "--overwrite" in err
+    status, _, err = exits["zoo download"]
+    assert status == 1 and "No checkpoint 'B_16.no_such_checkpoint'" in err
 
 
 def test_unknown_model_names_list_the_known_ones(before_tensorflow):
