@@ -1,7 +1,8 @@
-"""How every keras-vit command reports an error: one line ``error: ...`` on stderr and a documented exit status.
+"""What every keras-vit command shares: its errors, its help and a quiet TensorFlow. Imports no Keras.
 
-Exit statuses: 0 done; 1 an error the user can fix (:data:`REPORTED`); 2 a command line argparse refuses;
-130 interrupted. ``--debug`` or ``KERAS_VIT_DEBUG=1`` shows the traceback instead.
+Errors: one line ``error: ...`` on stderr and a documented exit status: 0 done; 1 an error the user can fix
+(:data:`REPORTED`); 2 a command line argparse refuses; 130 interrupted. ``--debug`` or ``KERAS_VIT_DEBUG=1``
+shows the traceback instead. A command parses and checks its arguments first, then calls :func:`load_tensorflow`.
 """
 
 from __future__ import annotations
@@ -9,10 +10,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
+import tempfile
 from collections.abc import Iterator
 
-__all__ = ["REPORTED", "CommandError", "add_debug_flag", "command_errors", "shown"]
+__all__ = [
+    "REPORTED",
+    "TF_LOG_VARIABLE",
+    "CommandError",
+    "HelpFormatter",
+    "add_debug_flag",
+    "command_errors",
+    "load_tensorflow",
+    "shown",
+]
+
+TF_LOG_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
+# A native log line of TensorFlow, XLA or absl (``I0000 00:00:1796497747.640030   23299 port.cc:153] ...``), absl's
+# notice before them, and the second line of TensorFlow's CPU-feature notice.
+NATIVE_LOG = re.compile(
+    r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] "
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|To enable the following instructions: .* rebuild TensorFlow"
+)
 
 
 class CommandError(Exception):
@@ -60,3 +81,54 @@ def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
             raise
         print("interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help with ``(default: ...)`` after an option whose help names no default and whose default is
+    set (not ``None``, not a flag's ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and action.nargs != 0
+        return f"{text} (default: %(default)s)".strip() if shown and "default" not in text.lower() else action.help
+
+
+def load_tensorflow() -> None:
+    """Import TensorFlow and Keras and find the devices, without TensorFlow's start-up lines on stderr (its native
+    log lines, :data:`NATIVE_LOG`; TensorFlow writes them before it reads any setting), and set
+    ``TF_CPP_MIN_LOG_LEVEL=1`` (no INFO lines after). A ``TF_CPP_MIN_LOG_LEVEL`` the user set keeps every line."""
+    if TF_LOG_VARIABLE in os.environ or "tensorflow" in sys.modules:
+        return
+    os.environ[TF_LOG_VARIABLE] = "1"
+    with _native_log_dropped():
+        import keras
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()  # CUDA's start, and its error on a machine without a GPU
+        del keras
+
+
+@contextlib.contextmanager
+def _native_log_dropped() -> Iterator[None]:
+    """Send file descriptor 2 to a file while the block runs, then write what it got to stderr less the lines of
+    :data:`NATIVE_LOG` (a Python traceback or warning of the block passes)."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode("utf-8", "replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not NATIVE_LOG.match(line))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()

@@ -16,14 +16,17 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from keras_vit.checks import check_choice
-from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
+from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow, shown
 from keras_vit.files import atomic_path
 from keras_vit.optional import INSTALL, require
+
+if TYPE_CHECKING:
+    import keras
 
 __all__ = [
     "FORMATS",
@@ -38,6 +41,7 @@ __all__ = [
     "float32_model",
     "load",
     "main",
+    "parser",
     "photo_crops",
     "photo_images",
     "with_preprocessing",
@@ -65,6 +69,8 @@ UNSUPPORTED = {
 
 def _check_backend(fmt: str) -> None:
     """A ``ValueError`` with the way round it when the current Keras backend cannot export ``fmt``."""
+    import keras
+
     backend = keras.backend.backend()
     reason = UNSUPPORTED.get((backend, fmt))
     if reason is not None:
@@ -78,6 +84,8 @@ def with_preprocessing(
     model: keras.Model, *, crop_fraction: float | None = None, input_dtype: str = "uint8"
 ) -> keras.Model:
     """``model`` behind an :class:`ImagePreprocessor`: takes ``(B, H, W, 3)`` images in [0, 255] of any size."""
+    import keras
+
     from keras_vit.preprocessing import ImagePreprocessor
 
     inputs = keras.Input((None, None, 3), dtype=input_dtype, name="images")
@@ -109,6 +117,8 @@ def export_litert(model: keras.Model, path: str | os.PathLike, *, quantize: str 
 def export_onnx(model: keras.Model, path: str | os.PathLike, *, opset_version: int | None = None, **kwargs) -> Path:
     """An ONNX file (``model.export(format="onnx")``): through ``tf2onnx`` on TensorFlow (needs ``tf2onnx`` and
     ``onnx``; any batch size), through ``jax2onnx`` on JAX (a fixed shape, given as ``input_signature``)."""
+    import keras
+
     _check_backend("onnx")
     if keras.backend.backend() == "jax" and kwargs.get("input_signature") is None:
         raise ValueError(
@@ -168,6 +178,8 @@ def float32_model(model: keras.Model) -> keras.Model:
     """``model`` itself when every layer computes in float32, else the same model rebuilt in float32 (every dtype
     policy of its config float32, its weights cast): what the exporters write, since a graph of a mixed policy
     holds bfloat16 / float16 casts that onnxruntime refuses and LiteRT runs only with Select TF ops."""
+    import keras
+
     if all(layer.dtype_policy.name == "float32" for layer in model._flatten_layers()):
         return model
     copy = keras.saving.deserialize_keras_object(_in_float32(keras.saving.serialize_keras_object(model)))
@@ -214,6 +226,8 @@ def _export(
 
 def _sample(model: keras.Model, input_signature=None) -> np.ndarray:
     """Two random inputs the model takes (the signature's shape when given; 224 where a size is free)."""
+    import keras
+
     spec = input_signature[0] if input_signature else None
     shape = tuple(spec.shape) if spec is not None else (2, *(size or 224 for size in model.input_shape[1:]))
     dtype = np.dtype(keras.backend.standardize_dtype(model.inputs[0].dtype))
@@ -229,6 +243,8 @@ def check_export(
     """Run the export at ``path`` once in its runtime (:func:`load`) on random inputs: a ``ValueError`` naming
     the file when it does not run, gives outputs of another shape, non-finite ones, or (``exact``) outputs
     further than ``TOLERANCE x max(1, largest |output|)`` from ``model``'s. Returns the largest difference."""
+    import keras
+
     shown_as = shown_as or path
     images = _sample(model, input_signature)
     expected = keras.tree.flatten(model(images, training=False))[0]
@@ -352,6 +368,8 @@ def photo_images(image_size: int | tuple[int, int], count: int = 16, seed: int =
     """``(count, H, W, 3)`` float32 in [-1, 1]: :func:`photo_crops` ``(count, seed)`` through
     :class:`~keras_vit.preprocessing.ImagePreprocessor` at ``image_size``, the inputs a model of that size takes.
     Different seeds give different crops (e.g. calibration and evaluation sets for int8 quantisation)."""
+    import keras
+
     from keras_vit.preprocessing import ImagePreprocessor
 
     preprocess = ImagePreprocessor(image_size)
@@ -374,37 +392,59 @@ def compare(model: keras.Model, path: str | os.PathLike, images: np.ndarray) -> 
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH [--formats ...]``: export, compare, print a table."""
-    parser = argparse.ArgumentParser(prog="python -m keras_vit.export", description=__doc__.split("\n")[0])
+def parser() -> argparse.ArgumentParser:
+    """The command line: ``OUT_DIR --weights NAME_OR_PATH [--formats ...] [--images N] [--overwrite]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_vit.export", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
+    )
     parser.add_argument("out", metavar="OUT_DIR", help="folder for the exported files")
     parser.add_argument(
         "--weights", required=True, metavar="NAME_OR_PATH", help="zoo name, checkpoint file or saved model (.keras)"
     )
-    parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
+    parser.add_argument(
+        "--formats",
+        nargs="+",
+        choices=list(FORMATS),
+        default=list(FORMATS),
+        metavar="FORMAT",
+        help=f"which to write, of {', '.join(FORMATS)} (default: all)",
+    )
     parser.add_argument("--images", type=int, default=16, help="photo crops to compare on (default 16)")
     parser.add_argument("--overwrite", action="store_true", help="replace exported files OUT_DIR already holds")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH [--formats ...]``: export, compare, print a table."""
+    command_line = parser()
+    args = command_line.parse_args(argv)
     if args.images < 1:
-        parser.error(f"--images must be positive, got {args.images}.")
+        command_line.error(f"--images must be positive, got {args.images}.")
     with command_errors(args):
-        _export_and_compare(args)
+        targets = _targets(Path(args.out), args.formats, args.overwrite)  # before TensorFlow loads
+        load_tensorflow()
+        _export_and_compare(args, targets)
     return 0
 
 
-def _export_and_compare(args: argparse.Namespace) -> None:
+def _targets(out: Path, formats: Sequence[str], overwrite: bool) -> dict[str, Path]:
+    """``{format: its path in out}``; a ``CommandError`` when ``out`` is a file, or holds one and not ``overwrite``."""
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"OUT_DIR {out} is a file, not a folder.")
+    targets = {name: out / FORMATS[name][0] for name in formats}
+    existing = [str(path) for path in targets.values() if path.exists()]
+    if existing and not overwrite:
+        raise CommandError(f"{', '.join(existing)} already exist: pass --overwrite to replace them.")
+    return targets
+
+
+def _export_and_compare(args: argparse.Namespace, targets: dict[str, Path]) -> None:
     """The command's work: each format written, run and compared with the model (one table row each), in a
     staging folder inside ``OUT_DIR``; the files enter ``OUT_DIR`` only when every format is done."""
     import keras_vit
 
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CommandError(f"OUT_DIR {out} is a file, not a folder.")
-    targets = {name: out / FORMATS[name][0] for name in args.formats}
-    existing = [str(path) for path in targets.values() if path.exists()]
-    if existing and not args.overwrite:
-        raise CommandError(f"{', '.join(existing)} already exist: pass --overwrite to replace them.")
     try:
         model = keras_vit.model_from_checkpoint(args.weights)
     except (OSError, ValueError) as exc:

@@ -1,7 +1,10 @@
 """Class names: ImageNet-1k and ImageNet-21k (shipped, from timm 1.0.31), a model's own, or a label file.
 
-labels.decode_predictions(logits, top=3)     # [[("n01443537", "goldfish", 7.1), ...], ...]
+labels.decode_predictions(logits, top=3)     # [[("n01443537", "goldfish", 7.1), ("n01484850", "great_white_shark", ...
 labels.read_label_file("runs/finetune/classes.txt")
+
+Names are spelt as keras.applications spells them (``"great_white_shark"``, ``"African_elephant"``: WordNet's first
+lemma, spaces as underscores), or as WordNet writes them with ``spelling="wordnet"`` (``"great white shark"``).
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ import os
 from collections.abc import Sequence
 from importlib import resources
 
-import keras
 import numpy as np
 
 from keras_vit.checks import check_choice, check_names
 
-__all__ = ["LABEL_SETS", "class_names", "decode_predictions", "label_set", "read_label_file", "wnids"]
+__all__ = ["LABEL_SETS", "SPELLINGS", "class_names", "decode_predictions", "label_set", "read_label_file", "wnids"]
 
 LABEL_SETS = {"imagenet1k": 1000, "imagenet21k": 21843}  # name -> number of classes
+SPELLINGS = ("keras", "wordnet")  # keras.applications' names (great_white_shark), WordNet's (great white shark)
 _FILES = {"imagenet1k": "imagenet1k.tsv.gz", "imagenet21k": "imagenet21k.tsv.gz"}
 
 
@@ -40,8 +43,12 @@ def wnids(labels: str = "imagenet1k") -> list[str]:
     return [wnid for wnid, _ in _rows(labels)]
 
 
-def class_names(labels: str = "imagenet1k", *, synonyms: bool = False) -> list[str]:
-    """Readable class names in head order: the first WordNet lemma (``"tench"``), or all (``"tench, Tinca tinca"``)."""
+def class_names(labels: str = "imagenet1k", *, synonyms: bool = False, spelling: str = "wordnet") -> list[str]:
+    """Class names in head order: the first WordNet lemma (``"great white shark"``; ``spelling="keras"``:
+    ``"great_white_shark"``, as keras.applications writes it), or all lemmas (``synonyms``: ``"tench, Tinca tinca"``,
+    WordNet's spelling)."""
+    if check_choice(spelling, SPELLINGS, "spelling") == "keras" and not synonyms:
+        return [names.split(", ")[0].replace(" ", "_") for _, names in _rows(labels)]
     return [names if synonyms else names.split(", ")[0] for _, names in _rows(labels)]
 
 
@@ -68,14 +75,18 @@ def read_label_file(path: str | os.PathLike) -> tuple[str, ...]:
 
 
 def decode_predictions(
-    preds, top: int = 5, labels: str | Sequence[str] | None = None
+    preds, top: int = 5, labels: str | Sequence[str] | None = None, spelling: str = "keras"
 ) -> list[list[tuple[str, str, float]]]:
     """Per image, the ``top`` classes as ``(id, name, score)``, best first (like ``keras.applications``).
 
     ``preds``: ``(batch, classes)`` or ``(classes,)`` scores, returned as they are; ``labels``: ``"imagenet1k"``,
     ``"imagenet21k"`` or names in head order (``None``: the ImageNet set of that size). The id is the WordNet id
-    of an ImageNet class, else the class's index.
+    of an ImageNet class, else the class's index; an ImageNet name is spelt as keras.applications spells it
+    (``"great_white_shark"``), or as WordNet does with ``spelling="wordnet"`` (``"great white shark"``).
     """
+    import keras
+
+    check_choice(spelling, SPELLINGS, "spelling")
     preds = np.asarray(keras.ops.convert_to_numpy(preds))
     if preds.ndim == 1:
         preds = preds[None]
@@ -83,7 +94,7 @@ def decode_predictions(
         raise ValueError(f"decode_predictions expects scores of shape (batch, classes), got {preds.shape}.")
     if labels is None or isinstance(labels, str):
         labels = label_set(preds.shape[1]) if labels is None else _check(labels)
-        ids, names = wnids(labels), class_names(labels)
+        ids, names = wnids(labels), class_names(labels, spelling=spelling)
     else:
         names = check_names(labels, "labels")
         ids = [str(index) for index in range(len(names))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from keras_vit import zoo
 from keras_vit.config import DEFAULT_IMAGE_SIZE
-from keras_vit.variants import NAMED_VARIANTS, parse_timm_name, parse_variant
+from keras_vit.variants import NAMED_VARIANTS, canonical_variant, parse_timm_name, parse_variant
 
 
 def name_parts(name: str | None) -> tuple[str | None, int | None, str | None]:
@@ -19,6 +19,23 @@ def name_parts(name: str | None) -> tuple[str | None, int | None, str | None]:
     if entry is not None:
         return entry.variant, entry.image_size, entry.name
     return name, None, None
+
+
+def variant_name(name: str) -> str:
+    """``name`` if it names a variant a command builds, in any spelling :func:`~keras_vit.variants.parse_variant`
+    takes (``"B/16"``, ``"B16"``, ``"ViT-B/16"``, ``"ViT_B16"``, ``"CLIP-B/16"``). A ``ValueError`` names the
+    variant and size of a timm model name (``"vit_base_patch16_224"``: ``B/16``, 224 px) and lists the known
+    variants for any other name."""
+    timm = parse_timm_name(name)
+    if timm is not None:
+        variant, size, tag = timm
+        weights = f" and --weights {tag}" if tag else ""
+        raise ValueError(
+            f"{name!r} is timm's name of {canonical_variant(variant)} at {size} px: give the variant "
+            f"{canonical_variant(variant)} with --image-size {size}{weights}."
+        )
+    parse_variant(name)
+    return name
 
 
 def _catalogue_size(weights: str, variant: str | None, image_size) -> tuple[list, int]:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_vit.cli import CommandError, add_debug_flag, command_errors, shown
+from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow, shown
 from keras_vit.images import image_files, read_image
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
@@ -78,16 +78,21 @@ def _build_model(weights: str, mixed_precision: str, num_heads: int | None = Non
         raise CommandError(f"weights {weights!r}: {shown(exc)}") from exc
 
 
-def _table(path: str, predictions: list[tuple[str, str, float]]) -> str:
-    width = max(len(name) for _, name, _ in predictions)
-    rows = [f"{path}"] + [
-        f"  {rank:>2}  {wnid}  {name:<{width}}  {score:.4f}" for rank, (wnid, name, score) in enumerate(predictions, 1)
+def _table(path: str, predictions: list[tuple[str, str, float]], scores: str) -> str:
+    """The image's path, a header (the score column named by ``scores``), then one row per class, best first."""
+    ids = max(len("class id"), *(len(wnid) for wnid, _, _ in predictions))
+    names = max(len("name"), *(len(name) for _, name, _ in predictions))
+    rows = [path, f"  {'rank':>4}  {'class id':<{ids}}  {'name':<{names}}  {scores:>8}"] + [
+        f"  {rank:>4}  {wnid:<{ids}}  {name:<{names}}  {score:>8.4f}"
+        for rank, (wnid, name, score) in enumerate(predictions, 1)
     ]
     return "\n".join(rows)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m keras_vit.predict", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_vit.predict", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "images", nargs="+", metavar="IMAGE", help="image files (any format PIL reads) or folders of them"
     )
@@ -111,8 +116,14 @@ def _parser() -> argparse.ArgumentParser:
         help="imagenet1k, imagenet21k, or a file of class names, one a line in head order (a run's classes.txt); "
         "default: the model's recorded classes, else ImageNet's by the head's size (1000 or 21843)",
     )
-    parser.add_argument("--scores", choices=SCORES, default="softmax", help="what to print (default softmax)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--scores", choices=SCORES, default="softmax", help="what to print, the last column (default softmax)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON instead of the table (per image: its path, a header, a row a class)",
+    )
     add_mixed_precision_flag(parser)
     add_debug_flag(parser)
     return parser
@@ -129,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = image_files(args.images)
         images = [read_image(path) for path in paths]
         labels = args.labels if args.labels in (None, *LABEL_SETS) else read_label_file(args.labels)
+        load_tensorflow()  # every argument checked and every image read
         model = _build_model(args.weights, args.mixed_precision, args.num_heads)
         results = classify(model, images, top=args.top, labels=labels, scores=args.scores, weights=args.weights)
     if args.json:
@@ -138,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         print(json.dumps(out, indent=1))
     else:
-        print("\n".join(_table(path, preds) for path, preds in zip(paths, results)))
+        print("\n".join(_table(path, preds, args.scores) for path, preds in zip(paths, results)))
     return 0
 
 

@@ -53,7 +53,7 @@ def _predictions(printed: str) -> dict[str, list[tuple[str, float]]]:
         if not line.startswith(" "):
             image = line
             table[image] = []
-        else:
+        elif line.split()[0] != "rank":  # not the header
             _, _, name, score = line.split()
             table[image].append((name, float(score)))
     return table

@@ -28,6 +28,7 @@ _EXPORTS = {
 _SUBMODULES = (
     "ablation",
     "checkpoint",
+    "command",
     "config",
     "data",
     "distributed",
@@ -42,6 +43,8 @@ _SUBMODULES = (
     "outputs",
     "pipeline",
     "pretrain",
+    "pretrain_options",
+    "pretraining",
     "resume",
     "runner",
     "schedules",

@@ -16,23 +16,20 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from keras_vit import fields
-from keras_vit.cli import add_debug_flag, command_errors
-from keras_vit.config import CLASSIFIERS
+from keras_vit.checks import check_choice
+from keras_vit.cli import HelpFormatter, add_debug_flag, command_errors
+from keras_vit.config import CLASSIFIERS, POSITION_EMBEDDINGS
 from keras_vit.fields import option
 from keras_vit.files import atomic_open
-from keras_vit.position import POSITION_EMBEDDINGS, check_position_embedding
+from keras_vit.training import command, outputs
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.model import policy_name
-from keras_vit.training.runner import train
-from keras_vit.training.setup import prepare
-from keras_vit.training.supervised import Classification
 
 __all__ = [
     "DEFAULT_RUNS",
     "AblationOptions",
     "AblationRow",
+    "check_runs",
     "main",
     "parser",
     "run_ablation",
@@ -93,15 +90,12 @@ def run_ablation(
 ) -> list[AblationRow]:
     """Train every ``(position_embedding, classifier)`` of ``runs`` once per seed (default: the config's), each a
     resumable run in its :func:`run_folder`; write and log the table. One row per setting."""
-    for position_embedding, classifier in runs:
-        check_position_embedding(position_embedding)
-        if classifier not in CLASSIFIERS:
-            raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
-    if config.model.weights:
-        raise ValueError("the ablation trains from scratch; --weights does not apply.")
-    seeds = (config.optim.seed,) if seeds is None else tuple(seeds)
-    if not seeds:
-        raise ValueError("--seeds must be >= 1, got 0.")
+    seeds = check_runs(config, runs, seeds)
+    from keras_vit.training.model import policy_name
+    from keras_vit.training.runner import train
+    from keras_vit.training.setup import prepare
+    from keras_vit.training.supervised import Classification
+
     setup = prepare(config)
     config, source, optim = setup.config, setup.source, setup.config.optim
     log = log if setup.chief else lambda line: None
@@ -128,6 +122,20 @@ def run_ablation(
         outputs.write_json(os.path.join(out, "ablation.json"), [dataclasses.asdict(r) for r in rows])
     log(text)
     return rows
+
+
+def check_runs(config: TrainConfig, runs: Sequence[tuple[str, str]], seeds: Sequence[int] | None) -> tuple[int, ...]:
+    """The seeds (default: the config's); a ``ValueError`` for an unknown setting of ``runs``, weights, or no seed."""
+    for position_embedding, classifier in runs:
+        check_choice(position_embedding, POSITION_EMBEDDINGS, "position_embedding")
+        if classifier not in CLASSIFIERS:
+            raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
+    if config.model.weights:
+        raise ValueError("the ablation trains from scratch; --weights does not apply.")
+    seeds = (config.optim.seed,) if seeds is None else tuple(seeds)
+    if not seeds:
+        raise ValueError("--seeds must be >= 1, got 0.")
+    return seeds
 
 
 def table(rows: Sequence[AblationRow]) -> str:
@@ -160,6 +168,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m keras_vit.training.ablation",
         description="Train one ViT per position embedding (and classifier) under the same budget and print "
         "the held-out accuracies. Without a dataset: scikit-learn's digits, offline.",
+        formatter_class=HelpFormatter,
     )
     config_lib.add_arguments(p, BASE)
     fields.add_arguments(p.add_argument_group("ablation"), AblationOptions())
@@ -174,7 +183,9 @@ def main(argv: Sequence[str] | None = None) -> list[AblationRow]:
     config, options = config_lib.from_args(args, BASE), AblationOptions(**fields.given(args, AblationOptions))
     with command_errors(args):
         first = config.optim.seed
-        return run_ablation(config, options.runs(), range(first, first + options.seeds))
+        seeds = check_runs(config, options.runs(), range(first, first + options.seeds))
+        command.start(config)
+        return run_ablation(config, options.runs(), seeds)
 
 
 if __name__ == "__main__":

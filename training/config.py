@@ -17,6 +17,7 @@ from keras_vit import fields
 from keras_vit.checks import check_choice
 from keras_vit.config import ViTConfig, field_names, model_flags
 from keras_vit.fields import flag_name, option, option_fields
+from keras_vit.names import variant_name
 from keras_vit.precision import MIXED_PRECISION
 from keras_vit.variants import parse_variant
 
@@ -61,9 +62,12 @@ ARCHITECTURE_FIELDS = field_names("architecture")
 
 
 def parse_model_name(name: str) -> str:
-    """Check a model name against the variant table (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ...); return it."""
-    parse_variant(name)
-    return name
+    """Check a model name against the variant table (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ...); return it.
+    An ``argparse.ArgumentTypeError`` says why another name is refused (:func:`keras_vit.names.variant_name`)."""
+    try:
+        return variant_name(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 class _Checked:
@@ -96,7 +100,8 @@ class ModelConfig(_Checked, ModelOptions):
     """The model: a variant with any option of keras_vit.config.ViTConfig replaced, its weights and LoRA."""
 
     name: str | None = option(
-        "variant of keras_vit.variants: B/16, ViT_B16, Ti/16, R50+B/16, ViT_R26_S32, ...",
+        "variant of keras_vit.variants: B/16 (also spelt B16, ViT-B/16, ViT_B16), Ti/16, R50+B/16, ViT_R26_S32, "
+        "CLIP-B/16, ...; B/16 is 86M parameters",
         unset=PRESET,
         flag="model",
         parse=parse_model_name,
@@ -119,7 +124,9 @@ class DataConfig(_Checked):
         unset="scikit-learn's digits",
     )
     data_dir: str | None = option("TFDS data directory", unset="TFDS's")
-    manual_dir: str | None = option("TFDS manual download directory (imagenet2012)")
+    manual_dir: str | None = option(
+        "TFDS manual download directory (imagenet2012)", unset="TFDS's own, <data-dir>/downloads/manual"
+    )
     train_split: str = option("training split", "train")
     eval_split: str | None = option("held-out split", unset="validation for ImageNet, else test")
     eval_fraction: float | None = option(

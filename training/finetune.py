@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import keras
-import tensorflow as tf
-
-from keras_vit.cli import add_debug_flag, command_errors
+from keras_vit.cli import HelpFormatter, add_debug_flag, command_errors
+from keras_vit.lazy import lazy_attributes
+from keras_vit.training import command
 from keras_vit.training import config as config_lib
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.supervised import FinetuneResult, train_classifier
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from keras_vit.training.supervised import FinetuneResult
 
 __all__ = ["FinetuneResult", "finetune", "main", "parser"]
 
@@ -37,6 +42,8 @@ def finetune(
     ``callbacks`` are added to ``model.fit``; ``strategy`` is a name (``distributed.strategy``) or a ready
     ``tf.distribute.Strategy``.
     """
+    from keras_vit.training.supervised import train_classifier
+
     if isinstance(strategy, str):
         fields["strategy"], strategy = strategy, None
     return train_classifier((config or TrainConfig()).replace(**fields), callbacks=callbacks, strategy=strategy)
@@ -48,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m keras_vit.training.finetune",
         description="Fine-tune a (pre-trained) ViT, or train one from scratch, with model.fit. Without a "
         "dataset: a small ViT on scikit-learn's digits, offline. Unset options come from the preset.",
+        formatter_class=HelpFormatter,
     )
     config_lib.add_arguments(p)
     add_debug_flag(p)
@@ -58,8 +66,13 @@ def main(argv: Sequence[str] | None = None) -> FinetuneResult:
     """Parse the command line and run :func:`finetune`; an error is one line on stderr and exit status 1."""
     args = parser().parse_args(argv)
     with command_errors(args):
-        return finetune(config_lib.from_args(args))
+        config = config_lib.from_args(args)
+        command.start(config)
+        return finetune(config)
 
+
+# The command's module imports no Keras (its --help is quick); the result type is imported on first use.
+__getattr__, __dir__ = lazy_attributes(__name__, {"FinetuneResult": "keras_vit.training.supervised"}, ())
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from keras_vit.cli import HelpFormatter
 from keras_vit.training.distributed.launch import BACKENDS, free_ports, keras_backend, run
 
 __all__ = ["main", "parser"]
@@ -22,15 +23,18 @@ def parser() -> argparse.ArgumentParser:
         description="Run a training command on several workers: a MultiWorkerMirroredStrategy cluster on "
         "TensorFlow, JAX processes (jax.distributed) under KERAS_BACKEND=jax. N local workers on 127.0.0.1, or this "
         "host's task of --hosts. Options after -- go to the training command.",
+        formatter_class=HelpFormatter,
     )
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--workers", type=int, help="start this many workers on 127.0.0.1 (free ports)")
+    where.add_argument(
+        "--workers", type=int, help="start this many workers on 127.0.0.1 (free ports); this or --hosts is required"
+    )
     where.add_argument(
         "--hosts",
         help="host:port of every task, comma-separated (task 0 is the chief, and JAX's coordinator); starts only "
-        "task --index here",
+        "task --index here; this or --workers is required",
     )
-    p.add_argument("--index", type=int, help="this host's task in --hosts")
+    p.add_argument("--index", type=int, help="this host's task in --hosts (required with --hosts)")
     p.add_argument("--module", default="keras_vit.training.finetune", help="the training command's module")
     p.add_argument(
         "--connect-timeout",
@@ -50,7 +54,9 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="local workers: GPUs per worker (0: CPU only). Default: 0 with --workers, all with --hosts",
     )
-    p.add_argument("--timeout", type=float, default=None, help="stop the whole job after this many seconds")
+    p.add_argument(
+        "--timeout", type=float, default=None, help="stop the whole job after this many seconds (default: no limit)"
+    )
     p.add_argument("options", nargs=argparse.REMAINDER, help="-- then the training command's options")
     return p
 

@@ -13,9 +13,8 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from keras_vit.config import CLASSIFIERS
+from keras_vit.config import CLASSIFIERS, POSITION_EMBEDDINGS
 from keras_vit.files import finite_json, still_linked, temporary_target, write_json
-from keras_vit.position import POSITION_EMBEDDINGS
 from keras_vit.training.errors import OutputDirError
 
 if TYPE_CHECKING:

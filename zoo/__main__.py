@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from keras_vit import zoo
-from keras_vit.cli import add_debug_flag, command_errors
+from keras_vit.cli import HelpFormatter, add_debug_flag, command_errors, load_tensorflow
 from keras_vit.config import RESIZE_METHODS, field_names, model_flags
 from keras_vit.fields import add_arguments, given
 from keras_vit.zoo.download import DEADLINE_ENV, redact
@@ -64,20 +64,24 @@ def _timm_number(entry) -> bool:
 
 def _fetch(name: str, cache_dir, **kwargs) -> Path:
     """``zoo.fetch`` held to the entry's architecture (the loader's check: a file of another model is refused)."""
+    load_tensorflow()  # the checkpoint readers load Keras
     from keras_vit.checkpoints.read import catalogue_check
 
     return zoo.fetch(name, cache_dir=cache_dir, progress=True, check=catalogue_check(zoo.get(name)), **kwargs)
 
 
 def _download(args) -> None:
+    for name in args.names:  # every name checked before TensorFlow loads
+        zoo.get(name)
     for name in args.names:
         print(_fetch(name, args.cache_dir, timeout=args.timeout, deadline=args.deadline))
 
 
 def _verify(args) -> int:
+    entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
+    load_tensorflow()
     from keras_vit.checkpoints.read import catalogue_check
 
-    entries = [zoo.get(name) for name in args.names] or list(zoo.catalogue())
     corrupt = checked = architecture_only = 0
     for entry in entries:
         result = zoo.check_cached(entry, args.cache_dir, check=catalogue_check(entry))
@@ -106,6 +110,7 @@ def _local(source: str, cache_dir) -> Path:
 
 
 def _info(args) -> None:
+    load_tensorflow()
     from keras_vit.checkpoints import checkpoint_info, read_npz
     from keras_vit.zoo.validate import check_npz
 
@@ -175,11 +180,6 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
 
 
 def _convert(args) -> None:
-    import keras
-
-    from keras_vit.checkpoints import model_from_checkpoint
-    from keras_vit.zoo.validate import check_archive
-
     out = Path(args.output)
     output_format = _output_format(out, args.format)
     if out.is_dir() or (out.exists() and not args.overwrite):  # checked before the model is built
@@ -187,6 +187,12 @@ def _convert(args) -> None:
         raise ValueError(f"The output {out} exists ({'a folder' if out.is_dir() else 'a file'}): {how}.")
     if args.quantize and output_format != "litert":
         raise ValueError(f"--quantize applies to --format litert (.tflite), not {output_format}.")
+    load_tensorflow()
+    import keras
+
+    from keras_vit.checkpoints import model_from_checkpoint
+    from keras_vit.zoo.validate import check_archive
+
     kwargs = dict(include_top=not args.no_top, **given(args, CONVERT_FLAGS))
     if args.num_heads:
         kwargs["num_heads"] = args.num_heads
@@ -200,18 +206,24 @@ def _convert(args) -> None:
     print(f"{model.name}: {model.count_params():,} parameters, input {model.input_shape} -> {out} ({written})")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the command line; an error is one line on stderr and exit status 1 (:mod:`keras_vit.cli`)."""
-    parser = argparse.ArgumentParser(prog="python -m keras_vit.zoo", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``list``, ``download``, ``verify``, ``info`` and ``convert``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_vit.zoo", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
+    )
     parser.add_argument("--cache-dir", help="cache root (default: $KERAS_HOME or ~/.keras)")
     commands = parser.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("list", help="list the catalogue")
-    listing.add_argument("pattern", nargs="?", help="names matching a shell-style pattern, e.g. 'B_16*' (quoted)")
-    listing.add_argument("--family", choices=zoo.families())
+    listing = commands.add_parser("list", help="list the catalogue", formatter_class=HelpFormatter)
+    listing.add_argument(
+        "pattern", nargs="?", help="names matching a shell-style pattern, e.g. 'B_16*' (quoted; default: every name)"
+    )
+    listing.add_argument("--family", choices=zoo.families(), help="only this family's checkpoints (default: all)")
     listing.add_argument("--json", action="store_true", help="every field, as JSON")
     listing.set_defaults(run=_list)
-    download = commands.add_parser("download", help="download checkpoints into the cache")
-    download.add_argument("names", nargs="+")
+    download = commands.add_parser(
+        "download", help="download checkpoints into the cache", formatter_class=HelpFormatter
+    )
+    download.add_argument("names", nargs="+", help="catalogue names (python -m keras_vit.zoo list)")
     download.add_argument(
         "--timeout",
         type=float,
@@ -224,21 +236,29 @@ def main(argv: list[str] | None = None) -> None:
         help=f"seconds for each file, all tries included (default: ${DEADLINE_ENV}, else from the size)",
     )
     download.set_defaults(run=_download)
-    verify = commands.add_parser("verify", help="check cached files against their recorded sha256")
+    verify = commands.add_parser(
+        "verify", help="check cached files against their recorded sha256", formatter_class=HelpFormatter
+    )
     verify.add_argument("names", nargs="*", help="catalogue names (default: every cached checkpoint)")
     verify.set_defaults(run=_verify)
-    info = commands.add_parser("info", help="the architecture a checkpoint's shapes describe")
+    info = commands.add_parser(
+        "info", help="the architecture a checkpoint's shapes describe", formatter_class=HelpFormatter
+    )
     info.add_argument("source", help="catalogue name or .npz path")
     info.set_defaults(run=_info)
     convert = commands.add_parser(
-        "convert", help="a checkpoint as .keras, .weights.h5, timm .safetensors, SavedModel, .tflite or .onnx"
+        "convert",
+        help="a checkpoint as .keras, .weights.h5, timm .safetensors, SavedModel, .tflite or .onnx",
+        formatter_class=HelpFormatter,
     )
     convert.add_argument("source", help="catalogue name, .npz, timm / Hugging Face / keras-hub checkpoint, or .keras")
     convert.add_argument(
         "output", help="path ending in .keras, .weights.h5, .safetensors (timm), .tflite or .onnx; or a folder"
     )
     convert.add_argument("--format", choices=list(FORMATS), help="default: from the output's suffix")
-    convert.add_argument("--quantize", choices=("dynamic_int8",), help="int8 weights (--format litert only)")
+    convert.add_argument(
+        "--quantize", choices=("dynamic_int8",), help="int8 weights (--format litert only; default: float32)"
+    )
     convert.add_argument("--no-top", action="store_true", help="drop the classifier (features only)")
     convert.add_argument(
         "--overwrite", action="store_true", help="replace an existing output file (once the new one is complete)"
@@ -253,7 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     add_arguments(convert.add_argument_group("model", CONVERT_FLAGS.__doc__), CONVERT_FLAGS())
     convert.set_defaults(run=_convert)
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line; an error is one line on stderr and exit status 1 (:mod:`keras_vit.cli`)."""
+    args = build_parser().parse_args(argv)
     with command_errors(args):
         try:
             status = args.run(args)

@@ -3,59 +3,29 @@ rollout and distance (:mod:`.attention`), position similarity and filter PCA (:m
 linear evaluation (:mod:`.fewshot`), figures (:mod:`.plots`). ``python -m keras_vit.analysis`` draws them all.
 """
 
-from keras_vit.analysis.attention import (
-    AttentionAnalysis,
-    analyse_attention,
-    attention_rollout,
-    iter_attentions,
-    mean_attention_distance,
-    overlay,
-    patch_distances,
-    rollout_map,
-)
-from keras_vit.analysis.embeddings import (
-    filter_components,
-    model_filter_components,
-    model_position_similarity,
-    position_similarity,
-    to_rgb_tiles,
-)
-from keras_vit.analysis.fewshot import (
-    L2_GRID,
-    SHOTS,
-    extract_features,
-    few_shot_evaluation,
-    fit_linear_probe,
-    linear_probe,
-    sample_per_class,
-)
-from keras_vit.analysis.geometry import TokenGeometry, token_geometry
 from keras_vit.lazy import lazy_attributes
 
-__all__ = [
-    "L2_GRID",
-    "SHOTS",
-    "AttentionAnalysis",
-    "TokenGeometry",
-    "analyse_attention",
-    "attention_rollout",
-    "extract_features",
-    "few_shot_evaluation",
-    "filter_components",
-    "fit_linear_probe",
-    "iter_attentions",
-    "linear_probe",
-    "mean_attention_distance",
-    "model_filter_components",
-    "model_position_similarity",
-    "overlay",
-    "patch_distances",
-    "position_similarity",
-    "rollout_map",
-    "sample_per_class",
-    "to_rgb_tiles",
-    "token_geometry",
-]
+# The public names, by the module that defines them; each imported on first use (the command's --help loads no Keras).
+_EXPORTS = {
+    "attention": (
+        "AttentionAnalysis", "analyse_attention", "attention_rollout", "iter_attentions", "mean_attention_distance",
+        "overlay", "patch_distances", "rollout_map",
+    ),
+    "embeddings": (
+        "filter_components", "model_filter_components", "model_position_similarity", "position_similarity",
+        "to_rgb_tiles",
+    ),
+    "fewshot": (
+        "L2_GRID", "SHOTS", "extract_features", "few_shot_evaluation", "fit_linear_probe", "linear_probe",
+        "sample_per_class",
+    ),
+    "geometry": ("TokenGeometry", "token_geometry"),
+}  # fmt: skip
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
 
-# Imported on first use (plots loads matplotlib), attributes all the same: keras_vit.analysis.plots.
-__getattr__, __dir__ = lazy_attributes(__name__, {}, ("data", "plots"))
+# Submodules too are attributes imported on first use: keras_vit.analysis.plots (it loads matplotlib).
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {name: f"{__name__}.{module}" for module, names in _EXPORTS.items() for name in names},
+    (*_EXPORTS, "data", "plots"),
+)

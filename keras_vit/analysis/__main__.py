@@ -16,10 +16,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from keras_vit.cli import CommandError, add_debug_flag, command_errors
+from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow
 from keras_vit.config import field_names, model_flags
 from keras_vit.fields import add_arguments, given
+from keras_vit.images import read_image
+from keras_vit.names import name_parts
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
+from keras_vit.variants import parse_variant
 
 __all__ = [
     "ANALYSES",
@@ -55,6 +58,7 @@ MODEL_FLAGS = model_flags(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m keras_vit.analysis",
+        formatter_class=HelpFormatter,
         description="Attention maps, attention distance, position-embedding similarity, embedding-filter "
         "components and few-shot linear evaluation of a ViT, as PNG figures and results.json.",
     )
@@ -87,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="digits",
         help="few-shot dataset: 'digits' (scikit-learn), a .npz file or 'tfds:NAME' (default: digits)",
     )
-    parser.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
+    parser.add_argument(
+        "--shots", type=int, nargs="+", default=[1, 5, 10, 25], help="training examples per class of each few-shot run"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="few-shot draws averaged per n")
     parser.add_argument(
         "--pooling",
@@ -98,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool-per-class", type=int, default=50, help="training examples kept per class")
     parser.add_argument("--test-examples", type=int, default=1000, help="held-out examples scored")
     parser.add_argument("--components", type=int, default=28, help="principal components of the filters to draw")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--dpi", type=int, default=100)
-    parser.add_argument("--output-dir", default="vit_analysis")
+    parser.add_argument("--batch-size", type=int, default=16, help="images per forward pass")
+    parser.add_argument("--dpi", type=int, default=100, help="resolution of the figures")
+    parser.add_argument("--output-dir", default="vit_analysis", help="folder for the figures and results.json")
     parser.add_argument("--overwrite", action="store_true", help="replace figures and results.json OUTPUT_DIR holds")
     add_debug_flag(parser)
     return parser
@@ -220,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     _check_args(parser, args)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     with command_errors(args):
+        # before TensorFlow loads, in run's order: the variant's name, the images (read again by run), what every run
+        # writes (results.json) and the figures asked for
+        if args.variant is not None:
+            parse_variant(name_parts(args.variant)[0])
+        if args.images and (args.analyses is None or {"attention", "distance"} & set(args.analyses)):
+            for path in args.images:
+                read_image(path)
+        _check_output_dir(args.output_dir, [*map(FIGURES.get, args.analyses or ()), "results.json"], args.overwrite)
+        load_tensorflow()
         results = run(args)
     for name in results["figures"]:
         print(os.path.join(args.output_dir, name))
@@ -233,7 +248,6 @@ def run(args: argparse.Namespace) -> dict:
     """Check, compute, then draw the chosen analyses (:func:`_write_outputs`); returns what results.json holds."""
     from keras_vit.analysis import attention, data, embeddings, plots
     from keras_vit.analysis.geometry import token_geometry
-    from keras_vit.images import read_image
 
     model = build_model(args)
     size = tuple(model.inputs[0].shape[1:3])

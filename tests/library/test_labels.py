@@ -41,9 +41,9 @@ def test_decode_predictions_order_and_scores():
     assert decoded[0] == [
         ("n01443537", "goldfish", 3.0),
         ("n01440764", "tench", 2.0),
-        ("n01484850", "great white shark", 1.0),
+        ("n01484850", "great_white_shark", 1.0),
     ]
-    assert decoded[1][0] == ("n15075141", "toilet tissue", 5.0)
+    assert decoded[1][0] == ("n15075141", "toilet_tissue", 5.0)
     assert [len(d) for d in decoded] == [3, 3]
     assert labels.decode_predictions(logits[0])[0][0][1] == "goldfish"  # one image, (classes,)
 
@@ -65,3 +65,17 @@ def test_wrong_sizes():
     with pytest.raises(ValueError, match=r"shape \(batch, classes\)"):
         labels.decode_predictions(np.zeros((1, 2, 1000)))
     assert labels.label_set(1000) == "imagenet1k" and labels.label_set(21843) == "imagenet21k"
+
+
+def test_names_are_spelt_as_keras_applications_spells_them():
+    """keras.applications' imagenet_class_index.json: WordNet's first lemma with underscores for spaces."""
+    logits = np.zeros((1, 1000), "float32")
+    logits[0, 386] = 1.0
+    assert labels.decode_predictions(logits, top=1) == [[("n02504458", "African_elephant", 1.0)]]
+    assert labels.decode_predictions(logits, top=1, spelling="wordnet")[0][0][1] == "African elephant"
+    keras_names = labels.class_names(spelling="keras")
+    assert keras_names[:3] == ["tench", "goldfish", "great_white_shark"] and keras_names[999] == "toilet_tissue"
+    assert keras_names[134] == keras_names[517] == "crane" and keras_names[247] == "Saint_Bernard"
+    assert [name.replace("_", " ") for name in keras_names] == labels.class_names()
+    with pytest.raises(ValueError, match="spelling"):
+        labels.decode_predictions(logits, spelling="timm")

@@ -39,7 +39,7 @@ def test_command_trains_and_writes_every_output(tmp_path, capsys):
     printed = capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text())
     assert f"held-out accuracy: {metrics['eval']['accuracy']:.4f} on 359 images (digits" in printed
-    assert "preset digits" in printed and "Epoch 2/2" in printed
+    assert "preset digits" in printed and "step 4/4: " in printed  # progress in steps (issue 37), not "Epoch 2/2"
     assert metrics["history"]["epoch"] == [0, 1] and len(metrics["history"]["val_accuracy"]) == 2
     assert metrics["config"]["optimizer"] == "adamw" and metrics["resumed_from_step"] == 0
     assert metrics["precision"] == auto_policy("cpu")  # --mixed-precision auto: mixed_bfloat16 on this CPU under TF
