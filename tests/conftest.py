@@ -47,11 +47,14 @@ def missing_packages(modules) -> list[str]:
 
 
 def _runs_on(item, backend: str) -> bool:
-    """Whether ``item`` runs in this backend's pass (its ``backend_independent`` and ``backends`` marks)."""
-    if item.get_closest_marker("backend_independent"):
-        return backend == "tensorflow"
-    marker = item.get_closest_marker("backends")
-    return marker is None or backend in marker.args
+    """Whether ``item`` runs in this backend's pass: its closest ``backends`` or ``backend_independent`` mark
+    (a test's own mark before its file's), every backend when it has neither."""
+    for mark in item.iter_markers():
+        if mark.name == "backend_independent":
+            return backend == "tensorflow"
+        if mark.name == "backends":
+            return backend in mark.args
+    return True
 
 
 def pytest_collection_modifyitems(config, items):

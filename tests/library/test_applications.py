@@ -20,6 +20,7 @@ TINY = dict(depth=1)
 
 
 @pytest.mark.parametrize("name", sorted(keras_vit.applications.NAMED_CONSTRUCTORS))
+@pytest.mark.backend_independent
 def test_each_named_constructor_takes_every_argument_of_vit(name):
     """As ``inspect`` (``help``, IDEs) sees it: ViT's arguments, kinds, defaults and annotations, the image size
     first, the rest by keyword, then ``**options``; a plain ``def`` of its own name."""
@@ -48,6 +49,7 @@ def test_each_named_constructor_takes_every_argument_of_vit(name):
         constructor(32, True)  # everything after the image size is keyword-only, as in ViT
 
 
+@pytest.mark.backend_independent
 def test_typed_arguments_are_vits_keywords():
     """``ViTArguments`` (the named constructors' ``**kwargs`` type) lists exactly ViT's keyword-only arguments."""
     keywords = [k for k, p in inspect.signature(ViT).parameters.items() if p.kind == inspect.Parameter.KEYWORD_ONLY]
@@ -134,12 +136,14 @@ def test_input_shape_and_classes_are_aliases():
         (dict(classes=10, num_classes=5), ("num_classes", "classes")),
     ],
 )
+@pytest.mark.backend_independent
 def test_conflicting_spellings_raise_naming_both(kwargs, names):
     with pytest.raises(ValueError, match=f"{names[0]}.*{names[1]}"):
         ViT_Ti16(**kwargs, **TINY)
 
 
 @pytest.mark.parametrize("constructor", [ViT_Ti16, ViT_R26_S32, ViT])
+@pytest.mark.backend_independent
 def test_a_positional_bool_is_not_taken_for_a_size(constructor):
     for value in (False, True):
         with pytest.raises(ValueError, match=f"include_top={value}"):
@@ -243,6 +247,7 @@ def test_with_new_head_keeps_the_backbone_and_its_flags_and_starts_a_zero_head(t
         ("B/16", "B/16", None),
     ],
 )
+@pytest.mark.backend_independent
 def test_timm_and_catalogue_names_give_the_architecture_and_resolution(name, variant, size):
     from keras_vit.names import name_parts as _name_parts
 
@@ -259,6 +264,7 @@ def test_vit_takes_timm_and_catalogue_names():
         ViT("vit_base_patch16_clip_224")
 
 
+@pytest.mark.backend_independent
 def test_weights_take_timm_tags_to_their_catalogue_entry():
     from keras_vit.names import checkpoint_name as _checkpoint_name
 

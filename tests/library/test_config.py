@@ -84,6 +84,7 @@ def _own_fields():
     return [f for f in dataclasses.fields(ViTConfig) if f.name != "architecture"]
 
 
+@pytest.mark.backend_independent
 def test_every_field_is_covered():
     for field in _own_fields():
         assert any(getattr(c, field.name) != field.default for c in CONFIGS.values()), field.name
@@ -159,6 +160,7 @@ def test_a_model_saved_under_a_policy_loads_under_it(tmp_path):
     assert loaded.get_layer("head").compute_dtype == "float32"
 
 
+@pytest.mark.backend_independent
 def test_the_record_is_plain_json_and_back():
     for config in CONFIGS.values():
         values = json.loads(json.dumps(config.to_dict()))
@@ -188,11 +190,13 @@ def test_vit_is_parse_replace_build():
         (dict(std_conv_epsilon=1e-8), ValueError, r"\['std_conv_epsilon'\] set a hybrid's ResNet"),
     ],
 )
+@pytest.mark.backend_independent
 def test_the_config_checks_itself(fields, error, message):
     with pytest.raises(error, match=message):
         ViTConfig.from_variant("B/16", **fields)
 
 
+@pytest.mark.backend_independent
 def test_layer_options_are_arguments_of_their_layers():
     config = CONFIGS["hybrid, every structure and numerics option"]
     for layer, cls in (("block", keras_vit.TransformerBlock), ("resnet", keras_vit.ResNetStem)):
@@ -231,6 +235,7 @@ def test_model_flags_come_from_the_config():
         parser.parse_args(["--gelu", "erf"])
 
 
+@pytest.mark.backend_independent
 def test_choice_lists_are_written_once():
     """Every choice list of the config is typed out in keras_vit/config.py only: not in the library, the
     training commands or the zoo's."""
