@@ -433,7 +433,6 @@ def _fit(
         guard,
         saver,
         stopper,
-        EpochHistory(checkpointer),
         StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
         *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
     ]
@@ -441,9 +440,10 @@ def _fit(
     # Keras' own progress says "Epoch" and writes a progress bar's bytes where stdout is not a terminal
     bar = verbose == 1 or (verbose == "auto" and sys.stdout.isatty())
     progress = [Progress(bar, total_steps, accumulation_steps)] if verbose != 0 else []
+    history = EpochHistory(checkpointer)  # after the caller's callbacks: it keeps what they leave
     try:
         for segment in plan_segments(start, total_steps, steps_per_epoch):
-            for stepper in [*steppers, *progress]:
+            for stepper in [*steppers, history, *progress]:
                 stepper.segment = segment
             saver.last = segment.start_step
             with training_scope(strategy):
@@ -454,7 +454,7 @@ def _fit(
                     initial_epoch=segment.first_epoch,
                     steps_per_epoch=segment.steps_per_epoch,
                     validation_data=eval_data,
-                    callbacks=[*steppers, *callbacks, tensorboard, *progress],  # TensorBoard: what the others leave
+                    callbacks=[*steppers, *callbacks, history, tensorboard, *progress],
                     verbose=0,
                 )
             if stopper.stopped_at is not None:
