@@ -57,7 +57,8 @@ def save_preset(model, folder: str | Path) -> Path:
     with atomic_path(folder) as temporary:
         backbone.save_to_preset(temporary)
         with h5py.File(Path(temporary) / WEIGHTS_FILE, "r+") as f:
-            for key, dataset in weight_slots(f, {"use_class_token": config.classifier == "token"}, Path(folder)).items():
+            settings = {"use_class_token": config.classifier == "token"}
+            for key, dataset in weight_slots(f, settings, Path(folder)).items():
                 dataset[...] = arrays[key][0] if key == POSEMBED else arrays[key]
         (Path(temporary) / CONFIG_FILE).write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
         np.savez(Path(temporary) / HEAD_FILE, **head)

@@ -9,10 +9,10 @@ import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
-from keras_vit.checkpoints.inspect import checkpoint_info
+from keras_vit.checkpoints.infer import checkpoint_info
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.checkpoints.load import load_weights
-from keras_vit.checkpoints.read import read_npz
+from keras_vit.checkpoints.source import read_npz
 from keras_vit.zoo.__main__ import main as zoo_main
 
 ARCH = dict(patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64)
