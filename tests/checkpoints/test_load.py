@@ -194,6 +194,26 @@ def test_checkpoint_defaults_fill_image_size_classes_and_pre_logits(token_ckpt):
     )
 
 
+def test_vit_without_a_variant_builds_the_files_model_as_model_from_checkpoint(token_ckpt, tmp_path):
+    """One path for a file's defaults: ``ViT(None, weights=...)`` is ``model_from_checkpoint``, the file's
+    architecture and options included (a timm file's exact GELU, its head count guessed and said)."""
+    from safetensors.numpy import save_file
+
+    path, _ = token_ckpt
+    ours, theirs = keras_vit.ViT(weights=path), keras_vit.model_from_checkpoint(path)
+    assert ours.config == theirs.config and ours.name == theirs.name
+    assert ours.config.architecture == checkpoint_info(read_npz(path)).architecture
+    np.testing.assert_array_equal(run(ours, images()), run(theirs, images()))
+    timm = tmp_path / "timm.safetensors"  # without keras-vit's metadata: the head count is not recorded
+    save_file(keras_vit.to_timm_state_dict(ours), timm)
+    models = []
+    for build in (lambda: keras_vit.ViT(weights=str(timm)), lambda: keras_vit.model_from_checkpoint(timm)):
+        with pytest.warns(UserWarning, match=r"timm.safetensors does not record its number of attention heads"):
+            models.append(build())
+    assert models[0].config == models[1].config and models[0].config.gelu == "exact"
+    np.testing.assert_array_equal(run(models[0], images()), run(models[1], images()))
+
+
 def test_without_weights_the_defaults_are_unchanged():
     model = keras_vit.ViT(None, **ARCH)
     assert model.input_shape == (None, 224, 224, 3) and model.output_shape == (None, 1000)
