@@ -97,8 +97,9 @@ def ViT(
     """Build a Vision Transformer (plain or hybrid): parse the variant, replace the fields given, build, load.
 
     Args:
-        variant: ``"B/16"``, ``"R50+B/16"``, a timm or catalogue name; ``None``: a saved model's (``weights``),
-            the architecture ``options`` give, else B/16.
+        variant: ``"B/16"``, ``"R50+B/16"``, a timm or catalogue name; ``None``: the model ``weights`` holds (its
+            architecture and options, as :func:`~keras_vit.checkpoints.load.model_from_checkpoint`), else the
+            architecture ``options`` give, else B/16.
         include_top, pooling, classes, classifier_activation, input_tensor, input_shape: as keras.applications.
         weights: ``None``, a catalogue name, ``"imagenet"``-style alias, timm tag, or a checkpoint path.
         image_size, num_classes, channels: default to the checkpoint's (else 224, 1000, 3).
