@@ -4,7 +4,6 @@ signature (image size first). Arguments and variants: docs/models.md."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
 import sys
@@ -15,8 +14,8 @@ import keras
 
 from keras_vit import zoo
 from keras_vit.checkpoints.keras_files import keras_weights_file
-from keras_vit.checkpoints.load import checkpoint_defaults, load_weights, model_from_checkpoint
-from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint
+from keras_vit.checkpoints.load import checkpoint_model_config, load_weights, model_from_checkpoint, read_checkpoint
+from keras_vit.checkpoints.source import CheckpointArrays
 from keras_vit.config import GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
 from keras_vit.inputs import input_size, on_tensor, same
 from keras_vit.models import build_vit
@@ -68,32 +67,6 @@ def _model_name(variant: str | None, architecture: Architecture) -> str:
     return named.model_name
 
 
-def _saved_fields(
-    weights: CheckpointArrays, variant: str | None, fields: Mapping[str, Any], num_classes: int | None
-) -> dict[str, Any]:
-    """``fields`` over the saved model's options (and class names, for its own head); a ``ValueError`` naming what
-    differs where the variant or a structure option asks for another model than the file's."""
-    saved = weights.config
-    asked = {name: fields[name] for name in field_names("architecture") if name in fields}
-    wanted = (saved.architecture if variant is None else parse_variant(variant)).replace(**asked)
-    structure = [name for name in field_names("structure") if name in fields and name != "representation_size"]
-    asked_model = {**dataclasses.asdict(wanted), **{name: fields[name] for name in structure}}
-    file_model = {**dataclasses.asdict(saved.architecture), **{name: getattr(saved, name) for name in structure}}
-    differ = [f"{k} {v!r} (the file's: {file_model[k]!r})" for k, v in asked_model.items() if v != file_model[k]]
-    if differ:
-        raise ValueError(
-            f"{weights.source} holds a {saved.architecture.variant or saved.architecture.model_name} model; the model "
-            f"asked for differs: {', '.join(differ)}. Leave the variant and those options out (keras_vit.ViT(None, "
-            "weights=...); a command's --model) to take the file's."
-        )
-    kept = {k: v for k, v in saved.to_dict().items() if k in field_names("architecture", "structure", "numerics")}
-    kept.update({k: getattr(saved, k) for k in field_names("training")})
-    kept.pop("representation_size")  # the head's, with num_classes (checkpoint_defaults)
-    if saved.include_top and num_classes in (None, saved.num_classes):
-        kept["class_names"] = saved.class_names
-    return {**kept, **fields}
-
-
 def _check_first_argument(function: str, name: str, value) -> None:
     """keras.applications' ``include_top``-first habit (``ViT_B16(False)``) is an error, not a 0-pixel model."""
     if isinstance(value, bool):  # bool is an int: check it before anything takes it for a size
@@ -124,8 +97,9 @@ def ViT(
     """Build a Vision Transformer (plain or hybrid): parse the variant, replace the fields given, build, load.
 
     Args:
-        variant: ``"B/16"``, ``"R50+B/16"``, a timm or catalogue name; ``None``: a saved model's (``weights``),
-            the architecture ``options`` give, else B/16.
+        variant: ``"B/16"``, ``"R50+B/16"``, a timm or catalogue name; ``None``: the model ``weights`` holds (its
+            architecture and options, as :func:`~keras_vit.checkpoints.load.model_from_checkpoint`), else the
+            architecture ``options`` give, else B/16.
         include_top, pooling, classes, classifier_activation, input_tensor, input_shape: as keras.applications.
         weights: ``None``, a catalogue name, ``"imagenet"``-style alias, timm tag, or a checkpoint path.
         image_size, num_classes, channels: default to the checkpoint's (else 224, 1000, 3).
@@ -162,24 +136,22 @@ def ViT(
                 fields.setdefault("interpolation", entry.preprocessing["interpolation"])
         if keras_weights_file(weights) is None:  # a .weights.h5 has no shapes to read before the model exists
             weights = read_checkpoint(weights)
-            if weights.config is not None:  # a saved keras-vit model: its architecture and options unless given
-                fields, variant = _saved_fields(weights, variant, fields, num_classes), None
-            image_size, num_classes, fields["representation_size"] = checkpoint_defaults(
-                weights, image_size, num_classes, fields.get("representation_size")
-            )
     given = dict(image_size=image_size, num_classes=num_classes, channels=channels)
     fields.update({key: value for key, value in given.items() if value is not None})
     fields["dynamic_image_size"] = fields.get("dynamic_image_size", False) or (dynamic and not include_preprocessing)
-    if variant is None and not set(fields) & set(field_names("architecture")):
-        variant = DEFAULT_VARIANT
-    config = ViTConfig.from_variant(
-        variant,
+    fields.update(
         include_top=include_top,
         pooling=pooling,
         classifier_activation=classifier_activation,
         include_preprocessing=include_preprocessing,
-        **fields,
     )
+    if isinstance(weights, CheckpointArrays):  # the file's head and size, and without a variant its model
+        config = checkpoint_model_config(weights, variant, **fields)
+        variant = None if weights.config is not None else variant
+    else:
+        if variant is None and not set(fields) & set(field_names("architecture")):
+            variant = DEFAULT_VARIANT
+        config = ViTConfig.from_variant(variant, **fields)
     model = build_vit(config, name=name or _model_name(variant, config.architecture))
     if weights is not None:
         load_weights(model, weights, new_head=new_head, resize_method=config.position_interpolation)

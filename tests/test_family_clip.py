@@ -19,9 +19,9 @@ from sklearn.datasets import load_sample_images
 import keras_vit
 from keras_vit import zoo
 from keras_vit.analysis.fewshot import extract_features, few_shot_evaluation
-from keras_vit.checkpoints.inspect import checkpoint_info, shapes_only
+from keras_vit.checkpoints.from_timm import timm_to_npz
+from keras_vit.checkpoints.infer import checkpoint_info, shapes_only
 from keras_vit.checkpoints.read import catalogue_check
-from keras_vit.checkpoints.timm import timm_to_npz
 from keras_vit.datasets import load_digits, stratified_split
 from keras_vit.heads import MAPHead
 from keras_vit.variants import FAMILY_VARIANTS

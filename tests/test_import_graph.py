@@ -162,3 +162,51 @@ OPTIONS = ("layer_scale_init", "qk_norm", "num_register_tokens", "fc_norm")
 def test_an_option_is_named_in_at_most_four_library_files(option):
     named = sorted(str(path.relative_to(REPO)) for path in module_files().values() if option in path.read_text())
     assert 1 <= len(named) <= 4, f"{option} is named in {len(named)} library files: {named}"
+
+
+# The checkpoint pipeline's steps in order (issue 35): a module imports none of a later step.
+PIPELINE = (
+    ("keras_vit.checkpoints.source",),
+    tuple(f"keras_vit.checkpoints.from_{name}" for name in ("timm", "huggingface", "keras_hub")),
+    ("keras_vit.checkpoints.infer",),
+    ("keras_vit.checkpoints.keymap",),
+    ("keras_vit.checkpoints.load",),
+)
+WRITERS = {"keras_vit.checkpoints.timm", "keras_vit.checkpoints.keras_hub"}  # beside the pipeline: its inverse
+CHECKPOINT_LEVELS = 4  # the checkpoints package, its __init__ included: at most this many modules in a chain
+
+
+def package_levels(graph: dict[str, set[str]], package: str) -> dict[str, int]:
+    """``{module: level}`` for the modules of ``package``: 1 for one that imports none of the others, else one more
+    than the highest it imports (the graph has no cycles: :func:`test_no_import_cycles`)."""
+    inside = {module for module in graph if module == package or module.startswith(package + ".")}
+    levels: dict[str, int] = {}
+
+    def level(module: str) -> int:
+        if module not in levels:
+            levels[module] = 1 + max((level(t) for t in graph[module] & inside), default=0)
+        return levels[module]
+
+    return {module: level(module) for module in sorted(inside)}
+
+
+def test_package_levels_counts_the_longest_chain():
+    graph = {"p": {"p.a"}, "p.a": {"p.b", "q"}, "p.b": set(), "p.c": {"p.b"}, "q": {"p"}}
+    assert package_levels(graph, "p") == {"p": 3, "p.a": 2, "p.b": 1, "p.c": 2}
+
+
+@pytest.mark.parametrize("step", range(len(PIPELINE)))
+def test_a_pipeline_step_imports_no_later_step(step):
+    """Nor a writer of foreign files (the inverse of a convert step)."""
+    graph = import_graph()
+    later = WRITERS | {module for modules in PIPELINE[step + 1 :] for module in modules}
+    for module in PIPELINE[step]:
+        assert module in graph, f"{module} is gone: update PIPELINE"
+        assert not graph[module] & later, f"{module} imports a later step: {sorted(graph[module] & later)}"
+
+
+def test_the_checkpoints_package_is_at_most_four_levels_deep():
+    levels = package_levels(import_graph(), "keras_vit.checkpoints")
+    deep = {module: level for module, level in levels.items() if level > CHECKPOINT_LEVELS}
+    assert not deep, f"deeper than {CHECKPOINT_LEVELS} import levels: {deep}"
+    assert levels["keras_vit.checkpoints.source"] == 1 and levels["keras_vit.checkpoints"] <= CHECKPOINT_LEVELS

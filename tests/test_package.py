@@ -207,7 +207,7 @@ def saved_model(tmp_path_factory):
     [
         "import keras_vit",  # Keras first loaded by the user, after keras_vit
         "import keras_vit.layers",  # ... by a module that registers layers, half run
-        "import keras_vit.checkpoints",  # ... by keras_vit.position, itself half run beneath checkpoints.inspect
+        "import keras_vit.checkpoints",  # ... by keras_vit.position, itself half run beneath checkpoints.infer
     ],
 )
 def test_load_model_finds_the_layers_after_import_keras_vit(saved_model, first_import, tmp_path):

@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "variant",
         nargs="?",
-        help="ViT variant, e.g. 'B/16' or 'ViT_B16', or a hybrid: 'R50+B/16', 'ViT_R26_S32' (default: a saved model's "
-        "given as --weights, else B/16)",
+        help="ViT variant, e.g. 'B/16' or 'ViT_B16', or a hybrid: 'R50+B/16', 'ViT_R26_S32' (default: the model of "
+        "the checkpoint given as --weights, else B/16)",
     )
     parser.add_argument(
         "--weights", default=None, help="checkpoint path, saved model (.keras) or catalogue name (default: random init)"

@@ -1,12 +1,21 @@
-"""Checkpoints: a file, folder or catalogue name read into the Google ``.npz`` key layout (every foreign format
-converted into it), the config its shapes imply, and the strict load into a model. Map: docs/design.md; formats:
-docs/foreign-weights.md."""
+"""Checkpoints as one pipeline, each module one step: ``source`` (find the file, tell its format, read its raw
+arrays), ``from_timm`` / ``from_huggingface`` / ``from_keras_hub`` (convert into the published ``.npz`` key layout),
+``infer`` (what keys and shapes mean for the config), ``keymap`` (``.npz`` keys to model variables) and ``load``
+(check every key, then assign; the driver). Beside it: ``read`` (catalogue names), ``keras_files`` (Keras' own files),
+``timm`` and ``keras_hub`` (writing). Map: docs/design.md; formats: docs/foreign-weights.md."""
 
-from keras_vit.checkpoints.formats import FORMATS, detect_format
-from keras_vit.checkpoints.inspect import CheckpointInfo, checkpoint_config, checkpoint_info
+from keras_vit.checkpoints.infer import CheckpointInfo, checkpoint_config, checkpoint_info
 from keras_vit.checkpoints.keymap import npz_key_map
-from keras_vit.checkpoints.load import LoadResult, checkpoint_defaults, load_weights, model_from_checkpoint
-from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, read_npz, resolve_weights
+from keras_vit.checkpoints.load import (
+    LoadResult,
+    checkpoint_defaults,
+    checkpoint_model_config,
+    load_weights,
+    model_from_checkpoint,
+    read_checkpoint,
+)
+from keras_vit.checkpoints.read import resolve_weights
+from keras_vit.checkpoints.source import FORMATS, CheckpointArrays, detect_format, read_npz
 from keras_vit.checkpoints.timm import save_timm_safetensors, timm_model_kwargs, to_timm_state_dict
 
 __all__ = [
@@ -17,6 +26,7 @@ __all__ = [
     "checkpoint_config",
     "checkpoint_defaults",
     "checkpoint_info",
+    "checkpoint_model_config",
     "detect_format",
     "load_weights",
     "model_from_checkpoint",

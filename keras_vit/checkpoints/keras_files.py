@@ -1,19 +1,24 @@
-"""Keras' own weights files, outside the checkpoint pipeline: a ``.weights.h5`` holds no architecture, so its
-shapes are checked against the model's, then ``keras.Model.load_weights`` assigns it."""
+"""Keras' own files, outside the checkpoint pipeline: a ``.weights.h5`` holds no architecture, so its shapes are
+checked against the model's, then ``keras.Model.load_weights`` assigns it; a saved ``.keras`` model is opened by
+``keras.saving.load_model`` and read out by the key map (:func:`read_saved_model`), its config beside."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import keras
 
-from keras_vit.checkpoints.formats import detect_format
+from keras_vit.checkpoints.keymap import model_arrays, npz_key_map
+from keras_vit.checkpoints.source import CheckpointArrays, check_archive, detect_format
+from keras_vit.config import field_names
 from keras_vit.layers import PatchEmbed, TransformerBlock
+from keras_vit.models import VisionTransformer, model_options
 from keras_vit.position import AddPositionEmbs
 
-__all__ = ["keras_weights_file", "load_keras_weights"]
+__all__ = ["keras_weights_file", "load_keras_weights", "read_saved_model"]
 
 
 def keras_weights_file(weights) -> Path | None:
@@ -91,3 +96,29 @@ def load_keras_weights(model: keras.Model, path: Path) -> None:
         raise ValueError(
             f"{where} (a .weights.h5 holds no architecture: build the same model it was saved from): {exc}"
         ) from exc
+
+
+def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
+    """A saved keras-vit model (``.keras``: the training commands' ``model.keras`` and ``encoder.keras``, a user's
+    ``model.save``): its weights in the ``.npz`` layout and its :class:`~keras_vit.config.ViTConfig` (of the
+    :class:`~keras_vit.models.VisionTransformer` it is or holds); a plain model made of keras-vit layers brings the
+    options its layers show, and its architecture is read from the shapes as a checkpoint's."""
+    check_archive(path)
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except Exception as exc:  # Keras raises many kinds for a damaged or foreign file (ValueError, TypeError, ...)
+        raise ValueError(f"{path} is not a readable saved Keras model ({type(exc).__name__}: {exc}).") from exc
+    layers = list(model._flatten_layers(include_self=True))
+    vits = [layer for layer in layers if isinstance(layer, VisionTransformer)]
+    vit = vits[0] if len(vits) == 1 else model
+    if not any(isinstance(layer, TransformerBlock) for layer in layers):
+        raise ValueError(
+            f"{path} is a saved Keras model ({type(model).__name__} {model.name!r}) without keras-vit layers (as "
+            "keras_vit.ViT builds): open it with keras.saving.load_model."
+        )
+    config = getattr(vit, "config", None)
+    options = {k: v for k, v in model_options(vit).items() if k in field_names("structure", "numerics")}
+    mapped = {id(variable) for variable, _ in npz_key_map(vit).values()}
+    extra = {v.path: keras.ops.convert_to_numpy(v) for v in vit.weights if id(v) not in mapped}
+    fields = dict(format="keras", model_options=options, config=config, extra=extra)
+    return CheckpointArrays(model_arrays(vit), str(path), **fields)

@@ -1,9 +1,11 @@
-"""``npz_key_map(model)``: ``{npz_key: (variable, transform)}`` for every variable a checkpoint holds. Keys sharing
-one variable are concatenated on its last axis in map order (the fused ``qkv``); a transform may raise
-``ValueError`` to reject an array. A layer with an ``npz_key_map()`` method (the hybrids' ResNet) maps its own keys."""
+"""Step 4 of the checkpoint pipeline, the key map: ``npz_key_map(model)``, ``{npz_key: (variable, transform)}`` for
+every variable a checkpoint holds. Keys sharing one variable are concatenated on its last axis in map order (the fused
+``qkv``); a transform may raise ``ValueError`` to reject an array. A layer with an ``npz_key_map()`` method (the
+hybrids' ResNet) maps its own keys. Its inverse, :func:`model_arrays`, reads a model's weights out by the same map."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import keras
@@ -14,12 +16,13 @@ from keras_vit.layers import ClassToken, PatchEmbed, TransformerBlock
 from keras_vit.position import AddPositionEmbs, check_method, resample_position_embeddings, square_grid
 from keras_vit.tokens import PrefixTokens
 
-__all__ = ["HEAD_LAYERS", "KeyMap", "Transform", "npz_key_map"]
+__all__ = ["HEAD_LAYERS", "KeyMap", "Transform", "model_arrays", "npz_key_map"]
 
 Transform = Callable[[np.ndarray], np.ndarray]
 KeyMap = dict[str, tuple[keras.Variable, Transform]]
 
 HEAD_LAYERS = ("pre_logits", "head", "head_dist")
+_ATTENTION_ARRAY = re.compile(r"Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/(\w+)/(kernel|bias)")
 
 
 def identity(array: np.ndarray) -> np.ndarray:
@@ -143,3 +146,25 @@ def npz_key_map(model: keras.Model, *, resize_method: str = "zoom_linear") -> Ke
             raise ValueError(f"Layer {layer.name!r} maps checkpoint keys another layer already maps: {sorted(clash)}.")
         entries.update(part)
     return entries
+
+
+def model_arrays(model: keras.Model) -> dict[str, np.ndarray]:
+    """A keras-vit model's weights in the Google ``.npz`` layout (the inverse of the loader's key map)."""
+    blocks = model._flatten_layers(include_self=False)
+    heads = [block.num_heads for block in blocks if isinstance(block, TransformerBlock)]
+    groups: dict[int, tuple[keras.Variable, list[str]]] = {}
+    for key, (variable, _) in npz_key_map(model).items():
+        groups.setdefault(id(variable), (variable, []))[1].append(key)
+    arrays = {}
+    for variable, keys in groups.values():
+        value = keras.ops.convert_to_numpy(variable)
+        for key, part in zip(keys, np.split(value, len(keys), axis=-1)):
+            match = _ATTENTION_ARRAY.fullmatch(key)
+            if match:
+                h = heads[int(match[1])]
+                if match[2] in ("query", "key", "value"):
+                    part = part.reshape((part.shape[0], h, -1) if match[3] == "kernel" else (h, -1))
+                elif match[3] == "kernel":  # out
+                    part = part.reshape(h, -1, part.shape[-1])
+            arrays[key] = part
+    return arrays

@@ -1,36 +1,155 @@
-"""Loading ``.npz``-layout arrays into a model (:func:`load_weights`: every key checked before any is assigned, a
-head that does not fit skipped with a warning) and building the model a checkpoint describes
-(:func:`model_from_checkpoint`)."""
+"""Step 5 of the checkpoint pipeline, load, and the driver of the steps: :func:`read_checkpoint` takes a file
+through the source and convert steps into one :class:`~keras_vit.checkpoints.source.CheckpointArrays`;
+:func:`load_weights` checks every key against the key map at once, then assigns (a head that does not fit is skipped
+with a warning); :func:`checkpoint_model_config` is the one rule for a model's defaults from a file, which
+:func:`model_from_checkpoint` and ``keras_vit.ViT`` build."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
 
-from keras_vit.checkpoints.inspect import (
+from keras_vit.checkpoints.from_huggingface import (
+    huggingface_to_npz,
+    looks_like_huggingface,
+    looks_like_tower,
+    tower_to_npz,
+)
+from keras_vit.checkpoints.from_keras_hub import read_keras_hub_preset
+from keras_vit.checkpoints.from_timm import looks_like_timm, timm_to_npz
+from keras_vit.checkpoints.infer import (
     ARCHITECTURE,
+    TOKEN_FIELDS,
     CheckpointInfo,
+    check_recorded,
     checkpoint_config,
     checkpoint_info,
     differences,
+    format_fields,
 )
-from keras_vit.checkpoints.keras_files import keras_weights_file, load_keras_weights
-from keras_vit.checkpoints.keymap import KeyMap, npz_key_map
-from keras_vit.checkpoints.read import CheckpointArrays, read_checkpoint, with_num_heads
-from keras_vit.checkpoints.timm import model_arrays
-from keras_vit.config import field_names, resnet_fields
+from keras_vit.checkpoints.keras_files import keras_weights_file, load_keras_weights, read_saved_model
+from keras_vit.checkpoints.keymap import KeyMap, model_arrays, npz_key_map
+from keras_vit.checkpoints.read import resolve_weights
+from keras_vit.checkpoints.source import CheckpointArrays, detect_format, read_npz, read_state_file
+from keras_vit.config import ViTConfig, field_names, resnet_fields
 from keras_vit.heads import MAP_PREFIX
 from keras_vit.layers import TransformerBlock
 from keras_vit.models import build_vit, model_options
+from keras_vit.variants import parse_variant
 
-__all__ = ["LoadResult", "checkpoint_defaults", "load_weights", "model_from_checkpoint"]
+__all__ = [
+    "LoadResult",
+    "checkpoint_defaults",
+    "checkpoint_model_config",
+    "from_state_dict",
+    "load_weights",
+    "model_from_checkpoint",
+    "read_checkpoint",
+    "read_path",
+    "with_num_heads",
+]
 
 _MAX_LISTED = 20
+
+
+# --- reading: the source and convert steps, in order -----------------------------------------------
+
+
+def from_state_dict(
+    state: Mapping[str, np.ndarray],
+    source: str,
+    config: Mapping | None = None,
+    fmt: str = "npz",
+    num_heads: int | None = None,
+) -> CheckpointArrays:
+    """Arrays in any key layout as :class:`CheckpointArrays` in the ``.npz`` layout: timm and Hugging Face state
+    dicts converted (``config``: a Hugging Face ``config.json``; ``num_heads``: what a timm file's metadata records).
+    Raises ``ValueError`` for an incomplete or unknown state dict."""
+    try:
+        if looks_like_timm(state):
+            arrays, options = timm_to_npz(state, num_heads=num_heads, source=source)
+            options |= format_fields(arrays)
+            return CheckpointArrays(arrays, source, format="timm", model_options=options, heads_known=bool(num_heads))
+        if looks_like_tower(state):
+            arrays, options, known = tower_to_npz(state, config, source=source)
+            return CheckpointArrays(arrays, source, format="huggingface", model_options=options, heads_known=known)
+        if looks_like_huggingface(state):
+            arrays, options, known = huggingface_to_npz(state, config, source=source, recorded=TOKEN_FIELDS)
+            check_recorded(config or {}, arrays, source)
+            options |= format_fields(arrays)
+            return CheckpointArrays(arrays, source, format="huggingface", model_options=options, heads_known=known)
+    except (KeyError, TypeError, AttributeError) as exc:  # a tensor a whole layer needs is absent
+        raise ValueError(f"{source} is an incomplete ViT state dict: a layer lacks {exc}.") from exc
+    if fmt != "npz" and "embedding/kernel" not in state:
+        listed = ", ".join(sorted(state)[:5]) or "none"
+        raise ValueError(
+            f"{source} is {fmt} but not a ViT state dict keras-vit knows (timm: patch_embed.proj.weight, "
+            f"blocks.*; Hugging Face: [vit.]embeddings.patch_embeddings.*); its keys start {listed}."
+        )
+    return CheckpointArrays(state, source)
+
+
+def read_path(path: str | os.PathLike) -> CheckpointArrays:
+    """The arrays of an existing checkpoint file or folder of any format
+    :func:`~keras_vit.checkpoints.source.detect_format` knows; a ``ValueError`` naming what is wrong with it."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "npz":
+        return read_npz(path)
+    if fmt == "keras":
+        return read_saved_model(path)
+    if fmt == "keras_hub":
+        arrays, options = read_keras_hub_preset(path)
+        return CheckpointArrays(arrays, str(path), format=fmt, model_options=options)
+    state, path, fmt, config, heads = read_state_file(path, fmt)
+    return from_state_dict(state, str(path), config, fmt, heads)
+
+
+def read_checkpoint(weights: str | os.PathLike | Mapping[str, np.ndarray]) -> CheckpointArrays:
+    """The arrays of ``weights``: a catalogue name (downloaded and checked), a path of any format :func:`read_path`
+    reads, or arrays already read (a state dict in the ``.npz``, timm or Hugging Face layout)."""
+    if isinstance(weights, CheckpointArrays):
+        return weights
+    if isinstance(weights, Mapping):
+        return from_state_dict(weights, "the given arrays")
+    return read_path(resolve_weights(weights))
+
+
+_ATTENTION_KEY = re.compile(
+    r"(?:Transformer/encoderblock_\d+/MultiHeadDotProductAttention_1|MAPHead_0/MultiHeadDotProductAttention_0)"
+    r"/(query|key|value|out)/kernel"
+)
+
+
+def with_num_heads(arrays: CheckpointArrays, num_heads: int) -> CheckpointArrays:
+    """``arrays`` with its attention arrays regrouped into ``num_heads`` heads where the file did not record the
+    head count (``heads_known=False``); unchanged otherwise."""
+    if arrays.heads_known:
+        return arrays
+    regrouped = dict(arrays)
+    for key, kernel in arrays.items():
+        match = _ATTENTION_KEY.fullmatch(key)
+        if not match or kernel.size % num_heads:
+            continue
+        bias = key[: -len("kernel")] + "bias"
+        if match[1] == "out":
+            regrouped[key] = kernel.reshape(num_heads, -1, kernel.shape[-1])
+        else:
+            regrouped[key] = kernel.reshape(kernel.shape[0], num_heads, -1)
+            if bias in arrays:
+                regrouped[bias] = arrays[bias].reshape(num_heads, -1)
+    return dataclasses.replace(arrays, arrays=regrouped, heads_known=True)
+
+
+# --- loading: every key checked, then assigned ------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +259,7 @@ def load_weights(
     new_head: bool = False,
 ) -> LoadResult:
     """Load a checkpoint into ``model``: a Google ``.npz``, a timm or Hugging Face state dict or folder, a
-    keras-hub preset, or a Keras ``.weights.h5`` (see :mod:`keras_vit.checkpoints.formats`).
+    keras-hub preset, or a Keras ``.weights.h5`` (see :mod:`keras_vit.checkpoints.source`).
 
     Args:
         model: a keras-vit model (plain or hybrid).
@@ -265,6 +384,9 @@ def _transformed(key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
     return values, mismatched
 
 
+# --- the model a file describes ---------------------------------------------------------------------
+
+
 def checkpoint_defaults(
     arrays: Mapping[str, np.ndarray], image_size, num_classes: int | None, representation_size: int | None
 ) -> tuple:
@@ -289,38 +411,70 @@ def _warn_heads_guessed(arrays: CheckpointArrays) -> None:
         f"{arrays.source} does not record its number of attention heads ({arrays.format} state dict): read as "
         f"{info.architecture.num_heads} heads, the usual for width {info.architecture.hidden_size}. If the model had "
         "another number, say it: num_heads=N (the commands' --num-heads N).",
-        stacklevel=3,
+        stacklevel=4,
     )
+
+
+def _check_saved_model(arrays: CheckpointArrays, variant: str | None, fields: Mapping[str, Any]) -> None:
+    """A ``ValueError`` naming what differs where ``variant`` or the architecture and structure ``fields`` ask for
+    another model than the saved keras-vit model ``arrays`` holds."""
+    saved = arrays.config
+    asked = {name: fields[name] for name in field_names("architecture") if name in fields}
+    wanted = (saved.architecture if variant is None else parse_variant(variant)).replace(**asked)
+    structure = [name for name in field_names("structure") if name in fields and name != "representation_size"]
+    asked_model = {**dataclasses.asdict(wanted), **{name: fields[name] for name in structure}}
+    file_model = {**dataclasses.asdict(saved.architecture), **{name: getattr(saved, name) for name in structure}}
+    differ = [f"{k} {v!r} (the file's: {file_model[k]!r})" for k, v in asked_model.items() if v != file_model[k]]
+    if differ:
+        raise ValueError(
+            f"{arrays.source} holds a {saved.architecture.variant or saved.architecture.model_name} model; the model "
+            f"asked for differs: {', '.join(differ)}. Leave the variant and those options out (keras_vit.ViT(None, "
+            "weights=...); a command's --model) to take the file's."
+        )
+
+
+def checkpoint_model_config(arrays: CheckpointArrays, variant: str | None = None, **fields: Any) -> ViTConfig:
+    """The one rule for a model's defaults from a file: ``fields`` (config fields; ``image_size``, ``num_classes``,
+    ``representation_size`` None or absent: the file's, :func:`checkpoint_defaults`) over ``variant``, or without
+    one over the file's own model (:func:`~keras_vit.checkpoints.infer.checkpoint_config`: its architecture and
+    options). A saved keras-vit model is always its own: a ``ValueError`` where ``variant`` or ``fields`` ask for
+    another. Warns where a file's own model has a head count the file does not record."""
+    if arrays.config is not None:
+        _check_saved_model(arrays, variant, fields)
+        variant = None
+    elif variant is None and not arrays.heads_known and "num_heads" not in fields:
+        _warn_heads_guessed(arrays)
+    image_size, num_classes, representation_size = checkpoint_defaults(
+        arrays, fields.pop("image_size", None), fields.pop("num_classes", None), fields.pop("representation_size", None)
+    )
+    given = dict(image_size=image_size, num_classes=num_classes)
+    fields.update({name: value for name, value in given.items() if value is not None})
+    if variant is not None:
+        return ViTConfig.from_variant(variant, representation_size=representation_size, **fields)
+    return checkpoint_config(arrays).replace(representation_size=representation_size, **fields)
 
 
 def model_from_checkpoint(
     weights: str | os.PathLike | Mapping[str, np.ndarray], *, resize_method: str = "zoom_linear", **overrides
 ) -> keras.Model:
-    """Build the model a checkpoint describes (:func:`~keras_vit.checkpoints.inspect.checkpoint_config`) with
-    ``overrides`` (fields of :class:`~keras_vit.config.ViTConfig`: ``gelu``, ``include_top``, ``image_size``, ...;
-    ``resnet_options``, :class:`~keras_vit.resnet.ResNetStem` arguments, as well) and load it. ``num_heads``
-    regroups a timm state dict's attention arrays (timm does not record it; default: guessed from the width).
+    """The model a checkpoint describes, loaded: ``keras_vit.ViT(None, weights=weights, **overrides)``, but where
+    ``ViT`` sets an argument by default (``include_top``, ``pooling``, ...) a saved model's own is kept.
 
-    Image size, classes and ``pre_logits`` are the checkpoint's unless given (see :func:`checkpoint_defaults`);
-    so are a foreign checkpoint's options (``gelu="exact"``, a norm after pooling, timm's ResNet epsilons). The
-    model is named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``).
+    Args:
+        weights: a catalogue name, a file or folder, or arrays (see :func:`read_checkpoint`).
+        resize_method: how position embeddings of another grid size are resized.
+        **overrides: fields of :class:`~keras_vit.config.ViTConfig` (:func:`checkpoint_model_config`);
+            ``resnet_options``, :class:`~keras_vit.resnet.ResNetStem` arguments; ``num_heads`` regroups a timm
+            state dict's attention arrays (timm does not record it; default: guessed from the width).
+
+    Returns the model, named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``). Raises ``ValueError``
+    as :func:`checkpoint_model_config` and :func:`load_weights` do.
     """
     arrays = read_checkpoint(weights)
-    num_heads = overrides.pop("num_heads", None)
-    if num_heads is None and not arrays.heads_known:
-        _warn_heads_guessed(arrays)
-    if not arrays.heads_known:  # only then: a saved model of a 2-D position embedding has no grid to read
-        arrays = with_num_heads(arrays, num_heads or checkpoint_info(arrays).architecture.num_heads)
+    if overrides.get("num_heads") is None:  # the commands pass --num-heads unset as None
+        overrides.pop("num_heads", None)
     overrides.update(resnet_fields(overrides.pop("resnet_options", None) or {}))
     new_head = overrides.get("include_top") is False or overrides.get("num_classes") is not None  # asked for
-    image_size, num_classes, representation_size = checkpoint_defaults(
-        arrays,
-        overrides.pop("image_size", None),
-        overrides.pop("num_classes", None),
-        overrides.pop("representation_size", None),
-    )
-    given = dict(image_size=image_size, num_classes=num_classes)
-    overrides.update({name: value for name, value in given.items() if value is not None})
-    model = build_vit(checkpoint_config(arrays).replace(representation_size=representation_size, **overrides))
+    model = build_vit(checkpoint_model_config(arrays, **overrides))
     load_weights(model, arrays, resize_method=resize_method, new_head=new_head)
     return model

@@ -19,7 +19,7 @@ from npz_layout import vit_checkpoint, write_checkpoint
 import keras_vit
 from keras_vit.analysis.__main__ import _write_outputs
 from keras_vit.analysis.__main__ import main as analysis_main
-from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit.checkpoints.load import read_checkpoint
 from keras_vit.zoo.__main__ import main as zoo_main
 
 pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend

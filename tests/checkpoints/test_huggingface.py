@@ -9,7 +9,7 @@ from keras.ops import convert_to_numpy as to_numpy  # any backend's tensor (torc
 from reference_runs import photos, run_reference
 
 import keras_vit
-from keras_vit.checkpoints.read import read_checkpoint
+from keras_vit.checkpoints.load import read_checkpoint
 
 pytestmark = pytest.mark.backends("tensorflow")  # the default backend only: backend-independent or slow
 

@@ -9,10 +9,10 @@ import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
-from keras_vit.checkpoints.inspect import checkpoint_info
+from keras_vit.checkpoints.infer import checkpoint_info
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.checkpoints.load import load_weights
-from keras_vit.checkpoints.read import read_npz
+from keras_vit.checkpoints.source import read_npz
 from keras_vit.zoo.__main__ import main as zoo_main
 
 ARCH = dict(patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64)
@@ -192,6 +192,26 @@ def test_checkpoint_defaults_fill_image_size_classes_and_pre_logits(token_ckpt):
         larger.get_layer("posembed_input").pos_embedding.numpy()[:, 0],
         arrays["Transformer/posembed_input/pos_embedding"][:, 0],
     )
+
+
+def test_vit_without_a_variant_builds_the_files_model_as_model_from_checkpoint(token_ckpt, tmp_path):
+    """One path for a file's defaults: ``ViT(None, weights=...)`` is ``model_from_checkpoint``, the file's
+    architecture and options included (a timm file's exact GELU, its head count guessed and said)."""
+    from safetensors.numpy import save_file
+
+    path, _ = token_ckpt
+    ours, theirs = keras_vit.ViT(weights=path), keras_vit.model_from_checkpoint(path)
+    assert ours.config == theirs.config and ours.name == theirs.name
+    assert ours.config.architecture == checkpoint_info(read_npz(path)).architecture
+    np.testing.assert_array_equal(run(ours, images()), run(theirs, images()))
+    timm = tmp_path / "timm.safetensors"  # without keras-vit's metadata: the head count is not recorded
+    save_file(keras_vit.to_timm_state_dict(ours), timm)
+    models = []
+    for build in (lambda: keras_vit.ViT(weights=str(timm)), lambda: keras_vit.model_from_checkpoint(timm)):
+        with pytest.warns(UserWarning, match=r"timm.safetensors does not record its number of attention heads"):
+            models.append(build())
+    assert models[0].config == models[1].config and models[0].config.gelu == "exact"
+    np.testing.assert_array_equal(run(models[0], images()), run(models[1], images()))
 
 
 def test_without_weights_the_defaults_are_unchanged():

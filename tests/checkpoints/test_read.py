@@ -26,7 +26,8 @@ from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
 from keras_vit import zoo
-from keras_vit.checkpoints.read import catalogue_check, read_checkpoint
+from keras_vit.checkpoints.load import read_checkpoint
+from keras_vit.checkpoints.read import catalogue_check
 from keras_vit.cli import REPORTED
 from keras_vit.training.checkpoint import Checkpointer
 

@@ -1,27 +1,36 @@
-"""Hugging Face ``transformers`` ViT, DeiT and DINOv2 (with registers) state dicts and folders in the ``.npz`` key
-layout (key map in docs/foreign-weights.md). ``config.json`` is honoured field by field (:func:`_check_config`):
-numerics become options, shapes must agree with the weights, an unknown field is refused naming it."""
+"""Step 2 of the checkpoint pipeline, convert, for Hugging Face ``transformers``: ViT, DeiT and DINOv2 (with
+registers) state dicts (:func:`huggingface_to_npz`) and the CLIP and SigLIP image towers (:func:`tower_to_npz`) in
+the ``.npz`` key layout (key maps in docs/foreign-weights.md). ``config.json`` is honoured field by field
+(:func:`_check_config`): numerics become options, shapes must agree with the weights, an unknown field is refused
+naming it; the fields the weights show are the infer step's (``recorded``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from keras_vit.checkpoints.formats import reject_unsupported
-from keras_vit.checkpoints.inspect import DISTILLATION_TOKEN, REGISTER_TOKENS, TOKEN_FIELDS, format_fields
-from keras_vit.checkpoints.timm import (
+from keras_vit.checkpoints.from_timm import (
     block_arrays,
     block_indices,
     conv_kernel,
     guess_num_heads,
     linear_kernel,
+    reject_unsupported,
 )
 from keras_vit.checks import check_fraction, check_positive_number
-from keras_vit.config import ViTConfig
 
-__all__ = ["HIDDEN_ACTS", "HUGGINGFACE_UNSUPPORTED", "MODEL_TYPES", "huggingface_to_npz", "looks_like_huggingface"]
+__all__ = [
+    "HIDDEN_ACTS",
+    "HUGGINGFACE_UNSUPPORTED",
+    "MODEL_TYPES",
+    "TOWER_TYPES",
+    "huggingface_to_npz",
+    "looks_like_huggingface",
+    "looks_like_tower",
+    "tower_to_npz",
+]
 
 HUGGINGFACE_UNSUPPORTED: dict[str, str] = {}
 MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
@@ -43,7 +52,7 @@ HIDDEN_ACTS = {
     "gelu_fast": "tanh",
     "quick_gelu": "quick",
 }
-_TOKENS = (("cls_token", "cls"), ("distillation_token", DISTILLATION_TOKEN), ("register_tokens", REGISTER_TOKENS))
+_TOKENS = (("cls_token", "cls"), ("distillation_token", "distillation_token"), ("register_tokens", "register_tokens"))
 _HEADS = (("pooler.dense", "pre_logits"), ("classifier", "head"), ("cls_classifier", "head"))
 _HEADS += (("distillation_classifier", "head_dist"),)
 
@@ -116,7 +125,7 @@ def _shapes(state: Mapping[str, np.ndarray]) -> dict[str, int | None]:
     }
 
 
-def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str) -> dict:
+def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str, recorded: Collection[str]) -> dict:
     """The model options ``config.json`` sets (GELU, LayerNorm epsilon, dropouts); a ``ValueError`` naming each
     field keras-vit cannot honour, that disagrees with the weights, or that it does not know."""
     if not isinstance(config, Mapping):
@@ -127,7 +136,7 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
             f"{source} is a Hugging Face {model_type!r} model; keras-vit reads the model types {MODEL_TYPES} "
             "(ViTModel, ViTForImageClassification, DeiT's, Dinov2Model, Dinov2WithRegistersModel) only."
         )
-    unknown = sorted(set(config) - {*_HONOURED, *_DROPOUTS, *_SHAPES, *_INERT, *_GENERIC, *TOKEN_FIELDS})
+    unknown = sorted(set(config) - {*_HONOURED, *_DROPOUTS, *_SHAPES, *_INERT, *_GENERIC, *recorded})
     if unknown:
         raise ValueError(f"{source}: config.json sets fields keras-vit does not know, so cannot honour: {unknown}.")
     act = config.get("hidden_act", "gelu")
@@ -162,13 +171,18 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str)
 
 
 def huggingface_to_npz(
-    state: Mapping[str, np.ndarray], config: Mapping | None = None, *, source: str = "the state dict"
+    state: Mapping[str, np.ndarray],
+    config: Mapping | None = None,
+    *,
+    source: str = "the state dict",
+    recorded: Collection[str] = (),
 ) -> tuple[dict[str, np.ndarray], dict, bool]:
     """A ``transformers`` ViT state dict in the ``.npz`` layout, the build options that reproduce it
-    (``gelu``) and whether the head count is known (from ``config``; else guessed from the width)."""
+    (``gelu``) and whether the head count is known (from ``config``; else guessed from the width).
+    ``recorded``: the config fields the weights show, accepted here and checked against them by the caller."""
     reject_unsupported(state, HUGGINGFACE_UNSUPPORTED, source)
     rest = {_unprefixed(key): np.asarray(v) for key, v in state.items()}
-    options = _check_config(config or {}, rest, source)
+    options = _check_config(config or {}, rest, source, recorded)
     rest.pop("embeddings.mask_token", None)
     take = rest.pop
     embed = "embeddings.patch_embeddings.projection"
@@ -219,14 +233,107 @@ def huggingface_to_npz(
         if f"{hf_name}.weight" in rest:
             arrays[f"{name}/kernel"] = linear_kernel(take(f"{hf_name}.weight"))
             arrays[f"{name}/bias"] = take(f"{hf_name}.bias")
-    shown = format_fields(arrays)
-    differ = [
-        f"{name}={config[name]!r} (the weights: {shown.get(name, getattr(ViTConfig, name))!r})"
-        for name in TOKEN_FIELDS
-        if name in (config or {}) and config[name] != shown.get(name, getattr(ViTConfig, name))
-    ]
-    if differ:
-        raise ValueError(f"{source}: config.json disagrees with the weights: {'; '.join(differ)}.")
-    options.update(shown)
+    arrays.update(rest)  # unrecognised: reported as unexpected by the loader
+    return arrays, options, bool(config and config.get("num_attention_heads"))
+
+
+# --- the CLIP and SigLIP image towers ----------------------------------------------------------------
+
+TOWER_TYPES = ("clip_vision_model", "siglip_vision_model")
+_PREFIX = "vision_model."
+_PATCH = "embeddings.patch_embedding.weight"
+_MAP = "MAPHead_0"
+
+
+def looks_like_tower(keys) -> bool:
+    """Whether a state dict's keys are a ``transformers`` CLIP or SigLIP vision model's."""
+    return any(key in (_PATCH, _PREFIX + _PATCH) for key in keys)
+
+
+def _options(config: Mapping, source: str) -> dict:
+    model_type = config.get("model_type", TOWER_TYPES[0])
+    if not isinstance(model_type, str) or model_type not in TOWER_TYPES:
+        raise ValueError(
+            f"{source} is a Hugging Face {model_type!r} model; keras-vit reads the image towers {TOWER_TYPES} "
+            "(CLIPVisionModel, CLIPVisionModelWithProjection, SiglipVisionModel) of this layout."
+        )
+    act = config.get("hidden_act", "quick_gelu" if model_type == TOWER_TYPES[0] else "gelu_pytorch_tanh")
+    if not isinstance(act, str) or act not in HIDDEN_ACTS:
+        raise ValueError(f"{source} uses hidden_act={act!r}; keras-vit has {sorted(HIDDEN_ACTS)}.")
+    epsilon = config.get("layer_norm_eps", 1e-5 if model_type == TOWER_TYPES[0] else 1e-6)
+    epsilon = check_positive_number(epsilon, f"{source}: config.json's layer_norm_eps")
+    return {"gelu": HIDDEN_ACTS[act], "layer_norm_epsilon": epsilon}
+
+
+def _attention(take, prefix: str, width: int, heads: int) -> dict[str, np.ndarray]:
+    """nn.MultiheadAttention's fused ``in_proj`` and ``out_proj`` as ``MAPHead_0``'s q/k/v/out arrays."""
+    kernels = np.split(linear_kernel(take(f"{prefix}.in_proj_weight")), 3, axis=1)
+    biases = np.split(take(f"{prefix}.in_proj_bias"), 3)
+    arrays = {}
+    attention = f"{_MAP}/MultiHeadDotProductAttention_0"
+    for name, kernel, bias in zip(("query", "key", "value"), kernels, biases):
+        arrays[f"{attention}/{name}/kernel"] = kernel.reshape(width, heads, -1)
+        arrays[f"{attention}/{name}/bias"] = bias.reshape(heads, -1)
+    out = linear_kernel(take(f"{prefix}.out_proj.weight"))
+    arrays[f"{attention}/out/kernel"] = out.reshape(heads, -1, width)
+    arrays[f"{attention}/out/bias"] = take(f"{prefix}.out_proj.bias")
+    return arrays
+
+
+def tower_to_npz(
+    state: Mapping[str, np.ndarray], config: Mapping | None = None, *, source: str = "the state dict"
+) -> tuple[dict[str, np.ndarray], dict, bool]:
+    """A CLIP or SigLIP vision model's state dict in the ``.npz`` layout, the build options that reproduce it
+    (``gelu``, ``layer_norm_epsilon``) and whether the head count is known (from ``config``)."""
+    options = _options(config or {}, source)
+    rest = {(key[len(_PREFIX) :] if key.startswith(_PREFIX) else key): np.asarray(v) for key, v in state.items()}
+    take = rest.pop
+    width = rest[_PATCH].shape[0]
+    heads = (config or {}).get("num_attention_heads") or guess_num_heads(width)
+
+    def dense(name):
+        return linear_kernel(take(f"{name}.weight")), take(f"{name}.bias", None)
+
+    def norm(name):
+        return take(f"{name}.weight"), take(f"{name}.bias")
+
+    arrays = {
+        "embedding/kernel": conv_kernel(take(_PATCH)),
+        "embedding/bias": take("embeddings.patch_embedding.bias", np.zeros(width, "float32")),
+        "Transformer/posembed_input/pos_embedding": take("embeddings.position_embedding.weight")[None],
+    }
+    if "embeddings.class_embedding" in rest:
+        arrays["cls"] = take("embeddings.class_embedding").reshape(1, 1, width)
+    if "pre_layrnorm.weight" in rest:
+        arrays["Transformer/norm_pre/scale"], arrays["Transformer/norm_pre/bias"] = norm("pre_layrnorm")
+    rest.pop("embeddings.position_ids", None)  # a buffer of older files: 0 ... N-1
+    depth = len({key.split(".")[2] for key in rest if key.startswith("encoder.layers.")})
+    for i in range(depth):
+        layer = f"encoder.layers.{i}."
+        arrays.update(
+            block_arrays(
+                i,
+                num_heads=heads,
+                norm1=norm(f"{layer}layer_norm1"),
+                query=dense(f"{layer}self_attn.q_proj"),
+                key=dense(f"{layer}self_attn.k_proj"),
+                value=dense(f"{layer}self_attn.v_proj"),
+                out=dense(f"{layer}self_attn.out_proj"),
+                norm2=norm(f"{layer}layer_norm2"),
+                fc1=dense(f"{layer}mlp.fc1"),
+                fc2=dense(f"{layer}mlp.fc2"),
+            )
+        )
+    arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = norm("post_layernorm")
+    if "head.probe" in rest:
+        arrays[f"{_MAP}/probe"] = take("head.probe")
+        arrays.update(_attention(take, "head.attention", width, heads))
+        arrays[f"{_MAP}/LayerNorm_0/scale"], arrays[f"{_MAP}/LayerNorm_0/bias"] = norm("head.layernorm")
+        for hf_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+            kernel, bias = dense(f"head.mlp.{hf_name}")
+            arrays[f"{_MAP}/MlpBlock_0/{name}/kernel"], arrays[f"{_MAP}/MlpBlock_0/{name}/bias"] = kernel, bias
+    if "visual_projection.weight" in rest:
+        projection = linear_kernel(take("visual_projection.weight"))
+        arrays["head/kernel"], arrays["head/bias"] = projection, np.zeros(projection.shape[1], projection.dtype)
     arrays.update(rest)  # unrecognised: reported as unexpected by the loader
     return arrays, options, bool(config and config.get("num_attention_heads"))

@@ -1,6 +1,8 @@
-"""What a checkpoint holds, read from its array shapes alone: the :class:`~keras_vit.variants.Architecture`,
-the classifier, the patch grid it was trained on, its classes and ``pre_logits`` width (:func:`checkpoint_info`);
-with the options its format records, the whole :class:`~keras_vit.config.ViTConfig` (:func:`checkpoint_config`)."""
+"""Step 3 of the checkpoint pipeline, infer: every rule "these keys, shapes or metadata mean this config field".
+From the array shapes alone, the :class:`~keras_vit.variants.Architecture`, the classifier, the patch grid it was
+trained on, its classes and ``pre_logits`` width (:func:`checkpoint_info`); the fields the keys show
+(:func:`format_fields`) and their check against a ``config.json`` (:func:`check_recorded`); with the options its
+format records, the whole :class:`~keras_vit.config.ViTConfig` (:func:`checkpoint_config`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from keras_vit.variants import Architecture
 __all__ = [
     "ARCHITECTURE",
     "CheckpointInfo",
+    "check_recorded",
     "checkpoint_config",
     "checkpoint_info",
     "differences",
@@ -110,6 +113,19 @@ def format_fields(arrays: Mapping[str, np.ndarray]) -> dict:
     if any(key.endswith("/ls1/gamma") for key in arrays):
         fields["layer_scale_init"] = LAYER_SCALE_INIT
     return fields
+
+
+def check_recorded(recorded: Mapping, arrays: Mapping[str, np.ndarray], source: str) -> None:
+    """A ``ValueError`` naming each of :data:`TOKEN_FIELDS` that ``recorded`` (a ``config.json``'s fields) sets
+    otherwise than the arrays show."""
+    shown = format_fields(arrays)
+    differ = [
+        f"{name}={recorded[name]!r} (the weights: {shown.get(name, getattr(ViTConfig, name))!r})"
+        for name in TOKEN_FIELDS
+        if name in recorded and recorded[name] != shown.get(name, getattr(ViTConfig, name))
+    ]
+    if differ:
+        raise ValueError(f"{source}: config.json disagrees with the weights: {'; '.join(differ)}.")
 
 
 def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:

@@ -1,26 +1,39 @@
-"""What a checkpoint file or folder is, from its content (:data:`FORMATS`; the suffix breaks ties), the checks of
-a zip before anything is unpacked, and reading the raw tensors of safetensors and torch files."""
+"""Step 1 of the checkpoint pipeline, the source: find the file (a path, or a catalogue name fetched with a check
+given by the caller), tell its format from its content (:data:`FORMATS`; the suffix breaks ties), check a zip before
+anything is unpacked, and read its raw arrays and metadata. Also the record every step passes on,
+:class:`CheckpointArrays`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import zipfile
-from collections.abc import Iterable, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from keras_vit import zoo
+from keras_vit.config import ViTConfig
 
 __all__ = [
     "FORMATS",
     "HUGGINGFACE_WEIGHT_FILES",
+    "TRAINING_PREFIX",
+    "CheckpointArrays",
     "check_archive",
     "detect_format",
+    "find_checkpoint",
     "from_bfloat16",
     "read_json",
+    "read_npz",
     "read_state_dict",
+    "read_state_file",
     "recorded_num_heads",
-    "reject_unsupported",
 ]
 
 FORMATS = {
@@ -49,6 +62,36 @@ _SUFFIXES = {
 }
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+TRAINING_PREFIX = "opt/target/"  # checkpoints saved with their optimizer state nest the parameters here
+_PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CheckpointArrays(Mapping[str, np.ndarray]):
+    """A checkpoint read into the ``.npz`` layout: a read-only mapping of its arrays, and what the file says beside.
+
+    Fields: ``arrays`` by ``.npz`` key; ``source`` (for messages); ``format`` (one of :data:`FORMATS`);
+    ``model_options``, the config fields its shapes do not show (``gelu``, a norm after pooling, ...);
+    ``heads_known``, False where the file does not record the head count (timm); ``config``, a saved keras-vit
+    model's own; ``extra``, its variables outside the ``.npz`` layout, by path.
+    """
+
+    arrays: Mapping[str, np.ndarray]
+    source: str
+    format: str = "npz"
+    model_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    heads_known: bool = True
+    config: ViTConfig | None = None
+    extra: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.arrays)
 
 
 def read_json(path: Path) -> dict:
@@ -223,19 +266,64 @@ def recorded_num_heads(path: str | Path) -> int | None:
     return heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else None
 
 
-def reject_unsupported(keys: Iterable[str], unsupported: Mapping[str, str], source: str) -> None:
-    """A ``ValueError`` naming each unsupported feature whose pattern (a regex searched in a key) matches."""
-    keys = list(keys)
-    found = {}
-    for pattern, feature in unsupported.items():
-        hits = [key for key in keys if re.search(pattern, key)]
-        if hits:
-            found[feature] = hits
-    if found:
-        listed = "; ".join(
-            f"{feature} ({', '.join(hits[:3])}{', ...' if len(hits) > 3 else ''})" for feature, hits in found.items()
-        )
+def find_checkpoint(
+    weights: str | os.PathLike,
+    cache_dir: str | os.PathLike | None = None,
+    check: Callable[[zoo.Checkpoint], Callable[[Path], None]] | None = None,
+) -> Path:
+    """A local checkpoint path for ``weights``: an existing file or folder, or a zoo catalogue name (downloaded,
+    then checked with ``check(entry)``); a ``FileNotFoundError`` for a path that is not there."""
+    path = Path(weights).expanduser()
+    if path.exists():
+        return path
+    if zoo.find(str(weights)) is None:
+        if isinstance(weights, os.PathLike) or _PATH_LIKE.search(str(weights)):
+            raise FileNotFoundError(f"No checkpoint file at {path} (nor a folder); expected {EXPECTED}.")
+        zoo.get(str(weights))  # raises, suggesting close names
+    entry = zoo.get(str(weights))
+    # keras.applications shows its download too: the command's progress bar
+    return zoo.fetch(entry, cache_dir=cache_dir, check=None if check is None else check(entry), progress=True)
+
+
+def read_npz(path: str | os.PathLike) -> CheckpointArrays:
+    """All arrays of an ``.npz`` checkpoint; a ``ValueError`` naming the file when it is unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint file at {path}.")
+    check_archive(path)  # what a member declares, before numpy unpacks it
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one array, not named arrays")
+        with data:
+            arrays = {key: from_bfloat16(data[key]) for key in data.files}
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise ValueError(
-            f"{source} is a ViT variant keras-vit does not implement: {listed}. Nothing was loaded; keras-vit "
-            "builds the plain ViT of Dosovitskiy et al. (and its hybrids)."
+            f"{path} is not a readable .npz checkpoint ({type(exc).__name__}: {exc}). The file is truncated "
+            "or corrupt: delete it and download it again."
+        ) from exc
+    if any(key.startswith(TRAINING_PREFIX) for key in arrays):
+        arrays = {key[len(TRAINING_PREFIX) :]: a for key, a in arrays.items() if key.startswith(TRAINING_PREFIX)}
+    if "embedding/kernel" not in arrays:
+        listed = ", ".join(sorted(arrays)[:5]) or "none"
+        raise ValueError(f"{path} is not a ViT checkpoint: it has no 'embedding/kernel' key (keys: {listed}).")
+    return CheckpointArrays(arrays, str(path))
+
+
+def read_state_file(path: Path, fmt: str) -> tuple[dict[str, np.ndarray], Path, str, dict | None, int | None]:
+    """A state dict file or Hugging Face folder (``fmt``, :func:`detect_format`'s): its arrays, the weights file,
+    its format, the ``config.json`` beside it (None without) and the head count its metadata records (None)."""
+    if fmt == "keras_weights":
+        raise ValueError(
+            f"{path} is a Keras .weights.h5: it holds no architecture. Build the model it was saved from "
+            "and load it there (keras_vit.ViT(..., weights=path) or model.load_weights(path))."
         )
+    config = None
+    if fmt == "huggingface":
+        config = read_json(path / "config.json")
+        path = next(path / name for name in HUGGINGFACE_WEIGHT_FILES if (path / name).is_file())
+        fmt = detect_format(path)
+    elif path.with_name("config.json").is_file():  # a Hugging Face weights file in its folder
+        config = read_json(path.with_name("config.json"))
+    heads = recorded_num_heads(path) if fmt == "safetensors" else None
+    return read_state_dict(path, fmt), path, fmt, config, heads
