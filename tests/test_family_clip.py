@@ -112,6 +112,7 @@ def tiny_tower(variant: str, **options):
 
 @pytest.mark.reference
 @pytest.mark.requires("timm", "torch")
+@pytest.mark.backends("tensorflow")  # the files and the probe; each backend's numbers: the parity tests
 def test_towers_export_to_timm(tmp_path):
     """CLIP (qk-norm on too: its patch bias folds into the position embeddings) and SigLIP (with a head), written
     by keras-vit, load strictly into timm's models of ``timm_model_kwargs`` and give the same outputs."""
@@ -171,6 +172,7 @@ def test_huggingface_clip_and_siglip_folders_give_transformers_outputs(tmp_path)
     )
 
 
+@pytest.mark.backends("tensorflow")  # the files and the probe; each backend's numbers: the parity tests
 def test_family_variants_build_their_towers():
     clip = keras_vit.CLIP_L14(28, depth=1)
     assert clip.name == "clip_l14" and clip.output_shape == (None, 768)
@@ -221,6 +223,7 @@ def test_map_head_pools_by_its_probe():
 
 
 @pytest.mark.parametrize("variant", ["CLIP-B/16", "SigLIP-B/16"])
+@pytest.mark.backends("tensorflow")  # the files and the probe; each backend's numbers: the parity tests
 def test_few_shot_probe_on_tower_embeddings(variant):
     """The paper's few-shot probe on the towers' embeddings (CLIP: the projection; SigLIP: the MAP head's) of
     scikit-learn's digits: far above chance (10%) even with random weights."""
@@ -275,6 +278,7 @@ def test_tower_entries_are_model_cards():
 
 
 @pytest.mark.requires("timm", "torch")
+@pytest.mark.backends("tensorflow")  # the files and the probe; each backend's numbers: the parity tests
 def test_tower_entries_architectures_match_their_names(tmp_path):
     """timm builds each entry's model (its alias) on the meta device: the published file's keys and shapes, whose
     architecture, read by keras-vit as from a file's header (nothing allocated), is the entry's variant at its

@@ -258,6 +258,7 @@ def test_dinov2_dense_features_at_two_input_sizes():
         assert tokens.shape == (2, 5 + (size // 8) ** 2, 32)
 
 
+@pytest.mark.backends("tensorflow")  # the files and the probe; each backend's numbers: the parity tests
 def test_analyses_run_on_a_register_model_and_skip_its_prefix_tokens():
     from keras_vit.analysis.attention import analyse_attention
     from keras_vit.analysis.geometry import token_geometry
@@ -380,6 +381,7 @@ def test_zoo_lists_each_family(capsys):
         assert all(row["url"].startswith("https://huggingface.co/timm/") and row["aliases"] for row in rows)
 
 
+@pytest.mark.backends("tensorflow")  # the files and the probe; each backend's numbers: the parity tests
 def test_finetune_a_dinov2_register_model_with_lora_from_its_timm_file(tmp_path):
     """The family through the training command's path: ``finetune --model dinov2_s14_reg4 --weights FILE
     --lora-rank 2`` (shrunk to one narrow block) keeps the family's fields (4 registers, layer scale, no class
@@ -417,6 +419,7 @@ def test_finetune_a_dinov2_register_model_with_lora_from_its_timm_file(tmp_path)
     np.testing.assert_allclose(to_numpy(again(photos(28))), to_numpy(result.model(photos(28))), atol=1e-5)
 
 
+@pytest.mark.backends("tensorflow")  # the files and the probe; each backend's numbers: the parity tests
 def test_few_shot_probe_runs_on_dinov2_embeddings():
     """The paper's few-shot linear probe (Section 4.5) on a register model's class-token embedding: scikit-learn's
     digits at 28 px, 10 shots, far above chance (10%) even with random weights."""

@@ -60,6 +60,7 @@ CONSTRUCTORS = sorted(keras_vit.applications.NAMED_CONSTRUCTORS)
 OWN_WIDTH = {"ViT_Ti16", "ViT_R26_S32", "DeiT_Ti16_Distilled", "SigLIP_B16", "DINOv2_S14_Reg4"}  # the rest: 32 wide
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("name", CONSTRUCTORS)
 def test_named_constructor_is_vit_of_its_variant(name):
     """A call (image size by position) equals ``ViT(variant, ...)``: same name, config, weights and logits."""

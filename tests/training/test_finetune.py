@@ -182,6 +182,7 @@ def test_lora_trains_only_the_adapters_and_the_head_and_resumes(tmp_path):
         finetune(output_dir=str(tmp_path / "bad"), **{**run, "lora_rank": 0})
 
 
+@pytest.mark.backends("tensorflow")  # JAX's remat: tests/library/test_layers.py
 def test_remat_trains_to_the_same_weights(tmp_path):
     """``--remat`` recomputes each block in the backward pass: with dropout and drop-path on, the run ends on the
     plain run's weights (float32 rounding), and the blocks of its ``model.keras`` keep the option."""

@@ -112,6 +112,7 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
 ABLATION_FLAGS = [*TINY_MODEL_FLAGS, "--batch-size=16", "--crop-area=0.6,1", "--warmup=2", "--eval-every=5"]
 
 
+@pytest.mark.backends("tensorflow")  # the ablation's settings and folders: backend-independent
 def test_ablation_gradient_accumulation_equals_the_whole_batch(tmp_path):
     """As finetune's: ``ablation --accumulation-steps 2`` (two micro-batches of 8 per update) makes the same updates
     as one batch of 16, on a setting of its own (learned 2-D position embeddings, spared SGD's weight decay)."""
@@ -133,6 +134,7 @@ def test_ablation_gradient_accumulation_equals_the_whole_batch(tmp_path):
     assert rows["accumulated"][0].accuracies == pytest.approx(rows["whole"][0].accuracies)
 
 
+@pytest.mark.backends("tensorflow")  # the ablation's settings and folders: backend-independent
 def test_the_ablation_runs_each_setting_as_finetune_does_and_resumes(tmp_path, capsys):
     """Every setting is a run in its own folder (checkpoints, model.keras, metrics.json) in the precision asked
     for; started again, each is finished and nothing is trained again; changed settings are refused, naming them."""

@@ -265,6 +265,7 @@ def resume_copy(crashed_run, tmp_path, breakage):
 
 
 @pytest.mark.parametrize("older", [False, True], ids=["this version", "older keras-vit"])
+@pytest.mark.backends("tensorflow")  # checkpoint files: backend-independent (restores: test_loop)
 def test_a_temporary_file_of_a_killed_save_is_passed_over_and_removed(crashed_run, tmp_path, capsys, older):
     def half_written(folder):
         name = ".ckpt-6-x1y2.tmp" if older else temporary_path(os.path.join(folder, "ckpt-6.npz"))
@@ -284,6 +285,7 @@ def test_a_temporary_file_of_a_killed_save_is_passed_over_and_removed(crashed_ru
 @pytest.mark.parametrize(
     "breakage", ["truncated", "not a checkpoint", "non-finite values", "another step", "another dtype"]
 )
+@pytest.mark.backends("tensorflow")  # checkpoint files: backend-independent (restores: test_loop)
 def test_a_broken_newest_checkpoint_falls_back_to_the_previous_one(crashed_run, tmp_path, capsys, breakage):
     def damage(folder):
         path = os.path.join(folder, "ckpt-4.npz")
