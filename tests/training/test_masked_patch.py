@@ -224,13 +224,17 @@ def test_ablation_command_trains_each_setting(tmp_path):
     assert os.path.exists(os.path.join(tmp_path, "ablation.md"))
 
 
+# A small model for the command's runs: 16 patches of 4 pixels.
+SMALL = ["--model=Ti/4", "--image-size=16", "--depth=1", "--hidden-size=32", "--num-heads=2", "--mlp-dim=64"]
+
+
 def test_pretrain_runs_its_masked_phase_in_the_chosen_precision(tmp_path):
     """``--mixed-precision bfloat16``: the masked-patch phase builds its encoder in bfloat16 (saved so in
     encoder.keras) with a float32 patch head, learns, and leaves the global policy as it was."""
     from keras_vit.training.pretrain import main
 
     before = keras.mixed_precision.dtype_policy().name
-    argv = ["--pretrain-steps", "10", "--steps", "1", "--depth", "1", "--hidden-size", "32", "--verbose", "0"]
+    argv = ["--pretrain-steps", "10", "--steps", "1", *SMALL, "--verbose", "0"]
     result = main([*argv, "--mixed-precision", "bfloat16", "--output-dir", str(tmp_path / "run")])
     encoder = keras.saving.load_model(result.encoder_path)
     assert encoder.get_layer("encoderblock_0").dtype_policy.name == "mixed_bfloat16"
@@ -249,7 +253,7 @@ def test_pretrain_phases_are_runs_as_finetune_is(tmp_path, capsys):
     from keras_vit.training.pretrain import main
 
     out = tmp_path / "run"
-    argv = ["--pretrain-steps=4", "--pretrain-eval-every=2", "--steps=2", "--depth=1", "--hidden-size=32"]
+    argv = ["--pretrain-steps=4", "--pretrain-eval-every=2", "--steps=2", *SMALL]
     argv += ["--mixed-precision=none", "--verbose=0", "--output-dir", str(out)]
     first = main(argv)
     masked = json.loads((out / "pretrain" / "metrics.json").read_text())
