@@ -5,6 +5,7 @@ arrays), ``from_timm`` / ``from_huggingface`` / ``from_keras_hub`` (convert into
 ``timm`` and ``keras_hub`` (writing). Map: docs/design.md; formats: docs/foreign-weights.md."""
 
 from keras_vit.checkpoints.infer import CheckpointInfo, checkpoint_config, checkpoint_info
+from keras_vit.checkpoints.keras_hub import save_preset
 from keras_vit.checkpoints.keymap import npz_key_map
 from keras_vit.checkpoints.load import (
     LoadResult,
@@ -34,6 +35,7 @@ __all__ = [
     "read_checkpoint",
     "read_npz",
     "resolve_weights",
+    "save_preset",
     "save_timm_safetensors",
     "timm_model_kwargs",
     "to_timm_state_dict",
