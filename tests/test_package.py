@@ -5,6 +5,7 @@ itself: every test needing an optional package says so, so the README's set-up p
 import ast
 import functools
 import http.server
+import json
 import os
 import re
 import resource
@@ -133,14 +134,6 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
 FRAMEWORKS = ("keras", "tensorflow", "jax", "torch", "numpy")
 
 
-@pytest.mark.parametrize("module", ["keras_vit", "keras_vit.zoo", "keras_vit.variants"])
-def test_importing_loads_no_framework(module, tmp_path):
-    code = f"import sys, {module}\nprint(sorted({{m.split('.')[0] for m in sys.modules}} & {set(FRAMEWORKS)}))"
-    done = run_in(tmp_path, "-c", code)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "[]"
-
-
 def _children_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -165,29 +158,6 @@ def test_every_public_name_resolves():
         keras_vit.no_such_name  # noqa: B018
 
 
-def test_submodules_are_attributes_of_a_plain_import(tmp_path):
-    """``keras_vit.precision.with_policy`` as docs/models.md writes it, without an import of its own."""
-    code = "import sys, keras_vit\nprint(keras_vit.precision.with_policy.__name__, 'keras' in sys.modules)"
-    done = run_in(tmp_path, "-c", code)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["with_policy", "False"]
-
-
-def test_every_module_and_the_names_the_docs_write_resolve_after_import_keras_vit(tmp_path):
-    """Each module by its dotted name (``keras_vit.training.config``) and each ``keras_vit.x.y`` of the docs
-    and README, attribute by attribute from ``import keras_vit`` alone."""
-    documents = [*(REPO / "docs").glob("*.md"), REPO / "README.md"]
-    written = {name for path in documents for name in re.findall(r"\bkeras_vit(?:\.\w+)+", path.read_text())}
-    names = sorted(written | {m for m in module_files() if not m.endswith("__main__")})
-    code = (
-        "import functools, sys, keras_vit\n"
-        "for name in sys.argv[1:]:\n"
-        "    functools.reduce(getattr, name.split('.')[1:], keras_vit)\n"
-    )
-    done = run_in(tmp_path, "-c", code, *names)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
     """A ``.keras`` file holding a layer of each module that registers some (a hybrid's features, with its
@@ -202,26 +172,66 @@ def saved_model(tmp_path_factory):
     return folder
 
 
+# A saved model loaded after the first import; then what the outputs are.
+LOAD_MODEL = """
+import pathlib, sys, keras, numpy as np
+folder = pathlib.Path(sys.argv[1])
+model = keras.saving.load_model(folder / 'model.keras')
+np.save(sys.argv[2], keras.ops.convert_to_numpy(model.predict_on_batch(np.load(folder / 'images.npy'))))
+"""
+
+# The fresh-interpreter checks of `import keras_vit`, in one interpreter: each import loads no framework;
+# keras_vit.precision.with_policy (as docs/models.md writes it) resolves without loading Keras; then the saved model
+# loads (Keras first loaded by the user, after keras_vit), and every name of sys.argv[3:] resolves attribute by
+# attribute from keras_vit.
+IMPORT_CHECKS = """
+import functools, json, sys
+def frameworks():
+    return sorted({{m.split('.')[0] for m in sys.modules}} & {frameworks})
+loaded = {{}}
+for module in ("keras_vit", "keras_vit.zoo", "keras_vit.variants"):
+    __import__(module)
+    loaded[module] = frameworks()
+import keras_vit
+attribute = keras_vit.precision.with_policy.__name__, "keras" in sys.modules
+{load_model}
+for name in sys.argv[3:]:
+    functools.reduce(getattr, name.split('.')[1:], keras_vit)
+print(json.dumps({{"loaded": loaded, "attribute": attribute}}))
+"""
+
+
+def _same_outputs(saved_model: Path, folder: Path) -> None:
+    np.testing.assert_allclose(np.load(folder / "loaded.npy"), np.load(saved_model / "expected.npy"), atol=1e-5)
+
+
+def test_import_keras_vit_loads_no_framework_and_then_everything_resolves(saved_model, tmp_path):
+    """In a fresh interpreter: no framework on import; attributes without imports of their own; a saved model's
+    layers found by Keras loaded after keras_vit; each module by its dotted name (``keras_vit.training.config``) and
+    each ``keras_vit.x.y`` of the docs and README resolves from ``import keras_vit`` alone."""
+    documents = [*(REPO / "docs").glob("*.md"), REPO / "README.md"]
+    written = {name for path in documents for name in re.findall(r"\bkeras_vit(?:\.\w+)+", path.read_text())}
+    names = sorted(written | {m for m in module_files() if not m.endswith("__main__")})
+    code = IMPORT_CHECKS.format(frameworks=set(FRAMEWORKS), load_model=LOAD_MODEL)
+    done = run_in(tmp_path, "-c", code, str(saved_model), str(tmp_path / "loaded.npy"), *names)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["loaded"] == {"keras_vit": [], "keras_vit.zoo": [], "keras_vit.variants": []}
+    assert out["attribute"] == ["with_policy", False]
+    _same_outputs(saved_model, tmp_path)
+
+
 @pytest.mark.parametrize(
     "first_import",
     [
-        "import keras_vit",  # Keras first loaded by the user, after keras_vit
-        "import keras_vit.layers",  # ... by a module that registers layers, half run
+        "import keras_vit.layers",  # Keras first loaded by a module that registers layers, half run
         "import keras_vit.checkpoints",  # ... by keras_vit.position, itself half run beneath checkpoints.infer
     ],
 )
 def test_load_model_finds_the_layers_after_import_keras_vit(saved_model, first_import, tmp_path):
-    code = (
-        f"{first_import}\n"
-        "import pathlib, sys, keras, numpy as np\n"
-        "folder = pathlib.Path(sys.argv[1])\n"
-        "model = keras.saving.load_model(folder / 'model.keras')\n"
-        "outputs = model.predict_on_batch(np.load(folder / 'images.npy'))\n"
-        "np.save(sys.argv[2], keras.ops.convert_to_numpy(outputs))\n"
-    )
-    done = run_in(tmp_path, "-c", code, str(saved_model), str(tmp_path / "loaded.npy"))
+    done = run_in(tmp_path, "-c", first_import + LOAD_MODEL, str(saved_model), str(tmp_path / "loaded.npy"))
     assert done.returncode == 0, done.stderr[-3000:]
-    np.testing.assert_allclose(np.load(tmp_path / "loaded.npy"), np.load(saved_model / "expected.npy"), atol=1e-5)
+    _same_outputs(saved_model, tmp_path)
 
 
 # --- the suite's optional packages ------------------------------------------------------------------------------
