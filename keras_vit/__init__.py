@@ -1,8 +1,5 @@
 """keras-vit: the Vision Transformers of Dosovitskiy et al. (ICLR 2021) as Keras 3 models.
-
-``import keras_vit`` loads no submodule, nor Keras: each public name and submodule is imported on first use
-(PEP 562), and the layer modules as soon as Keras loads (:mod:`keras_vit.registration`). Module map: docs/design.md.
-"""
+Names and submodules load on first use (PEP 562); see docs/design.md."""
 
 from keras_vit import lazy, registration, runtime
 

@@ -1,9 +1,5 @@
-"""What every keras-vit command shares: its errors, its help and a quiet TensorFlow. Imports no Keras.
-
-Errors: one line ``error: ...`` on stderr and a documented exit status: 0 done; 1 an error the user can fix
-(:data:`REPORTED`); 2 a command line argparse refuses; 130 interrupted. ``--debug`` or ``KERAS_VIT_DEBUG=1``
-shows the traceback instead. A command parses and checks its arguments first, then calls :func:`load_tensorflow`.
-"""
+"""What every keras-vit command shares: its errors, its help and a quiet TensorFlow; imports no Keras.
+Errors are one line and an exit status (0, 1 :data:`REPORTED`, 2, 130; ``--debug``): docs/faults.md."""
 
 from __future__ import annotations
 

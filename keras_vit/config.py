@@ -1,11 +1,5 @@
-"""The model config: :class:`ViTConfig`, one frozen record of everything a ViT is built from (plain Python).
-
-    config = ViTConfig.from_variant("B/16", image_size=384, gelu="exact")
-    model = keras_vit.models.build_vit(config)       # model.get_config()["config"] == config.to_dict()
-
-Each field is declared once: default, check, help, choices, ``group`` (which commands offer it as a flag) and
-the ``layer`` argument it becomes. See docs/design.md.
-"""
+"""The model config: :class:`ViTConfig`, one frozen record of everything a ViT is built from (plain Python), each
+field declared once (default, check, help, choices, group, layer argument). See docs/design.md."""
 
 from __future__ import annotations
 
@@ -88,11 +82,8 @@ def _field(
 
 @dataclasses.dataclass(frozen=True)
 class ViTConfig:
-    """Everything a ViT is built from: its :class:`~keras_vit.variants.Architecture` and every option.
-
-    Validated when made: a ``ValueError`` names the field and its value. Serialises to a flat JSON-ready dict
-    (:meth:`to_dict`, :meth:`from_dict`); :meth:`replace` takes the architecture's fields too.
-    """
+    """Everything a ViT is built from: its :class:`~keras_vit.variants.Architecture` and every option. A bad field is a
+    ``ValueError`` naming it and its value. :meth:`to_dict`, :meth:`from_dict`; :meth:`replace` takes them all."""
 
     architecture: Architecture
     image_size: tuple[int, int] = _field(
@@ -457,10 +448,8 @@ def options_of_layer(layer: str, layer_config: Mapping[str, Any]) -> dict[str, A
 
 
 def model_flags(name: str, names: Iterable[str], doc: str, unset: Mapping[str, str] | None = None) -> type:
-    """A frozen dataclass with one field per config field of ``names``, ``None`` by default, with the field's help,
-    choices and parser: a command's model flags (:func:`keras_vit.fields.add_arguments` makes the options,
-    :func:`keras_vit.fields.given` reads the ones given). ``unset`` says what ``None`` means per field (default:
-    the field's default)."""
+    """A frozen dataclass of a command's model flags: one field per config field of ``names``, ``None`` by default, with
+    its help, choices and parser (:func:`keras_vit.fields.add_arguments`); ``unset``: what ``None`` means per field."""
     unset = dict(unset or {})
     hints = {**typing.get_type_hints(Architecture), **typing.get_type_hints(ViTConfig)}
     fields = _fields()

@@ -1,6 +1,4 @@
-"""Small labelled data shared by training and the analyses: scikit-learn's digits (:func:`load_digits`) and a
-stratified hold-out split (:func:`stratified_split`), so both see the same images and splits.
-"""
+"""Small labelled data shared by training and the analyses: scikit-learn's digits and a stratified hold-out split."""
 
 from __future__ import annotations
 
@@ -10,11 +8,8 @@ __all__ = ["load_digits", "stratified_split"]
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's 1,797 handwritten digits (shipped inside scikit-learn, nothing downloaded).
-
-    Returns ``(images, labels)``: uint8 grey images ``(1797, 8, 8)`` (the 17 grey levels 0..16 scaled
-    to 0..255) and int64 labels ``(1797,)``.
-    """
+    """scikit-learn's 1,797 handwritten digits (shipped, nothing downloaded): uint8 grey images ``(1797, 8, 8)``
+    (levels 0..16 scaled to 0..255) and int64 labels ``(1797,)``."""
     from sklearn.datasets import load_digits as sklearn_digits
 
     digits = sklearn_digits()
@@ -23,11 +18,8 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def stratified_split(labels: np.ndarray, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted indices ``(kept, held_out)``: ``fraction`` of every class held out, at random (seeded).
-
-    A class with two or more examples gives at least one to each side; a class of one stays on the
-    kept side. A ``ValueError`` when ``fraction`` is not in (0, 1).
-    """
+    """Sorted indices ``(kept, held_out)``: ``fraction`` of every class held out at random (seeded), at least one a
+    side for a class of two or more, a class of one kept. A ``ValueError`` when ``fraction`` is not in (0, 1)."""
     if not 0 < fraction < 1:
         raise ValueError(f"The held-out fraction must be in (0, 1), got {fraction}.")
     labels = np.asarray(labels)

@@ -1,11 +1,5 @@
 """Export a model for serving (SavedModel, LiteRT/TFLite float32 or int8, ONNX, OpenVINO) and run the exported files.
-
-    export.export_litert(model, "vit.tflite")        # also export_saved_model, export_onnx, export_openvino
-    logits = export.load("vit.tflite")(images)       # numpy in, numpy out, any format
-    python -m keras_vit.export OUT_DIR --weights NAME_OR_PATH     # every format, compared with Keras
-
-Each file appears at its path only when complete. Formats, sizes and differences: docs/export.md.
-"""
+Each file appears at its path only when complete (:func:`load` runs it). Formats, sizes, differences: docs/export.md."""
 
 from __future__ import annotations
 
@@ -139,11 +133,9 @@ def export_openvino(
     calibration: np.ndarray | None = None,
     **kwargs,
 ) -> Path:
-    """An OpenVINO IR folder at ``path`` (not existing yet): ``model.xml`` and ``model.bin`` (needs ``openvino``).
-
-    ``quantize="int8"``: NNCF post-training quantisation (needs ``nncf``) calibrated on ``calibration``, images as
-    the model takes them (a few hundred; docs/export.md). The file is checked (run) before it is kept.
-    """
+    """An OpenVINO IR folder at ``path`` (not existing yet), ``model.xml`` and ``model.bin`` (needs ``openvino``),
+    checked before it is kept. ``quantize="int8"``: NNCF (needs ``nncf``) calibrated on ``calibration``, images as
+    the model takes them (docs/export.md)."""
     check_choice(quantize, (None, "int8"), "quantize")
     _check_backend("openvino")
     require("openvino", "OpenVINO export")
@@ -175,9 +167,8 @@ def _quantize_openvino(xml: str, calibration: np.ndarray) -> None:
 
 
 def float32_model(model: keras.Model) -> keras.Model:
-    """``model`` itself when every layer computes in float32, else the same model rebuilt in float32 (every dtype
-    policy of its config float32, its weights cast): what the exporters write, since a graph of a mixed policy
-    holds bfloat16 / float16 casts that onnxruntime refuses and LiteRT runs only with Select TF ops."""
+    """``model`` itself when every layer computes in float32, else a float32 copy (its weights cast): what the
+    exporters write (why: docs/export.md)."""
     import keras
 
     if all(layer.dtype_policy.name == "float32" for layer in model._flatten_layers()):
@@ -208,10 +199,8 @@ def _export(
     then: Callable[[str], None] | None = None,
     **kwargs,
 ) -> Path:
-    """``model`` in float32 exported to ``path`` as ``fmt``, run once (:func:`check_export`; ``exact=False``: finite
-    outputs of the right shape) and renamed into place, or removed with a ``ValueError`` saying why.
-    ``file_name``: ``path`` is a new folder holding that file; ``then(path)`` runs before the check.
-    """
+    """``model`` in float32 exported to ``path`` as ``fmt``, checked (:func:`check_export`) and renamed into place, or
+    removed with a ``ValueError`` saying why; ``file_name``: ``path`` is a new folder holding that file."""
     model = float32_model(model)
     with atomic_path(path) as temporary:
         if file_name:
@@ -318,10 +307,9 @@ def _is_openvino(path: Path) -> bool:
 
 
 def load(path: str | os.PathLike, *, precision: str | None = None) -> Runner:
-    """A function ``images -> outputs`` (numpy) that runs an export: a SavedModel folder, ``.tflite``, ``.onnx``,
-    or an OpenVINO folder (or its ``.xml``). ``precision`` is OpenVINO's (``"f32"``, ``"bf16"``; ``None``:
-    :func:`~keras_vit.precision.openvino_precision`, bfloat16 on CPUs with bfloat16 units); the other formats run
-    in the precision they were written in."""
+    """A function ``images -> outputs`` (numpy) that runs an export: a SavedModel folder, ``.tflite``, ``.onnx``, or an
+    OpenVINO folder or ``.xml``. ``precision`` is OpenVINO's (``"f32"``, ``"bf16"``; ``None``:
+    :func:`~keras_vit.precision.openvino_precision`)."""
     path = Path(path)
     if _is_openvino(path):
         return _openvino_runner(path, precision)

@@ -1,9 +1,5 @@
-"""Intermediate features: a model sharing a ViT's weights that returns chosen blocks' tokens, or their patch
-tokens as ``(B, h, w, D)`` maps for dense tasks (segmentation, detection), like timm's ``forward_intermediates``.
-
-    feats = feature_model(model, blocks=(3, 7, -1))       # three (B, h, w, D) maps
-    tokens = feature_model(model, blocks=-1, spatial=False)  # (B, prefix + h * w, D), as the block returns
-"""
+"""Intermediate features: the tokens of chosen blocks, or ``(B, h, w, D)`` maps for dense tasks, like timm's
+``forward_intermediates``. Examples: docs/foreign-weights.md."""
 
 from __future__ import annotations
 
@@ -60,19 +56,11 @@ def feature_model(
     norm: bool = False,
     name: str | None = None,
 ) -> keras.Model:
-    """A model sharing ``model``'s weights that maps its images to the outputs of encoder ``blocks``.
+    """A model sharing ``model``'s weights (plain or hybrid, fixed or dynamic size) that returns encoder ``blocks``.
 
-    Args:
-        model: a keras-vit model (plain or hybrid, fixed or dynamic image size).
-        blocks: block indices (0-based; negative count from the last); one int for one output.
-        spatial: return the patch tokens as ``(B, h, w, D)`` maps (class token dropped); else the block's
-            ``(B, prefix + h * w, D)`` tokens.
-        norm: apply the model's final LayerNorm (``encoder_norm``) to each output, as timm's
-            ``forward_intermediates(norm=True)``.
-        name: the model's name (default ``{model.name}_features``).
-
-    Returns a model with one output per block (a list for a sequence of ``blocks``, in their order).
-    """
+    Args: ``blocks``: 0-based indices (negative from the last), one int for one output; ``spatial``: the patch tokens
+    as ``(B, h, w, D)`` maps, else the block's ``(B, prefix + h * w, D)`` tokens; ``norm``: apply ``encoder_norm``
+    (timm's ``norm=True``); ``name``: default ``{model.name}_features``. Returns one output per block, in order."""
     encoder = [layer for layer in model.layers if isinstance(layer, TransformerBlock)]
     if not encoder:
         raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")

@@ -1,10 +1,5 @@
-"""Dataclass fields that carry their own help text, and the command-line options generated from them.
-
-    lr: float | None = option("base learning rate", unset="the preset's")
-
-:func:`add_arguments` turns every field into an ``argparse`` option (``--lr``; ``bool`` as ``--x/--no-x``;
-``tuple`` as ``a,b``); options not given are left out of the namespace. Plain Python.
-"""
+"""Dataclass fields that carry their own help (:func:`option`), and the ``argparse`` options generated from them
+(:func:`add_arguments`). Plain Python. See docs/design.md."""
 
 from __future__ import annotations
 

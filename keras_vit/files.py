@@ -1,8 +1,5 @@
-"""Files that appear whole or not at all: each is written under a temporary name beside its target, then
-``os.replace``-d onto it (atomic within one folder on POSIX and Windows). A reader, a resumed run or a cache
-check never sees a partial file; a failure, or a process killed half-way, leaves the target as it was and at
-most a temporary file (``.NAME.<random>.tmp.EXT``) that :func:`temporary_target` recognises. A folder (a
-SavedModel) is written the same way, in a new temporary folder."""
+"""Files that appear whole or not at all: written under a temporary name beside the target (``.NAME.<random>.tmp.EXT``),
+then ``os.replace``-d onto it; a folder the same way. See docs/faults.md."""
 
 from __future__ import annotations
 
@@ -76,11 +73,9 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[str]:
-    """A temporary path to write a file or a new folder at, renamed onto ``path`` when the ``with`` block ends
-    without an error; an error removes it and leaves ``path`` as it was. ``durable``: flush the file to the disk
-    before the rename (for a file a crash must not lose, such as a checkpoint). A file gets the mode the umask gives
-    (0644 under umask 022), whatever its writer chose. The parent folder must exist; a
-    folder is renamed only onto a path that does not exist yet."""
+    """A temporary path for a file or new folder, renamed onto ``path`` when the ``with`` block ends without an error
+    (an error removes it). ``durable``: flush to disk before the rename. A file gets the umask's mode; the parent must
+    exist, and a folder is renamed only onto a path that does not exist yet."""
     temporary = temporary_path(path)
     if not os.path.isdir(os.path.dirname(temporary)):  # named as the user gave it, not by the temporary name
         raise FileNotFoundError(errno.ENOENT, "No such folder to write into", os.path.dirname(temporary))

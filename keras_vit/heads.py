@@ -1,7 +1,5 @@
-"""Multihead attention pooling (MAP), SigLIP's and big_vision's ``MAPHead``:
-
-a = MHA(probe, z_L);  y = a + MLP(LN(a))
-"""
+"""Multihead attention pooling (MAP), SigLIP's and big_vision's ``MAPHead``: ``a = MHA(probe, z_L)``,
+``y = a + MLP(LN(a))``."""
 
 from __future__ import annotations
 

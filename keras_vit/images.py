@@ -1,6 +1,5 @@
-"""Image files to pixels, the one reader of training, ``predict`` and the analyses: uint8 RGB, EXIF orientation
-applied, 16-bit grey scaled as ``round(v / 257)``; only regular files are read (a FIFO is never waited on). Errors
-name the file (docs/weights.md)."""
+"""Image files to pixels, the one reader of training, ``predict`` and the analyses: uint8 RGB, EXIF orientation and
+16-bit scaling applied, regular files only; errors name the file (docs/weights.md)."""
 
 from __future__ import annotations
 

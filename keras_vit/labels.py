@@ -1,11 +1,5 @@
-"""Class names: ImageNet-1k and ImageNet-21k (shipped, from timm 1.0.31), a model's own, or a label file.
-
-labels.decode_predictions(logits, top=3)     # [[("n01443537", "goldfish", 7.1), ("n01484850", "great_white_shark", ...
-labels.read_label_file("runs/finetune/classes.txt")
-
-Names are spelt as keras.applications spells them (``"great_white_shark"``, ``"African_elephant"``: WordNet's first
-lemma, spaces as underscores), or as WordNet writes them with ``spelling="wordnet"`` (``"great white shark"``).
-"""
+"""Class names: ImageNet-1k and -21k (shipped, from timm 1.0.31), a model's own, or a label file; spelt as
+keras.applications does (``"great_white_shark"``) or as WordNet does. See docs/weights.md."""
 
 from __future__ import annotations
 
@@ -77,13 +71,9 @@ def read_label_file(path: str | os.PathLike) -> tuple[str, ...]:
 def decode_predictions(
     preds, top: int = 5, labels: str | Sequence[str] | None = None, spelling: str = "keras"
 ) -> list[list[tuple[str, str, float]]]:
-    """Per image, the ``top`` classes as ``(id, name, score)``, best first (like ``keras.applications``).
-
-    ``preds``: ``(batch, classes)`` or ``(classes,)`` scores, returned as they are; ``labels``: ``"imagenet1k"``,
-    ``"imagenet21k"`` or names in head order (``None``: the ImageNet set of that size). The id is the WordNet id
-    of an ImageNet class, else the class's index; an ImageNet name is spelt as keras.applications spells it
-    (``"great_white_shark"``), or as WordNet does with ``spelling="wordnet"`` (``"great white shark"``).
-    """
+    """Per image, the ``top`` classes as ``(id, name, score)``, best first (like ``keras.applications``); ``preds``
+    ``(batch, classes)`` or ``(classes,)``; ``labels``: ``"imagenet1k"``, ``"imagenet21k"`` or names in head order
+    (``None``: by the head's size); ``spelling="wordnet"``: ``"great white shark"``. See docs/weights.md."""
     import keras
 
     check_choice(spelling, SPELLINGS, "spelling")

@@ -1,9 +1,4 @@
-"""The Vision Transformer's layers, one per line of the paper's equations (Eq. 1-4).
-
-z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos      PatchEmbed, ClassToken (E_pos: position.py)
-z'_l = MSA(LN(z_{l-1})) + z_{l-1}                     TransformerBlock (MultiHeadSelfAttention)
-z_l = MLP(LN(z'_l)) + z'_l                            TransformerBlock (MlpBlock)
-"""
+"""The Vision Transformer's layers, one per line of the paper's equations (Eq. 1-4; the map: docs/design.md)."""
 
 from __future__ import annotations
 
@@ -216,11 +211,8 @@ def fused_attention_available() -> bool:
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(layers.Layer):
     """MSA: ``softmax(q k^T / sqrt(d_h)) v`` over ``num_heads`` heads from one fused ``qkv`` projection, then ``out``.
-
-    ``call(..., return_attention_scores=True)`` also returns the probabilities ``(B, heads, N, N)``;
-    ``attention_bias`` is added to the logits; ``dropout_keep`` (a mask from :func:`draw_keep_mask`) replaces the
-    attention dropout's draw; ``qk_norm=True`` normalises queries and keys per head (timm's ``qk_norm``).
-    """
+    ``call``: ``return_attention_scores`` also returns ``(B, heads, N, N)``; ``attention_bias`` is added to the logits;
+    ``dropout_keep`` (:func:`draw_keep_mask`) replaces the dropout's draw. ``qk_norm``: timm's per-head q/k norm."""
 
     def __init__(
         self,
@@ -391,12 +383,9 @@ def _scaled(scale: LayerScale | None, x):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(layers.Layer):
-    """One pre-LN encoder block (Eq. 2-3): ``z' = z + MSA(LN(z))``, ``z'' = z' + MLP(LN(z'))``.
-
-    ``remat=True`` recomputes the block in the backward pass (``keras.remat``) with the forward pass's dropout
-    masks; ``layer_scale_init`` adds timm's :class:`LayerScale` (``ls1``, ``ls2``) to both branches. Sub-layers
-    are named as in the Flax checkpoints. Raises ``ValueError`` naming a bad argument.
-    """
+    """One pre-LN encoder block (Eq. 2-3): ``z' = z + MSA(LN(z))``, ``z'' = z' + MLP(LN(z'))``; ``remat`` recomputes
+    it in the backward pass with the same dropout masks; ``layer_scale_init`` adds ``LayerScale`` (``ls1``, ``ls2``).
+    Sub-layers are named as in the Flax checkpoints. Raises ``ValueError`` naming a bad argument."""
 
     def __init__(
         self,

@@ -1,10 +1,5 @@
-"""Parameter-efficient fine-tuning with LoRA (Hu et al., 2021) through Keras' own ``Dense.enable_lora``.
-
-    enable_lora(model, rank=8)     # adapters on every block's qkv, out, Dense_0, Dense_1; the rest frozen
-    plain = merge_lora(model)      # the same outputs, adapters folded into the kernels
-
-A saved ``.keras`` holds the merged kernels; call :func:`enable_lora` again after reloading to continue.
-"""
+"""LoRA fine-tuning (Hu et al., 2021) through Keras' ``Dense.enable_lora``: :func:`enable_lora`, :func:`merge_lora`.
+Saving and reloading: docs/foreign-weights.md."""
 
 from __future__ import annotations
 
@@ -76,8 +71,6 @@ def lora_parameter_count(model: keras.Model) -> int:
 
 
 def merge_lora(model: keras.Model) -> keras.Model:
-    """A copy of ``model`` without LoRA: every adapted kernel replaced by ``W + (alpha / rank) A B``.
-
-    The outputs equal the adapted model's (to float round-off); all its weights are trainable.
-    """
+    """A copy of ``model`` without LoRA, every adapted kernel replaced by ``W + (alpha / rank) A B``: the adapted
+    model's outputs (to float round-off), all weights trainable."""
     return clone_with_weights(model)  # blocks rebuild their Dense layers from config (no LoRA), merged kernels

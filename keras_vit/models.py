@@ -1,11 +1,5 @@
-"""The graph of a Vision Transformer, built from a :class:`~keras_vit.config.ViTConfig` (no files, no checkpoints).
-
-    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos     embed
-    z_l = TransformerBlock(z_{l-1}),  l = 1 ... L      encode
-    logits = head(pool(LN(z_L)))                       head
-
-:class:`VisionTransformer`'s ``get_config()`` holds the config record.
-"""
+"""The graph of a Vision Transformer from a :class:`~keras_vit.config.ViTConfig` (no files, no checkpoints);
+:class:`VisionTransformer`'s ``get_config()`` holds the config. The path of an image: docs/design.md."""
 
 from __future__ import annotations
 
@@ -282,10 +276,8 @@ class _AttentionProbs(layers.Layer):
 
 
 def attention_model(model: keras.Model) -> keras.Model:
-    """A model sharing ``model``'s weights that maps its inputs to every block's attention probabilities.
-
-    Returns a list, one ``(B, heads, N, N)`` tensor per :class:`TransformerBlock`, in depth order.
-    """
+    """A model sharing ``model``'s weights that maps its inputs to a list of every block's attention probabilities,
+    one ``(B, heads, N, N)`` tensor per :class:`TransformerBlock`, in depth order."""
     blocks = [layer for layer in model.layers if isinstance(layer, TransformerBlock)]
     if not blocks:
         raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")

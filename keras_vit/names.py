@@ -23,9 +23,8 @@ def name_parts(name: str | None) -> tuple[str | None, int | None, str | None]:
 
 def variant_name(name: str) -> str:
     """``name`` if it names a variant a command builds, in any spelling :func:`~keras_vit.variants.parse_variant`
-    takes (``"B/16"``, ``"B16"``, ``"ViT-B/16"``, ``"ViT_B16"``, ``"CLIP-B/16"``). A ``ValueError`` names the
-    variant and size of a timm model name (``"vit_base_patch16_224"``: ``B/16``, 224 px) and lists the known
-    variants for any other name."""
+    takes; else a ``ValueError`` naming a timm name's variant and size (``"vit_base_patch16_224"``: ``B/16``, 224 px)
+    or listing the known variants."""
     timm = parse_timm_name(name)
     if timm is not None:
         variant, size, tag = timm

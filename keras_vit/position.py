@@ -1,7 +1,5 @@
-"""Position embeddings of every kind (``ViT(position_embedding=...)``: :data:`POSITION_EMBEDDINGS`) and resizing
-them for another image size (:func:`resize_position_embeddings`, methods :data:`METHODS`). The kinds and methods
-are described in docs/models.md and docs/weights.md.
-"""
+"""Position embeddings of every kind (:data:`POSITION_EMBEDDINGS`) and their resizing for another image size
+(:func:`resize_position_embeddings`, :data:`METHODS`); described in docs/models.md and docs/weights.md."""
 
 from __future__ import annotations
 
@@ -121,11 +119,8 @@ def resample_position_embeddings(
     old_grid: int | tuple[int, int] | None = None,
     method: str = "zoom_linear",
 ) -> np.ndarray:
-    """Resize ``(1, prefix + gh * gw, D)`` position embeddings to a ``new_grid`` patch grid.
-
-    The first ``num_prefix_tokens`` embeddings (the class token's) are kept unchanged; ``old_grid``
-    defaults to the square grid the remaining embeddings form.
-    """
+    """Resize ``(1, prefix + gh * gw, D)`` position embeddings to a ``new_grid`` patch grid; the first
+    ``num_prefix_tokens`` are kept, and ``old_grid`` defaults to the square the others form."""
     posemb = np.asarray(posemb)
     if posemb.ndim != 3 or posemb.shape[0] != 1:
         raise ValueError(f"Position embeddings must have shape (1, tokens, width), got {posemb.shape}.")
@@ -268,11 +263,8 @@ class AddPositionEmbs2D(AddPositionEmbs):
 
 
 def sincos_2d_embedding(grid_size: int | tuple[int, int], width: int, temperature: float = 10000.0) -> np.ndarray:
-    """Fixed 2-D sin-cos embeddings ``(gh * gw, width)``: ``[sin(y w), cos(y w), sin(x w), cos(x w)]``.
-
-    ``w_k = temperature ** (-k / (width / 4))`` for ``k < width / 4``; ``y`` is the patch's row, ``x`` its
-    column, patches in row-major order.
-    """
+    """Fixed 2-D sin-cos embeddings ``(gh * gw, width)``, ``[sin(y w), cos(y w), sin(x w), cos(x w)]`` with
+    ``w_k = temperature ** (-k / (width / 4))``, ``y``/``x`` the patch's row/column, row-major."""
     gh, gw = _pair(grid_size, "grid_size")
     if width % 4:
         raise ValueError(f"sincos_2d position embeddings need a hidden size divisible by 4, got {width}.")
@@ -481,10 +473,8 @@ def _grid_layers(model: keras.Model) -> list:
 def resize_position_embeddings(
     model: keras.Model, image_size: int | tuple[int, int], method: str = "zoom_linear"
 ) -> keras.Model:
-    """A copy of ``model`` (functional, plain or hybrid) for ``image_size`` inputs, position embeddings resized.
-
-    Each layer with a ``grid_size`` resizes its own weights; ``image_size`` must be a multiple of the model's stride.
-    """
+    """A copy of ``model`` (functional, plain or hybrid) for ``image_size`` inputs, each layer with a ``grid_size``
+    resizing its own weights; ``image_size`` must be a multiple of the model's stride."""
     check_method(method)
     inputs = getattr(model, "inputs", None) or []
     if not isinstance(model, keras.Model) or len(inputs) != 1 or len(inputs[0].shape) != 4:

@@ -1,9 +1,5 @@
-"""Mixed precision chosen by the hardware: :func:`auto_policy` is the Keras dtype policy a ViT runs fastest under.
-
-``mixed_bfloat16`` on TPUs, GPUs of compute capability >= 8.0 and CPUs with bfloat16 units (not on the JAX or
-OpenVINO backends); ``mixed_float16`` on GPUs of capability 7.x; ``float32`` elsewhere. Each probe can be bypassed
-by passing its answer (``device``, ``features``, ``gpu_capability``). Measurements: docs/performance.md.
-"""
+"""Mixed precision chosen by the hardware: :func:`auto_policy`, the Keras dtype policy a ViT runs fastest under.
+The rule and its measurements: docs/performance.md ("Precision chosen by the hardware")."""
 
 from __future__ import annotations
 
@@ -76,10 +72,8 @@ def _capability(value) -> tuple[int, int] | None:
 
 
 def policy_for(device: str, features: Iterable[str] = (), gpu_capability=None, backend: str | None = None) -> str:
-    """The rule alone: the policy for ``device`` ("cpu", "gpu", "tpu") with these facts, no probing.
-
-    ``backend`` (Keras' backend name) matters only on CPUs: ``"jax"`` and ``"openvino"`` keep float32 there.
-    """
+    """The rule alone, no probing: the policy for ``device`` ("cpu", "gpu", "tpu") with these facts; ``backend``
+    matters only on CPUs (``"jax"`` and ``"openvino"`` keep float32 there)."""
     device = _normalise_device(device)
     if device == "tpu":
         return "mixed_bfloat16"
@@ -157,10 +151,8 @@ def _detect_torch() -> tuple[str, tuple[int, int] | None]:
 def auto_policy(
     device: str | None = None, features: Iterable[str] | None = None, gpu_capability=None, *, backend: str | None = None
 ) -> str:
-    """The Keras dtype-policy name for this hardware (the rule in the module docstring).
-
-    ``device``, ``features`` (CPU flags), ``gpu_capability`` and ``backend`` replace the probes when given.
-    """
+    """The Keras dtype-policy name for this hardware (the rule in docs/performance.md); ``device``, ``features``
+    (CPU flags), ``gpu_capability`` and ``backend`` replace the probes when given."""
     if device is None:
         device, detected = detect_device()
         gpu_capability = detected if gpu_capability is None else gpu_capability
@@ -177,10 +169,8 @@ def auto_policy(
 
 
 def policy_of_choice(choice: str, device: str | None = None) -> str:
-    """The Keras dtype policy of a ``--mixed-precision`` choice (:data:`MIXED_PRECISION`): ``auto`` is
-    :func:`auto_policy` for ``device`` (``None``: this machine's), ``none`` is ``float32``, ``bfloat16`` and
-    ``float16`` are ``mixed_bfloat16`` / ``mixed_float16``. float16 on a CPU under JAX is a ``ValueError``: XLA
-    has no float16 matmul there."""
+    """The Keras dtype policy of a ``--mixed-precision`` choice (:data:`MIXED_PRECISION`): ``auto`` (:func:`auto_policy`
+    for ``device``), ``none`` (float32), ``bfloat16``, ``float16``; float16 on a CPU under JAX is a ``ValueError``."""
     check_choice(choice, MIXED_PRECISION, "mixed precision")
     if choice == "auto":
         return auto_policy(device)

@@ -1,11 +1,5 @@
 """Classify images: ``python -m keras_vit.predict IMAGE_OR_FOLDER... --weights NAME_OR_PATH``.
-
-    python -m keras_vit.predict cat.jpg dog.png --weights B_16.augreg_in21k_ft_in1k --top 3
-    python -m keras_vit.predict photos/ --weights runs/finetune/model.keras --json
-
-Class names: ``--labels``, else the model's own, else ImageNet's by the head's size. Errors are one line on
-stderr and exit status 1.
-"""
+Class names (``--labels``, the model's own, ImageNet's) and examples: docs/weights.md. Errors: one line, exit 1."""
 
 from __future__ import annotations
 
@@ -44,10 +38,9 @@ def classify(
     scores: str = "softmax",
     weights: str | None = None,
 ) -> list[list[tuple[str, str, float]]]:
-    """The ``top`` ``(id, name, score)`` of each image (uint8 ``(H, W, 3)`` arrays of any size) under ``model``,
-    preprocessed as the catalogue checkpoint ``weights`` was evaluated (its crop and resize), else resized whole;
-    ``labels`` as :func:`keras_vit.labels.decode_predictions` takes them (default: the model's recorded class names,
-    else ImageNet's by the head's size)."""
+    """The ``top`` ``(id, name, score)`` of each uint8 ``(H, W, 3)`` image under ``model``, preprocessed as catalogue
+    checkpoint ``weights`` was evaluated, else resized whole; ``labels`` as :func:`keras_vit.labels.decode_predictions`
+    (default: the model's class names, else ImageNet's by the head's size)."""
     from keras_vit.labels import decode_predictions
     from keras_vit.preprocessing import ImagePreprocessor, checkpoint_preprocessor
 

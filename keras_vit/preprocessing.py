@@ -1,10 +1,5 @@
-"""Input preprocessing of the published checkpoints: resize to the resolution, scale to [-1, 1].
-
-    preprocess = ImagePreprocessor.from_weights("B_16.augreg_in21k_ft_in1k_224")
-    x = preprocess(images)            # [0, 255] images, any size, (B, H, W, 3) or (H, W, 3)
-
-Runs on every backend's tensors, numpy, and ``tf.Tensor`` inside ``tf.data`` (TensorFlow's ops there).
-"""
+"""Input preprocessing of the published checkpoints (resize, scale to [-1, 1]) on every backend's tensors, numpy,
+and ``tf.Tensor`` inside ``tf.data``. See docs/weights.md."""
 
 from __future__ import annotations
 
@@ -38,10 +33,8 @@ def _tensorflow_ops(tf) -> types.SimpleNamespace:
 
 
 def ops_for(images) -> types.SimpleNamespace:
-    """:data:`KERAS_OPS`, or TensorFlow's ops for a ``tf.Tensor`` while Keras runs another backend (``tf.data``).
-
-    Never imports TensorFlow: a ``tf.Tensor`` can only exist once something else has.
-    """
+    """The ops for ``x``: :data:`KERAS_OPS`, or TensorFlow's for a ``tf.Tensor`` under another backend (``tf.data``);
+    never imports TensorFlow."""
     tf = sys.modules.get("tensorflow")
     if tf is not None and keras.backend.backend() != "tensorflow" and tf.is_tensor(images):
         return _tensorflow_ops(tf)
@@ -72,11 +65,8 @@ DATA_FORMATS = ("channels_last", "channels_first")
 
 
 def preprocess_input(images, data_format: str | None = None):
-    """Scale pixel values in [0, 255] (uint16: [0, 65535]) to [-1, 1] as float32, as the published checkpoints expect.
-
-    Returns the kind it was given (numpy, the backend's tensor, or a ``tf.Tensor`` in ``tf.data``); ``data_format``
-    (``"channels_last"``, ``"channels_first"``, ``None``) is accepted for ``keras.applications``' signature.
-    """
+    """Scale pixels in [0, 255] (uint16: [0, 65535]) to [-1, 1] float32, returned as the kind given (numpy, backend
+    tensor, ``tf.Tensor``); ``data_format`` is accepted for ``keras.applications``' signature."""
     if data_format not in (None, *DATA_FORMATS):
         raise ValueError(f"data_format must be one of {DATA_FORMATS} or None, got {data_format!r}.")
     if isinstance(images, np.ndarray | list | tuple):
@@ -126,12 +116,9 @@ def _preprocess(images, image_size, crop_fraction, interpolation, mean, std, dty
 class ImagePreprocessor(keras.layers.Layer):
     """Resize images to a checkpoint's resolution and scale them from [0, 255] to [-1, 1].
 
-    Args: ``image_size`` (int or ``(h, w)``); ``crop_fraction`` (``None``: resize the whole image, as the
-    checkpoints' evaluation did; a float in (0, 1]: first cut the central square of side ``fraction * min(H, W)``);
-    ``interpolation`` (of ``keras.ops.image.resize``); ``mean``, ``std`` (per channel, of pixels in [0, 1]).
-    :meth:`from_weights` takes them from a catalogue checkpoint. Inputs: ``(B, H, W, 3)`` or ``(H, W, 3)`` images
-    in [0, 255] of any size; a ``tf.Tensor`` (``tf.data``) is computed with TensorFlow's ops on any backend.
-    """
+    Args: ``image_size`` (int or ``(h, w)``); ``crop_fraction`` (``None``: resize the whole image; a float in (0, 1]:
+    first the central square of side ``fraction * min(H, W)``); ``interpolation``; ``mean``, ``std`` (per channel,
+    pixels in [0, 1]). :meth:`from_weights` takes them from a catalogue checkpoint. Inputs: docs/weights.md."""
 
     def __init__(
         self,

@@ -1,6 +1,5 @@
-"""Keras finds keras_vit's layers in a saved ``.keras`` model once ``import keras_vit`` has run:
-:func:`register_when_keras_loads` imports the layer modules as soon as Keras is loaded (an import hook if not yet).
-"""
+"""Keras finds keras_vit's layers in a saved ``.keras`` model once ``import keras_vit`` has run: the layer modules
+are imported as soon as Keras is loaded (:func:`register_when_keras_loads`)."""
 
 from __future__ import annotations
 

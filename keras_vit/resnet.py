@@ -1,8 +1,5 @@
-"""The BiT ResNet (weight-standardised convolutions, GroupNorm) that the paper's hybrids put before the ViT.
-
-Layer names follow the Flax checkpoints; which stages make which hybrid is in :mod:`keras_vit.variants`;
-the architecture is drawn in docs/hybrids.md.
-"""
+"""The BiT ResNet (weight-standardised convolutions, GroupNorm) that the hybrids put before the ViT, layers named
+as in the Flax checkpoints. See docs/hybrids.md."""
 
 from __future__ import annotations
 
@@ -34,11 +31,8 @@ TIMM_RESNET = dict(std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standa
 
 
 def standardize_kernel(kernel, epsilon: float, formula: str = "flax"):
-    """Standardise an HWIO kernel over its first three axes (H, W, Cin), per output channel.
-
-    ``"flax"`` (the published models): ``(w - mean) / (std + epsilon)``; ``"timm"``:
-    ``(w - mean) / sqrt(var + epsilon)``. The two differ where ``std`` is near ``sqrt(epsilon)``.
-    """
+    """Standardise an HWIO kernel per output channel over (H, W, Cin): ``"flax"`` ``(w - mean) / (std + epsilon)``,
+    ``"timm"`` ``(w - mean) / sqrt(var + epsilon)`` (docs/hybrids.md)."""
     _check_standardization(formula)
     mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
     if formula == "timm":
@@ -222,21 +216,12 @@ class BottleneckUnit(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class ResNetStem(layers.Layer):
-    """The hybrids' ResNet: the root block, then ``len(num_layers)`` stages of bottleneck units.
+    """The hybrids' ResNet: the root block, then ``len(num_layers)`` stages of bottleneck units (stages, stride and
+    channels: docs/hybrids.md).
 
-    Stage ``s`` (0-based) has ``num_layers[s]`` units of bottleneck width ``width * 2**s`` and stride 2
-    in its first unit (stride 1 for the first stage). The map is ``stride`` = 4 * 2**(stages - 1)
-    times smaller than the image (4 with no stages) and has ``output_channels`` channels, e.g.
-    ``(3, 4, 9)`` (R50 without its last stage, as in R50+ViT-B/16): stride 16, 1024 channels.
-
-    Args:
-        num_layers: units per stage; ``()`` keeps only the root block.
-        width: channels of the root convolution (64 times BiT's width factor), a multiple of 32.
-        std_conv_epsilon: epsilon of the weight standardisation (1e-5 as published; timm uses 1e-8).
-        group_norm_epsilon: epsilon of every GroupNorm (1e-6 as published; timm uses 1e-5).
-        weight_standardization: ``"flax"`` (as published) or ``"timm"``, see :func:`standardize_kernel`.
-            :data:`TIMM_RESNET` holds all three of timm's settings.
-    """
+    Args: ``num_layers``: units per stage (``()``: the root only); ``width``: root channels, a multiple of 32;
+    ``std_conv_epsilon`` (1e-5; timm 1e-8), ``group_norm_epsilon`` (1e-6; timm 1e-5), ``weight_standardization``
+    (``"flax"`` or ``"timm"``, :func:`standardize_kernel`): the published numerics, or :data:`TIMM_RESNET`'s."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""TensorFlow's CPU kernels: oneDNN on by default for keras_vit users (faster ViTs; docs/performance.md).
-
-``import keras_vit`` calls :func:`prefer_onednn`: on x86-64, before TensorFlow loads, it sets an unset
-``TF_ENABLE_ONEDNN_OPTS`` to ``1`` (a value the user set is kept). :func:`onednn_enabled` says which kernels run.
-"""
+"""TensorFlow's CPU kernels: :func:`prefer_onednn` (called by ``import keras_vit``) sets ``TF_ENABLE_ONEDNN_OPTS=1``
+on x86-64 where it is unset; :func:`onednn_enabled` says which kernels run. See docs/performance.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Prefix tokens besides the class token: DeiT's distillation token and register tokens.
-
-    z_0 = [x_class; x_dist; x_reg^1 ... x_reg^R; x_p^1 E; ...; x_p^N E]
-
-Registers get no position embedding; every pooling skips all prefix tokens (:func:`num_prefix_tokens`).
-"""
+"""Prefix tokens besides the class token: DeiT's distillation token and register tokens; every pooling skips them
+all (:func:`num_prefix_tokens`). Equations: docs/family.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The one table of ViT variants and the :class:`Architecture` record every part of keras-vit reads (plain Python).
-
-A variant is ``"B/16"`` (size, patch) or a hybrid ``"R50+B/16"``; :func:`parse_variant` also takes the
-spellings users type (``"ViT-B/16"``, ``"ViT_B16"``, ``"vit-b16"``, ``"ViT_R50_B16"``).
-"""
+"""The one table of ViT variants and the :class:`Architecture` record every part of keras-vit reads (plain Python);
+:func:`parse_variant` takes ``"B/16"``, ``"R50+B/16"`` and the spellings users type (``"ViT_B16"``)."""
 
 from __future__ import annotations
 
@@ -121,11 +118,8 @@ def resnet_stride(stages: tuple[int, ...]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
-    """What a ViT is made of: the patch embedding, the encoder's shape and, for a hybrid, its ResNet.
-
-    ``patch_size`` is in the units the embedding sees: pixels for a plain ViT, ResNet feature-map
-    cells for a hybrid (1 for the published ones). ``resnet_stages`` is ``None`` for a plain ViT.
-    """
+    """What a ViT is made of: the patch embedding, the encoder's shape and a hybrid's ResNet (``resnet_stages``,
+    ``None`` for a plain ViT); ``patch_size`` is in pixels, or in feature-map cells for a hybrid."""
 
     patch_size: int = _field("patch size in pixels (feature-map cells for a hybrid)")
     hidden_size: int = _field("width of the tokens")
@@ -215,11 +209,8 @@ def canonical_variant(name: str) -> str | None:
 
 
 def parse_variant(name: str) -> Architecture:
-    """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, ``"ViT_R26_S32"``, a tower of
-    :data:`FAMILY_VARIANTS` such as ``"CLIP-B/16"`` or ``"DINOv2-G/14"``: its encoder's, ...).
-
-    A ``ValueError`` names the accepted forms for anything else.
-    """
+    """Decode a variant name (``"B/16"``, ``"ViT_B16"``, ``"R50+B/16"``, a tower of :data:`FAMILY_VARIANTS` such as
+    ``"CLIP-B/16"``); a ``ValueError`` names the accepted forms for anything else."""
     family = family_variant(name)
     if family is not None:
         _, variant, fields = family

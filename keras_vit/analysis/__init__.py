@@ -1,7 +1,5 @@
-"""The paper's analyses of a trained ViT (Section 4.5, Figures 6-7) as functions returning arrays: attention
-rollout and distance (:mod:`.attention`), position similarity and filter PCA (:mod:`.embeddings`), few-shot
-linear evaluation (:mod:`.fewshot`), figures (:mod:`.plots`). ``python -m keras_vit.analysis`` draws them all.
-"""
+"""The paper's analyses of a trained ViT (Sec. 4.5, Fig. 6-7) as functions returning arrays, and the figures;
+``python -m keras_vit.analysis`` draws them all. See docs/analyses.md."""
 
 from keras_vit.lazy import lazy_attributes
 

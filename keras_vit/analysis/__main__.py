@@ -1,10 +1,5 @@
 """``python -m keras_vit.analysis [VARIANT] [--weights ...]``: write the paper's analysis figures for a model.
-
-    python -m keras_vit.analysis Ti/16 --image-size 32 --patch-size 8 --depth 2 --output-dir vit_analysis
-
-Writes the chosen figures (:data:`FIGURES`) and ``results.json``, all checked and computed first, then renamed
-into place together; a folder holding them already is refused unless ``--overwrite``. Errors: one line, exit 1.
-"""
+Usage, outputs (all or none, ``--overwrite``) and errors (one line, exit 1): docs/analyses.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Where a ViT looks: attention rollout maps (Figure 6) and mean attention distance (Figure 7, right), from
-one ``(B, heads, N, N)`` probability array per block (:func:`keras_vit.attention_model`).
-"""
+"""Where a ViT looks: attention rollout (Figure 6) and mean attention distance (Figure 7); docs/analyses.md."""
 
 from __future__ import annotations
 
@@ -70,11 +68,8 @@ def attention_rollout(
 
 
 def rollout_map(rollout: np.ndarray, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1) -> np.ndarray:
-    """The rolled-out attention of the output that classifies, on the patch grid: ``(B, gh, gw)``.
-
-    With a class token that is its row of ``rollout`` (columns of the patch tokens); without one
-    (``classifier="gap"``, the head averages all tokens) the mean of all rows.
-    """
+    """The rolled-out attention of the output that classifies, on the patch grid ``(B, gh, gw)``: the class token's
+    row of ``rollout``, or without one (``classifier="gap"``) the mean of all rows."""
     rollout = np.asarray(rollout, dtype=np.float64)
     grid = positive_pair(grid_size, "grid_size")
     if rollout.ndim != 3 or rollout.shape[1] != rollout.shape[2]:

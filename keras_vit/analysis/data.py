@@ -1,6 +1,5 @@
-"""Inputs for the analyses: images from files or scikit-learn's samples, and labelled few-shot datasets
-(``"digits"``, ``"PATH.npz"`` with ``images``/``labels`` and optional ``test_*``, ``"tfds:NAME"`` already on disk).
-"""
+"""Inputs for the analyses: image files or scikit-learn's samples, and few-shot datasets (``"digits"``,
+``"PATH.npz"`` with ``images``/``labels`` and optional ``test_*``, ``"tfds:NAME"`` already on disk)."""
 
 from __future__ import annotations
 
@@ -36,10 +35,8 @@ def as_rgb(image) -> np.ndarray:
 
 
 def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
-    """Centre-crop each image to the target aspect ratio and resize it (bilinear): uint8 ``(n, h, w, 3)``.
-
-    Grey images (``(h, w)`` or ``(h, w, 1)``) become RGB.
-    """
+    """Centre-crop each image to the target aspect ratio and resize it (bilinear): uint8 ``(n, h, w, 3)``; grey
+    images (``(h, w)`` or ``(h, w, 1)``) become RGB."""
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     out = []
     for image in map(as_rgb, images):

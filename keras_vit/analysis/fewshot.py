@@ -1,6 +1,5 @@
-"""Few-shot linear evaluation (Section 4 of the paper): scikit-learn's ``StandardScaler`` then
-``RidgeClassifierCV`` on frozen features with {-1, 1} targets, n examples per class.
-"""
+"""Few-shot linear evaluation (Section 4 of the paper): ``StandardScaler`` then ``RidgeClassifierCV`` on frozen
+features, n examples per class; see docs/analyses.md."""
 
 from __future__ import annotations
 
@@ -39,11 +38,8 @@ def _check_xy(features, labels) -> tuple[np.ndarray, np.ndarray]:
 
 
 def linear_probe(l2_reg: float | Sequence[float] = L2_GRID) -> Pipeline:
-    """The unfitted probe; ``l2_reg`` a value or the candidates chosen from by leave-one-out.
-
-    Fitted, ``probe.predict(x)`` gives classes, ``probe.decision_function(x)`` the scores and
-    ``probe[-1].alpha_`` the chosen ``l2``.
-    """
+    """The unfitted probe; ``l2_reg`` a value or the candidates chosen from by leave-one-out. Fitted: ``predict(x)``
+    gives classes, ``decision_function(x)`` the scores and ``probe[-1].alpha_`` the chosen ``l2``."""
     alphas = np.atleast_1d(np.asarray(l2_reg, dtype=np.float64))
     if alphas.ndim != 1 or alphas.size == 0 or np.any(alphas <= 0):
         raise ValueError(f"l2_reg must be positive, got {l2_reg!r}.")
@@ -79,11 +75,8 @@ def few_shot_evaluation(
     seeds: int = 3,
     l2_reg: float | Sequence[float] = L2_GRID,
 ) -> dict[int, np.ndarray]:
-    """n-shot accuracy on held-out examples: ``{n: accuracies (seeds,)}``.
-
-    For each seed and n, draw n examples per class from the training pool, fit the probe and score
-    it on all test examples.
-    """
+    """n-shot accuracy on held-out examples, ``{n: accuracies (seeds,)}``: per seed and n, the probe fitted on n
+    examples per class of the training pool and scored on all test examples."""
     train_x, train_y = _check_xy(train_features, train_labels)
     test_x, test_y = _check_xy(test_features, test_labels)
     if seeds < 1 or not shots or min(shots) < 1:

@@ -1,6 +1,5 @@
 """Where a ViT's tokens come from: the patch grid, the pixels per patch and the prefix tokens, read from the
-model's ``"embedding"`` layer and input (hybrids and every position-embedding kind included).
-"""
+model's ``"embedding"`` layer and input (hybrids and every position-embedding kind included)."""
 
 from __future__ import annotations
 

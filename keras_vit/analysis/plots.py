@@ -1,7 +1,5 @@
-"""The paper's figures from the analyses' arrays, drawn with matplotlib's Agg backend into PNG files.
-
-Every function writes a ``figsize`` inches x ``dpi`` PNG (so ``figsize * dpi`` pixels) and returns the path.
-"""
+"""The paper's figures from the analyses' arrays, drawn with matplotlib's Agg backend: each function writes a
+``figsize`` inches x ``dpi`` PNG (``figsize * dpi`` pixels) and returns its path."""
 
 from __future__ import annotations
 

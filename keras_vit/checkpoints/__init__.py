@@ -1,8 +1,5 @@
-"""Checkpoints as one pipeline, each module one step: ``source`` (find the file, tell its format, read its raw
-arrays), ``from_timm`` / ``from_huggingface`` / ``from_keras_hub`` (convert into the published ``.npz`` key layout),
-``infer`` (what keys and shapes mean for the config), ``keymap`` (``.npz`` keys to model variables) and ``load``
-(check every key, then assign; the driver). Beside it: ``read`` (catalogue names), ``keras_files`` (Keras' own files),
-``timm`` and ``keras_hub`` (writing). Map: docs/design.md; formats: docs/foreign-weights.md."""
+"""Checkpoints as one pipeline, a module per step: ``source`` -> convert (``from_timm``, ``from_huggingface``,
+``from_keras_hub``) -> ``infer`` -> ``keymap`` -> ``load``. Map: docs/design.md; formats: docs/foreign-weights.md."""
 
 from keras_vit.checkpoints.infer import CheckpointInfo, checkpoint_config, checkpoint_info
 from keras_vit.checkpoints.keras_hub import save_preset

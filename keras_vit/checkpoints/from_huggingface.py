@@ -1,8 +1,5 @@
-"""Step 2 of the checkpoint pipeline, convert, for Hugging Face ``transformers``: ViT, DeiT and DINOv2 (with
-registers) state dicts (:func:`huggingface_to_npz`) and the CLIP and SigLIP image towers (:func:`tower_to_npz`) in
-the ``.npz`` key layout (key maps in docs/foreign-weights.md). ``config.json`` is honoured field by field
-(:func:`_check_config`): numerics become options, shapes must agree with the weights, an unknown field is refused
-naming it; the fields the weights show are the infer step's (``recorded``)."""
+"""Step 2 of the checkpoint pipeline, convert, for Hugging Face ``transformers``: ViT, DeiT, DINOv2 and the CLIP and
+SigLIP image towers into the ``.npz`` key layout, ``config.json`` checked field by field (docs/foreign-weights.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Step 2 of the checkpoint pipeline, convert, for keras-hub: :func:`read_keras_hub_preset` reads a ``ViTBackbone``
-preset folder's ``model.weights.h5`` with h5py into the ``.npz`` key layout (and the keras-vit config and head that
-:func:`~keras_vit.checkpoints.keras_hub.save_preset`, the inverse, writes beside it). Layouts:
-docs/foreign-weights.md."""
+"""Step 2 of the checkpoint pipeline, convert, for keras-hub: a ``ViTBackbone`` preset folder into the ``.npz`` key
+layout (the inverse of :func:`~keras_vit.checkpoints.keras_hub.save_preset`). Layouts: docs/foreign-weights.md."""
 
 from __future__ import annotations
 

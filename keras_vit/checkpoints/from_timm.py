@@ -1,7 +1,5 @@
-"""Step 2 of the checkpoint pipeline, convert, for timm: :func:`timm_to_npz` turns a timm ``VisionTransformer``
-state dict into the ``.npz`` key layout (key map in docs/foreign-weights.md); the torch layout helpers the Hugging
-Face converters share. A timm state dict does not record its head count: ``num_heads``, or a guess from the width.
-Writing timm files, the inverse: :mod:`keras_vit.checkpoints.timm`."""
+"""Step 2 of the checkpoint pipeline, convert, for timm (:func:`timm_to_npz`; key map in docs/foreign-weights.md),
+and the torch layout helpers the Hugging Face converters share. The inverse: :mod:`keras_vit.checkpoints.timm`."""
 
 from __future__ import annotations
 
@@ -180,12 +178,8 @@ def timm_to_npz(
     state: Mapping[str, np.ndarray], *, num_heads: int | None = None, source: str = "the state dict"
 ) -> tuple[dict[str, np.ndarray], dict]:
     """A timm ViT state dict in the ``.npz`` layout, and the :class:`~keras_vit.config.ViTConfig` fields that
-    reproduce timm's model (``gelu="exact"``, the norm after pooling, timm's ResNet numerics; what the keys show
-    is the infer step's).
-
-    Keys this does not recognise pass through unchanged, so the loader lists them as unexpected; known
-    unsupported variants (:data:`TIMM_UNSUPPORTED`) raise a ``ValueError`` naming them.
-    """
+    reproduce timm's model (``gelu="exact"``, the norm after pooling, timm's ResNet numerics). Unknown keys pass
+    through (the loader lists them); a known unsupported variant (:data:`TIMM_UNSUPPORTED`) is a ``ValueError``."""
     reject_unsupported(state, TIMM_UNSUPPORTED, source)
     _check_position_layout(state, source)
     rest = {key: np.asarray(value) for key, value in state.items()}

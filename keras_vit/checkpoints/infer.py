@@ -1,8 +1,5 @@
-"""Step 3 of the checkpoint pipeline, infer: every rule "these keys, shapes or metadata mean this config field".
-From the array shapes alone, the :class:`~keras_vit.variants.Architecture`, the classifier, the patch grid it was
-trained on, its classes and ``pre_logits`` width (:func:`checkpoint_info`); the fields the keys show
-(:func:`format_fields`) and their check against a ``config.json`` (:func:`check_recorded`); with the options its
-format records, the whole :class:`~keras_vit.config.ViTConfig` (:func:`checkpoint_config`)."""
+"""Step 3 of the checkpoint pipeline, infer: every rule "these keys, shapes or metadata mean this config field",
+from :func:`checkpoint_info` (shapes alone) to :func:`checkpoint_config` (the whole config). See docs/design.md."""
 
 from __future__ import annotations
 
@@ -166,10 +163,9 @@ def checkpoint_info(arrays: Mapping[str, np.ndarray]) -> CheckpointInfo:
 
 
 def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
-    """The config of the model a checkpoint holds: :func:`checkpoint_info`'s architecture, classifier, image size
-    and head (classes and ``pre_logits``), a hybrid's ResNet width (its root convolution's channels), ``norm_pre``
-    and qk-norm where their keys are there, and the options its format records (``model_options``); a saved
-    keras-vit model's own config."""
+    """The :class:`~keras_vit.config.ViTConfig` of the model a checkpoint holds: what its shapes and keys show
+    (:func:`checkpoint_info`, a hybrid's ResNet width, ``norm_pre``, qk-norm) and the options its format records;
+    a saved keras-vit model's own config."""
     if getattr(arrays, "config", None) is not None:
         return arrays.config
     info = checkpoint_info(arrays)

@@ -1,6 +1,5 @@
-"""Keras' own files, outside the checkpoint pipeline: a ``.weights.h5`` holds no architecture, so its shapes are
-checked against the model's, then ``keras.Model.load_weights`` assigns it; a saved ``.keras`` model is opened by
-``keras.saving.load_model`` and read out by the key map (:func:`read_saved_model`), its config beside."""
+"""Keras' own files, outside the pipeline: a ``.weights.h5`` (shapes checked, then ``keras.Model.load_weights``)
+and a saved ``.keras`` model (``keras.saving.load_model``, read out by the key map: :func:`read_saved_model`)."""
 
 from __future__ import annotations
 
@@ -99,10 +98,9 @@ def load_keras_weights(model: keras.Model, path: Path) -> None:
 
 
 def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
-    """A saved keras-vit model (``.keras``: the training commands' ``model.keras`` and ``encoder.keras``, a user's
-    ``model.save``): its weights in the ``.npz`` layout and its :class:`~keras_vit.config.ViTConfig` (of the
-    :class:`~keras_vit.models.VisionTransformer` it is or holds); a plain model made of keras-vit layers brings the
-    options its layers show, and its architecture is read from the shapes as a checkpoint's."""
+    """A saved keras-vit model (``.keras``) as its weights in the ``.npz`` layout and its
+    :class:`~keras_vit.config.ViTConfig`; a plain model made of keras-vit layers brings the options its layers
+    show, and its architecture is read from the shapes as a checkpoint's."""
     check_archive(path)
     try:
         model = keras.saving.load_model(path, compile=False)

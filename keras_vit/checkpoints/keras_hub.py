@@ -1,6 +1,5 @@
-"""Writing keras-hub presets, the inverse of :mod:`~keras_vit.checkpoints.from_keras_hub`: :func:`save_preset`
-writes a ``ViTBackbone`` preset folder, with keras-vit's config (``keras-vit.json``) and head (``head.npz``) beside
-it. Layouts: docs/foreign-weights.md."""
+"""Writing keras-hub presets (:func:`save_preset`), the inverse of :mod:`~keras_vit.checkpoints.from_keras_hub`.
+Layouts: docs/foreign-weights.md."""
 
 from __future__ import annotations
 
@@ -20,11 +19,9 @@ __all__ = ["save_preset"]
 
 
 def save_preset(model, folder: str | Path) -> Path:
-    """Write ``model`` (a :class:`~keras_vit.models.VisionTransformer`) as a keras-hub ``ViTBackbone`` preset
-    folder plus its keras-vit config and head (module docstring). Needs keras-hub. keras-hub's backbone holds
-    a plain ViT only: a hybrid or any other structure option is a ``ValueError``; its
-    MLP computes exact GELU (the published checkpoints' tanh approximation differs by ~1e-3 in keras-hub; keras-vit
-    reads the preset back with the model's own). ``folder`` must not exist; it appears whole or not at all."""
+    """Write ``model`` (a plain :class:`~keras_vit.models.VisionTransformer`) as a keras-hub ``ViTBackbone`` preset
+    folder with its keras-vit config and head; needs keras-hub. A hybrid or other structure option is a ``ValueError``;
+    ``folder`` must not exist and appears whole or not at all. Caveats (GELU): docs/foreign-weights.md."""
     import h5py
 
     if not isinstance(model, VisionTransformer):

@@ -1,7 +1,5 @@
-"""Step 4 of the checkpoint pipeline, the key map: ``npz_key_map(model)``, ``{npz_key: (variable, transform)}`` for
-every variable a checkpoint holds. Keys sharing one variable are concatenated on its last axis in map order (the fused
-``qkv``); a transform may raise ``ValueError`` to reject an array. A layer with an ``npz_key_map()`` method (the
-hybrids' ResNet) maps its own keys. Its inverse, :func:`model_arrays`, reads a model's weights out by the same map."""
+"""Step 4 of the checkpoint pipeline, the key map (:func:`npz_key_map`) and its inverse (:func:`model_arrays`):
+``.npz`` keys to model variables. Rules (fused ``qkv``, layers with their own map): docs/design.md."""
 
 from __future__ import annotations
 
@@ -111,11 +109,8 @@ def _walk(model: keras.Model):
 
 
 def npz_key_map(model: keras.Model, *, resize_method: str = "zoom_linear") -> KeyMap:
-    """``{npz_key: (variable, transform)}`` for every variable of ``model`` that a checkpoint holds.
-
-    Position embeddings of another grid size are resized with ``resize_method`` (see
-    :mod:`keras_vit.position`).
-    """
+    """``{npz_key: (variable, transform)}`` for every variable of ``model`` that a checkpoint holds; position
+    embeddings of another grid are resized with ``resize_method`` (:mod:`keras_vit.position`)."""
     check_method(resize_method)
     entries: KeyMap = {}
     num_blocks = 0

@@ -1,8 +1,5 @@
-"""Step 5 of the checkpoint pipeline, load, and the driver of the steps: :func:`read_checkpoint` takes a file
-through the source and convert steps into one :class:`~keras_vit.checkpoints.source.CheckpointArrays`;
-:func:`load_weights` checks every key against the key map at once, then assigns (a head that does not fit is skipped
-with a warning); :func:`checkpoint_model_config` is the one rule for a model's defaults from a file, which
-:func:`model_from_checkpoint` and ``keras_vit.ViT`` build."""
+"""Step 5 of the checkpoint pipeline, load, and the driver of the steps: :func:`read_checkpoint`,
+:func:`load_weights`, :func:`checkpoint_model_config` and :func:`model_from_checkpoint`. See docs/design.md."""
 
 from __future__ import annotations
 
@@ -258,22 +255,14 @@ def load_weights(
     resize_method: str = "zoom_linear",
     new_head: bool = False,
 ) -> LoadResult:
-    """Load a checkpoint into ``model``: a Google ``.npz``, a timm or Hugging Face state dict or folder, a
-    keras-hub preset, or a Keras ``.weights.h5`` (see :mod:`keras_vit.checkpoints.source`).
+    """Load a checkpoint into ``model``: a Google ``.npz``, a timm or Hugging Face state dict or folder, a keras-hub
+    preset or a Keras ``.weights.h5`` (:mod:`keras_vit.checkpoints.source`).
 
-    Args:
-        model: a keras-vit model (plain or hybrid).
-        weights: a zoo catalogue name (downloaded into the Keras cache), a path to a file or folder, or
-            arrays as a mapping (``.npz``, timm or Hugging Face keys).
-        resize_method: how position embeddings of another grid size are resized (see
-            :mod:`keras_vit.position`).
-        new_head: the caller asked for a model without the checkpoint's head (``ViT(include_top=False)``, another
-            ``num_classes``): a head that does not fit is skipped without the warning (that a model without the
-            checkpoint's ``pre_logits`` also drops its head is still said).
-
-    Raises ``ValueError`` listing every missing key, unexpected key and shape mismatch; nothing is
-    assigned then.
-    """
+    Args: ``model``: a keras-vit model (plain or hybrid). ``weights``: a catalogue name (downloaded into the Keras
+    cache), a file or folder, or a mapping of arrays (``.npz``, timm or Hugging Face keys). ``resize_method``: how
+    position embeddings of another grid are resized. ``new_head``: the caller asked for a model without the
+    checkpoint's head, so a head that does not fit is skipped without the warning (a dropped ``pre_logits`` is still
+    said). Raises ``ValueError`` listing every missing key, unexpected key and shape mismatch, before assigning any."""
     keras_file = keras_weights_file(weights)
     if keras_file is not None:
         load_keras_weights(model, keras_file)
@@ -390,11 +379,8 @@ def _transformed(key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
 def checkpoint_defaults(
     arrays: Mapping[str, np.ndarray], image_size, num_classes: int | None, representation_size: int | None
 ) -> tuple:
-    """``(image_size, num_classes, representation_size)`` with the checkpoint's values where unset (None).
-
-    ``num_classes=None`` keeps the checkpoint's whole classifier: its classes and its ``pre_logits``
-    layer (unless ``representation_size`` is given).
-    """
+    """``(image_size, num_classes, representation_size)``, the checkpoint's values where unset (None);
+    ``num_classes=None`` keeps the whole classifier, ``pre_logits`` included unless ``representation_size`` is given."""
     info = checkpoint_info(arrays) if getattr(arrays, "config", None) is None else arrays.config
     if image_size is None:
         image_size = info.image_size
@@ -434,11 +420,9 @@ def _check_saved_model(arrays: CheckpointArrays, variant: str | None, fields: Ma
 
 
 def checkpoint_model_config(arrays: CheckpointArrays, variant: str | None = None, **fields: Any) -> ViTConfig:
-    """The one rule for a model's defaults from a file: ``fields`` (config fields; ``image_size``, ``num_classes``,
-    ``representation_size`` None or absent: the file's, :func:`checkpoint_defaults`) over ``variant``, or without
-    one over the file's own model (:func:`~keras_vit.checkpoints.infer.checkpoint_config`: its architecture and
-    options). A saved keras-vit model is always its own: a ``ValueError`` where ``variant`` or ``fields`` ask for
-    another. Warns where a file's own model has a head count the file does not record."""
+    """The one rule for a model's defaults from a file: ``fields`` (unset ones: :func:`checkpoint_defaults`) over
+    ``variant``, or over the file's own model (:func:`~keras_vit.checkpoints.infer.checkpoint_config`). A saved
+    keras-vit model asked to be another is a ``ValueError``; warns where the file does not record the head count."""
     if arrays.config is not None:
         _check_saved_model(arrays, variant, fields)
         variant = None
@@ -457,19 +441,13 @@ def checkpoint_model_config(arrays: CheckpointArrays, variant: str | None = None
 def model_from_checkpoint(
     weights: str | os.PathLike | Mapping[str, np.ndarray], *, resize_method: str = "zoom_linear", **overrides
 ) -> keras.Model:
-    """The model a checkpoint describes, loaded: ``keras_vit.ViT(None, weights=weights, **overrides)``, but where
-    ``ViT`` sets an argument by default (``include_top``, ``pooling``, ...) a saved model's own is kept.
+    """The model a checkpoint describes, loaded: ``keras_vit.ViT(None, weights=weights, **overrides)``, but keeping a
+    saved model's own ``include_top``, ``pooling``, ... where ``ViT`` would set a default.
 
-    Args:
-        weights: a catalogue name, a file or folder, or arrays (see :func:`read_checkpoint`).
-        resize_method: how position embeddings of another grid size are resized.
-        **overrides: fields of :class:`~keras_vit.config.ViTConfig` (:func:`checkpoint_model_config`);
-            ``resnet_options``, :class:`~keras_vit.resnet.ResNetStem` arguments; ``num_heads`` regroups a timm
-            state dict's attention arrays (timm does not record it; default: guessed from the width).
-
-    Returns the model, named from :mod:`keras_vit.variants` (``vit_b16``, ``vit_r50_b16``). Raises ``ValueError``
-    as :func:`checkpoint_model_config` and :func:`load_weights` do.
-    """
+    Args: ``weights`` as :func:`read_checkpoint`; ``resize_method`` for position embeddings; ``**overrides``:
+    :class:`~keras_vit.config.ViTConfig` fields, ``resnet_options``, or ``num_heads`` for a timm file (default: from
+    the width). Returns the model, named from :mod:`keras_vit.variants` (``vit_b16``). Raises ``ValueError`` as
+    :func:`checkpoint_model_config` and :func:`load_weights` do."""
     arrays = read_checkpoint(weights)
     if overrides.get("num_heads") is None:  # the commands pass --num-heads unset as None
         overrides.pop("num_heads", None)

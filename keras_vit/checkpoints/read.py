@@ -1,6 +1,5 @@
-"""A catalogue name's checkpoint: downloaded and checked against its catalogue entry before it is used
-(:func:`resolve_weights`). The check reads the file's array headers through the convert and infer steps
-(:func:`catalogue_check`); the source step takes it as an argument, so it imports neither."""
+"""A catalogue name's checkpoint, downloaded and checked against its catalogue entry before use
+(:func:`resolve_weights`, :func:`catalogue_check`, which reads only the array headers)."""
 
 from __future__ import annotations
 
@@ -34,10 +33,8 @@ def resolve_weights(weights: str | os.PathLike, cache_dir: str | os.PathLike | N
 
 
 def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
-    """A check that a file is ``entry``'s model: its variant's patch, width, depth, heads and MLP, its ResNet,
-    classifier, grid (image size), classes and ``pre_logits``, read from the array headers (an ``.npz``'s, or a
-    family checkpoint's timm ``.safetensors``); a ``CorruptCheckpointError`` naming the file, the entry and what
-    differs (a mirror's toy file is not ``B_16.orig_in21k``)."""
+    """A check that a file is ``entry``'s model (architecture, ResNet, classifier, grid, classes, ``pre_logits``), read
+    from its array headers; a ``CorruptCheckpointError`` naming the file, the entry and what differs."""
 
     def check(path: Path) -> None:
         shapes = (
@@ -51,10 +48,8 @@ def catalogue_check(entry: zoo.Checkpoint) -> Callable[[Path], None]:
 
 
 def check_catalogue_shapes(entry: zoo.Checkpoint, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
-    """``CorruptCheckpointError`` unless arrays of these ``shapes`` (``.npz`` keys, or timm's for a family entry)
-    are ``entry``'s architecture, classifier, grid, classes, ``pre_logits`` and (the family's) tokens and MLP;
-    nothing is allocated: the arrays are broadcast zeros. A variant the table does not build (AugReg's ``R+Ti/16``)
-    is held to its head only."""
+    """``CorruptCheckpointError`` unless arrays of these ``shapes`` are ``entry``'s model (broadcast zeros, nothing
+    allocated). A variant the table does not build (AugReg's ``R+Ti/16``) is held to its head only."""
     try:
         architecture = parse_variant(entry.variant)
     except ValueError:

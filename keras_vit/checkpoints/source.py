@@ -1,7 +1,5 @@
-"""Step 1 of the checkpoint pipeline, the source: find the file (a path, or a catalogue name fetched with a check
-given by the caller), tell its format from its content (:data:`FORMATS`; the suffix breaks ties), check a zip before
-anything is unpacked, and read its raw arrays and metadata. Also the record every step passes on,
-:class:`CheckpointArrays`."""
+"""Step 1 of the checkpoint pipeline, the source: find the file, tell its format from its content (:data:`FORMATS`),
+check a zip, read raw arrays and metadata; and :class:`CheckpointArrays`, the record the steps pass on."""
 
 from __future__ import annotations
 
@@ -68,13 +66,9 @@ _PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class CheckpointArrays(Mapping[str, np.ndarray]):
-    """A checkpoint read into the ``.npz`` layout: a read-only mapping of its arrays, and what the file says beside.
-
-    Fields: ``arrays`` by ``.npz`` key; ``source`` (for messages); ``format`` (one of :data:`FORMATS`);
-    ``model_options``, the config fields its shapes do not show (``gelu``, a norm after pooling, ...);
-    ``heads_known``, False where the file does not record the head count (timm); ``config``, a saved keras-vit
-    model's own; ``extra``, its variables outside the ``.npz`` layout, by path.
-    """
+    """A checkpoint read into the ``.npz`` layout, a read-only mapping of ``arrays`` by key, with ``source`` (for
+    messages), ``format`` (:data:`FORMATS`), ``model_options`` (fields its shapes do not show), ``heads_known``
+    (False for timm), ``config`` (a saved keras-vit model's) and ``extra`` (variables outside the layout)."""
 
     arrays: Mapping[str, np.ndarray]
     source: str

@@ -1,6 +1,5 @@
-"""Writing timm files, the inverse of :mod:`~keras_vit.checkpoints.from_timm`: a keras-vit model's weights as a
-timm ``VisionTransformer`` state dict (:func:`to_timm_state_dict`), the ``timm.create_model`` arguments of its
-architecture (:func:`timm_model_kwargs`), both in a ``.safetensors`` file (:func:`save_timm_safetensors`)."""
+"""Writing timm files, the inverse of :mod:`~keras_vit.checkpoints.from_timm`: a state dict, the
+``timm.create_model`` arguments, and both in one ``.safetensors`` file. See docs/foreign-weights.md."""
 
 from __future__ import annotations
 
@@ -158,11 +157,8 @@ def _fold_patch_bias(state: dict[str, np.ndarray], prefix_tokens: int) -> None:
 
 
 def to_timm_state_dict(model: keras.Model) -> dict[str, np.ndarray]:
-    """A keras-vit model's weights as a timm ``VisionTransformer`` state dict (numpy, float32).
-
-    Load it with ``timm.create_model(**timm_model_kwargs(model)).load_state_dict(...)``; timm has no
-    ``pre_logits`` layer, so a model with one keeps it under ``pre_logits.fc`` (older timm's name).
-    """
+    """A keras-vit model's weights as a timm ``VisionTransformer`` state dict (numpy, float32); a ``pre_logits``
+    layer is kept as ``pre_logits.fc`` (docs/foreign-weights.md)."""
     return npz_to_timm(model_arrays(model), fc_norm=uses_fc_norm(model))
 
 
