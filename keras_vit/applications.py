@@ -95,18 +95,25 @@ def ViT(
 ) -> keras.Model:
     """Build a Vision Transformer (plain or hybrid): parse the variant, replace the fields given, build, load.
 
-    Args: ``variant``: ``"B/16"``, ``"R50+B/16"``, a timm or catalogue name; ``None``: the model ``weights`` holds
-    (as :func:`~keras_vit.checkpoints.load.model_from_checkpoint`), else the architecture ``options`` give, else B/16.
-    ``weights``: ``None``, a catalogue name, an ``"imagenet"``-style alias, a timm tag or a checkpoint path.
-    ``image_size``, ``num_classes``, ``channels``: default to the checkpoint's (else 224, 1000, 3).
-    ``include_preprocessing``: resize and scale raw ``[0, 255]`` images inside the model. ``resnet``: units per
-    stage (or ``ResNetStem`` arguments) to make a hybrid. ``**options``: any :class:`keras_vit.config.ViTConfig` field.
-    ``include_top``, ``pooling``, ``classes``, ``classifier_activation``, ``input_tensor``, ``input_shape``, ``name``:
-    as keras.applications. Every argument: docs/models.md.
+    Args:
+        variant: ``"B/16"``, ``"R50+B/16"``, a timm or catalogue name; ``None``: the model ``weights`` holds (its
+            architecture and options, as :func:`~keras_vit.checkpoints.load.model_from_checkpoint`), else the
+            architecture ``options`` give, else B/16.
+        include_top, pooling, classes, classifier_activation, input_tensor, input_shape: as keras.applications.
+        weights: ``None``, a catalogue name, ``"imagenet"``-style alias, timm tag, or a checkpoint path.
+        image_size, num_classes, channels: default to the checkpoint's (else 224, 1000, 3).
+        include_preprocessing: resize and scale raw ``[0, 255]`` images inside the model.
+        resnet: units per stage (or ``ResNetStem`` arguments) to make a hybrid.
+        name: the model's name.
+        **options: any field of :class:`keras_vit.config.ViTConfig`.
 
-    Returns a :class:`keras_vit.models.VisionTransformer` (with ``input_tensor``, a plain functional model). Raises
-    ``ValueError`` (an argument out of range, two spellings that disagree, a checkpoint that does not fit) and
-    ``TypeError`` (an unknown keyword)."""
+    Returns:
+        A :class:`keras_vit.models.VisionTransformer` (with ``input_tensor``, a plain functional model).
+
+    Raises:
+        ValueError: an argument out of range, two spellings that disagree, a checkpoint that does not fit.
+        TypeError: an unknown keyword.
+    """
     _check_first_argument("ViT", "variant", variant)
     variant, name_size, tag = name_parts(variant)
     if image_size is None and input_shape is None and input_tensor is None:
