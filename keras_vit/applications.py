@@ -91,6 +91,7 @@ def ViT(
     include_preprocessing: bool = False,
     resnet: Sequence[int] | Mapping[str, Any] | None = None,
     name: str | None = None,
+    dtype: str | keras.DTypePolicy | None = None,
     **options: Any,
 ) -> keras.Model:
     """Build a Vision Transformer (plain or hybrid): parse the variant, replace the fields given, build, load.
@@ -105,6 +106,8 @@ def ViT(
         include_preprocessing: resize and scale raw ``[0, 255]`` images inside the model.
         resnet: units per stage (or ``ResNetStem`` arguments) to make a hybrid.
         name: the model's name.
+        dtype: a Keras dtype policy or its name (``"mixed_bfloat16"``) the layers compute and keep weights in
+            (default: the global policy); the head's logits stay float32 under a mixed policy (docs/performance.md).
         **options: any field of :class:`keras_vit.config.ViTConfig`.
 
     Returns:
@@ -151,7 +154,7 @@ def ViT(
         if variant is None and not set(fields) & set(field_names("architecture")):
             variant = DEFAULT_VARIANT
         config = ViTConfig.from_variant(variant, **fields)
-    model = build_vit(config, name=name or _model_name(variant, config.architecture))
+    model = build_vit(config, name=name or _model_name(variant, config.architecture), dtype=dtype)
     if weights is not None:
         load_weights(model, weights, new_head=new_head, resize_method=config.position_interpolation)
     return model if input_tensor is None else on_tensor(model, input_tensor)
@@ -185,6 +188,7 @@ class ViTArguments(TypedDict, total=False):
     include_preprocessing: bool
     resnet: Sequence[int] | Mapping[str, Any] | None
     name: str | None
+    dtype: str | keras.DTypePolicy | None
 
 
 def _named(variant: str, image_size: int | tuple[int, int] | None, arguments: ViTArguments) -> keras.Model:

@@ -127,10 +127,10 @@ def with_new_head(model: keras.Model, classes: int, *, classifier_activation: st
     return new
 
 
-def build_vit(config: ViTConfig, *, name: str | None = None) -> VisionTransformer:
+def build_vit(config: ViTConfig, *, name: str | None = None, dtype=None) -> VisionTransformer:
     """The model of ``config``, randomly initialised, named ``name`` (default: ``config.architecture.model_name``:
-    ``vit_b16``, ``vit_r50_b16``)."""
-    return VisionTransformer(config, name=name)
+    ``vit_b16``, ``vit_r50_b16``), under the dtype policy ``dtype`` (default: the global one)."""
+    return VisionTransformer(config, name=name, dtype=dtype)
 
 
 def _graph(config: ViTConfig) -> tuple:

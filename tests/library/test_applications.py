@@ -289,3 +289,35 @@ def test_weights_take_timm_tags_to_their_catalogue_entry():
 def test_an_empty_weights_name_is_refused_not_read_as_the_current_folder(weights):
     with pytest.raises(ValueError, match=r"names no checkpoint"):
         ViT_Ti16(weights=weights, **TINY)
+
+
+def test_dtype_takes_a_policy_as_keras_hub_backbones_do(tmp_path):
+    """``dtype=``: the model's layers under that policy (the global one untouched), float32 logits from a mixed
+    policy, the policy kept by a ``.keras`` file; pretrained weights load into bfloat16 variables."""
+    path = write_checkpoint(tmp_path / "tiny.npz", vit_checkpoint(width=64, depth=1, heads=4, mlp=128, grid=(2, 2)))
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    before = keras.mixed_precision.dtype_policy().name
+    mixed = ViT(weights=path, dtype="mixed_bfloat16")  # the file's model: 32 px, one block of width 64
+    assert keras.mixed_precision.dtype_policy().name == before
+    assert (
+        mixed.dtype_policy.name == ViT_Ti16(32, depth=1, dtype="mixed_bfloat16").dtype_policy.name == "mixed_bfloat16"
+    )
+    assert mixed.get_layer("encoderblock_0").compute_dtype == "bfloat16"
+    assert mixed.get_layer("head").compute_dtype == mixed.get_layer("head").variable_dtype == "float32"
+    logits = mixed(images)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    mixed.save(tmp_path / "mixed.keras")
+    loaded = keras.saving.load_model(tmp_path / "mixed.keras")
+    assert loaded.get_layer("encoderblock_0").compute_dtype == "bfloat16"
+    np.testing.assert_array_equal(to_numpy(loaded(images)), to_numpy(logits))
+
+    plain = ViT(weights=path)
+    pure = ViT(weights=path, dtype=keras.DTypePolicy("bfloat16"))
+    assert {keras.backend.standardize_dtype(v.dtype) for v in pure.weights} == {"bfloat16"}
+    for a, b in zip(pure.weights, plain.weights):  # the checkpoint's values, rounded to bfloat16
+        np.testing.assert_allclose(to_numpy(a).astype("float32"), to_numpy(b), rtol=2**-8, atol=1e-6)
+    expected = to_numpy(plain(images))
+    for model in (mixed, pure):  # bfloat16 arithmetic: the float32 logits to about 2 decimal digits
+        np.testing.assert_allclose(
+            to_numpy(model(images)).astype("float32"), expected, atol=0.1 * np.abs(expected).max()
+        )
