@@ -9,6 +9,7 @@ import keras
 import keras_vit
 from keras_vit.precision import global_policy, policy_of_choice
 from keras_vit.training.config import TrainConfig
+from keras_vit.training.errors import warn
 from keras_vit.training.optimizers import build_optimizer
 from keras_vit.training.schedules import WarmupDecay
 from keras_vit.variants import canonical_variant
@@ -31,6 +32,13 @@ def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model
         weights=model.weights,
         **{**config.model_options(), **options},
     )
+    rows, columns = vit.config.grid_size
+    if rows < 2 or columns < 2:  # e.g. B/16 on the 16-pixel default digits: one patch per image
+        height, width = vit.config.image_size
+        warn(
+            f"{height}x{width} images give {variant} a {rows}x{columns} patch grid (fewer than 2x2 patches): "
+            "choose a smaller patch (--model Ti/4) or a larger --image-size."
+        )
     if model.lora_rank:
         keras_vit.enable_lora(vit, model.lora_rank)
     return vit

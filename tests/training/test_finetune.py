@@ -36,7 +36,8 @@ TINY_ARGS = [
 def test_command_trains_and_writes_every_output(tmp_path, capsys):
     out = tmp_path / "run"
     result = main([*TINY_ARGS, "--steps", "4", "--checkpoint-every", "2", "--verbose", "2", "--output-dir", str(out)])
-    printed = capsys.readouterr().out
+    printed, warned = capsys.readouterr()
+    assert "patch grid" not in warned  # 8-pixel images, 4-pixel patches: 2x2
     metrics = json.loads((out / "metrics.json").read_text())
     assert f"held-out accuracy: {metrics['eval']['accuracy']:.4f} on 359 images (digits" in printed
     assert "preset digits" in printed and "step 4/4: " in printed  # progress in steps (issue 37), not "Epoch 2/2"
@@ -53,6 +54,17 @@ def test_command_trains_and_writes_every_output(tmp_path, capsys):
     images = np.zeros((1, 8, 8, 3), "float32")
     np.testing.assert_allclose(loaded.predict(images, verbose=0), result.model.predict(images, verbose=0), atol=1e-6)
     assert iterations(result.model) == 4
+
+
+@pytest.mark.backends("tensorflow")  # backend-independent
+def test_a_grid_of_fewer_than_two_by_two_patches_is_warned_of(tmp_path, capsys):
+    """``--model B/16`` on 16-pixel digits: one patch per image trains, with a line saying why it will not learn."""
+    flags = [*TINY_ARGS, "--image-size", "4", "--steps", "1", "--verbose", "0", "--output-dir", str(tmp_path)]
+    main(flags)
+    assert (
+        "warning: 4x4 images give Ti/4 a 1x1 patch grid (fewer than 2x2 patches): choose a smaller patch "
+        "(--model Ti/4) or a larger --image-size."
+    ) in capsys.readouterr().err.splitlines()
 
 
 def test_command_rejects_bad_options(tmp_path):
