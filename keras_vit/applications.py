@@ -3,6 +3,7 @@ with the keras.applications signature (image size first). Arguments and variants
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
 import sys
@@ -48,12 +49,22 @@ def _config_fields(function: str, variant: str | None, resnet, options: Mapping[
         unknown += sorted(set(options) & set(layer_field_names("resnet")))
         if isinstance(resnet, Mapping):
             raise ValueError(f"A resnet mapping needs 'num_layers' (units per stage), got keys {sorted(resnet)}.")
-    if unknown:
-        raise TypeError(
-            f"{function}() got unexpected keyword arguments {unknown}; the options are the fields of "
-            f"keras_vit.config.ViTConfig (a hybrid's ResNet options need resnet_stages): {list(field_names(*GROUPS))}."
-        )
+    _refuse_unknown(function, unknown)
     return fields
+
+
+def _refuse_unknown(function: str, unknown: Sequence[str]) -> None:
+    """A ``TypeError`` naming ``function``'s ``unknown`` keywords, the closest known spelling of each, and the
+    options."""
+    if not unknown:
+        return
+    known = [*inspect.signature(ViT).parameters, *field_names(*GROUPS)]
+    close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+    hints = "".join(f" ({name}: did you mean {match[0]!r}?)" for name, match in close.items() if match)
+    raise TypeError(
+        f"{function}() got unexpected keyword arguments {sorted(unknown)}{hints}; the options are the fields of "
+        f"keras_vit.config.ViTConfig (a hybrid's ResNet options need resnet_stages): {list(field_names(*GROUPS))}."
+    )
 
 
 def _model_name(variant: str | None, architecture: Architecture) -> str:
@@ -197,6 +208,9 @@ def _named(variant: str, image_size: int | tuple[int, int] | None, arguments: Vi
     _check_first_argument(function, "image_size", image_size)
     if "variant" in arguments:
         raise TypeError(f"{function}() got an unexpected keyword argument 'variant': it builds {variant}.")
+    _refuse_unknown(
+        function, sorted(set(arguments) - set(inspect.signature(ViT).parameters) - set(field_names(*GROUPS)))
+    )
     stages = parse_variant(variant).resnet_stages
     if stages is not None and arguments.get("resnet") is not None:
         raise TypeError(f"{function}() fixes the ResNet to {stages}; use keras_vit.ViT(resnet=...) instead.")

@@ -104,8 +104,14 @@ def test_type_hints_take_the_typed_arguments():
 
 @pytest.mark.backend_independent
 def test_a_wrong_argument_is_a_type_error_naming_it():
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['dept'\]"):
+    with pytest.raises(
+        TypeError, match=r"ViT_Ti16\(\) got unexpected keyword arguments \['dept'\] \(dept: did you mean 'depth'\?\)"
+    ):
         ViT_Ti16(dept=1)
+    with pytest.raises(
+        TypeError, match=r"ViT\(\) got unexpected keyword arguments \['weight'\] \(weight: did you mean 'weights'\?\)"
+    ):
+        ViT(weight=None)
     with pytest.raises(TypeError, match=r"ViT_Ti16\(\) got an unexpected keyword argument 'variant'"):
         ViT_Ti16(variant="B/16")
     with pytest.raises(TypeError, match=r"ViT_Ti16\(\) takes from 0 to 1 positional arguments but 2"):
