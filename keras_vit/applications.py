@@ -138,17 +138,18 @@ def ViT(
     image_size, channels, dynamic = input_size(
         image_size, channels, input_shape, None if include_preprocessing else input_tensor
     )
-    if weights is not None:
+    checkpoint: str | CheckpointArrays | None = weights  # weights=, then the arrays read from it
+    if checkpoint is not None:
         if channels not in (None, 3):
             raise ValueError(f"Pretrained weights need 3 input channels, got channels={channels}.")
-        if isinstance(weights, str):
-            weights = checkpoint_name(weights, variant, image_size, tag)
-            entry = zoo.find(weights)
+        if isinstance(checkpoint, str):
+            checkpoint = checkpoint_name(checkpoint, variant, image_size, tag)
+            entry = zoo.find(checkpoint)
             if entry is not None and include_preprocessing:  # the crop and resize its evaluation used
                 fields.setdefault("crop_fraction", entry.preprocessing["crop_fraction"])
                 fields.setdefault("interpolation", entry.preprocessing["interpolation"])
-        if keras_weights_file(weights) is None:  # a .weights.h5 has no shapes to read before the model exists
-            weights = read_checkpoint(weights)
+        if keras_weights_file(checkpoint) is None:  # a .weights.h5 has no shapes to read before the model exists
+            checkpoint = read_checkpoint(checkpoint)
     given = dict(image_size=image_size, num_classes=num_classes, channels=channels)
     fields.update({key: value for key, value in given.items() if value is not None})
     fields["dynamic_image_size"] = fields.get("dynamic_image_size", False) or (dynamic and not include_preprocessing)
@@ -158,16 +159,16 @@ def ViT(
         classifier_activation=classifier_activation,
         include_preprocessing=include_preprocessing,
     )
-    if isinstance(weights, CheckpointArrays):  # the file's head and size, and without a variant its model
-        config = checkpoint_model_config(weights, variant, **fields)
-        variant = None if weights.config is not None else variant
+    if isinstance(checkpoint, CheckpointArrays):  # the file's head and size, and without a variant its model
+        config = checkpoint_model_config(checkpoint, variant, **fields)
+        variant = None if checkpoint.config is not None else variant
     else:
         if variant is None and not set(fields) & set(field_names("architecture")):
             variant = DEFAULT_VARIANT
         config = ViTConfig.from_variant(variant, **fields)
     model = build_vit(config, name=name or _model_name(variant, config.architecture), dtype=dtype)
-    if weights is not None:
-        load_weights(model, weights, new_head=new_head, resize_method=config.position_interpolation)
+    if checkpoint is not None:
+        load_weights(model, checkpoint, new_head=new_head, resize_method=config.position_interpolation)
     return model if input_tensor is None else on_tensor(model, input_tensor)
 
 
@@ -181,7 +182,8 @@ def from_preset(preset: str | os.PathLike, **overrides: Any) -> keras.Model:
     return model_from_checkpoint(name, **overrides)
 
 
-ViT.from_preset = from_preset
+# the ignore: the checker takes no attributes set on a function
+ViT.from_preset = from_preset  # type: ignore[attr-defined]
 
 
 class ViTArguments(TypedDict, total=False):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Collection
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 __all__ = [
     "check_bool",
@@ -48,7 +48,9 @@ def check_pair(value, name: str) -> tuple[int, int]:
     """``(h, w)`` from a positive int or a pair of them; a ``ValueError`` naming ``name`` and the value for
     anything else (0, negative sizes, bools)."""
     pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in pair):
+    if len(pair) != 2 or not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) and cast(int, v) >= 1 for v in pair
+    ):
         raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), all positive, got {value!r}.")
     return (int(pair[0]), int(pair[1]))
 
@@ -72,7 +74,12 @@ def optional(check: Callable[[Any, str], T]) -> Callable[[Any, str], T | None]:
 def check_fraction(value, name: str, low: float = 0.0, high: float = 1.0) -> float:
     """``value`` as a ``float`` if it is a real number in ``[low, high)`` (not a bool, not NaN); a
     ``ValueError`` naming ``name`` otherwise. Rates (dropout, drop path) use the default ``[0, 1)``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or not low <= value < high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or math.isnan(value)
+        or not low <= cast(float, value) < high
+    ):
         raise ValueError(f"{name} must be a number in [{low:g}, {high:g}), got {value!r}.")
     return float(value)
 

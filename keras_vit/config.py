@@ -59,7 +59,7 @@ STD_CONV_EPSILON = 1e-5  # the Flax code's weight-standardisation epsilon; timm'
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's; timm's GroupNormAct uses 1e-5
 
 
-def parse_size(text: str) -> int | tuple[int, int]:
+def parse_size(text: str) -> int | tuple[int, ...]:
     """A size as typed: ``"384"`` -> ``384``, ``"384,512"`` -> ``(384, 512)`` (height, width)."""
     parts = [int(part) for part in text.split(",")]
     return parts[0] if len(parts) == 1 else tuple(parts)

@@ -24,7 +24,8 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int = 0) -> tupl
         raise ValueError(f"The held-out fraction must be in (0, 1), got {fraction}.")
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
-    kept, held = [], []
+    kept: list[np.intp] = []
+    held: list[np.intp] = []
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
         count = min(len(members) - 1, max(1, round(fraction * len(members)))) if len(members) > 1 else 0

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -145,7 +145,7 @@ def export_openvino(
         require("nncf", "OpenVINO int8 quantisation")
     if os.path.lexists(path):
         raise ValueError(f"{path} exists; remove it or choose another folder for the OpenVINO model.")
-    rewrite = (lambda xml: _quantize_openvino(xml, calibration)) if quantize else None
+    rewrite = (lambda xml: _quantize_openvino(xml, cast(np.ndarray, calibration))) if quantize else None
     return _export(model, path, "openvino", exact=quantize is None, file_name=OPENVINO_FILE, then=rewrite, **kwargs)
 
 

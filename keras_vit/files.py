@@ -13,7 +13,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 __all__ = [
     "atomic_open",
@@ -36,7 +36,7 @@ def temporary_path(path: str | os.PathLike) -> str:
     ``Model.save_weights`` and ``savefig`` check or choose the format by them): ``folder/vit.weights.h5`` ->
     ``folder/.vit.<random>.tmp.weights.h5``."""
     directory, name = os.path.split(os.path.abspath(path))
-    stem = re.match(_STEM, name)[0]
+    stem = cast(re.Match[str], re.match(_STEM, name))[0]  # the pattern matches every name, if only its empty start
     return os.path.join(directory, f".{stem}.{uuid.uuid4().hex[:12]}.tmp{name[len(stem) :]}")
 
 

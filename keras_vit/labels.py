@@ -8,6 +8,7 @@ import gzip
 import os
 from collections.abc import Sequence
 from importlib import resources
+from typing import cast
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def _rows(labels: str) -> tuple[tuple[str, str], ...]:
     """``(wnid, synonyms)`` per class, in head order."""
     data = resources.files("keras_vit").joinpath("data", _FILES[_check(labels)]).read_bytes()
     lines = gzip.decompress(data).decode("utf-8").splitlines()
-    return tuple(tuple(line.split("\t", 1)) for line in lines)
+    return cast("tuple[tuple[str, str], ...]", tuple(tuple(line.split("\t", 1)) for line in lines))
 
 
 def wnids(labels: str = "imagenet1k") -> list[str]:
@@ -82,6 +83,7 @@ def decode_predictions(
         preds = preds[None]
     if preds.ndim != 2:
         raise ValueError(f"decode_predictions expects scores of shape (batch, classes), got {preds.shape}.")
+    names: Sequence[str]  # the label set's list or the names given as a tuple
     if labels is None or isinstance(labels, str):
         labels = label_set(preds.shape[1]) if labels is None else _check(labels)
         ids, names = wnids(labels), class_names(labels, spelling=spelling)

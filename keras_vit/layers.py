@@ -228,6 +228,8 @@ class MultiHeadSelfAttention(layers.Layer):
         self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         self.dropout = layers.Dropout(self.attention_dropout, name="dropout", dtype=self.dtype_policy)
+        self.q_norm: layers.LayerNormalization | None
+        self.k_norm: layers.LayerNormalization | None
         self.q_norm, self.k_norm = (
             [layer_norm(name, self.dtype_policy, self.layer_norm_epsilon) for name in ("q_norm", "k_norm")]
             if self.qk_norm
@@ -430,6 +432,8 @@ class TransformerBlock(layers.Layer):
         self.mlp_dim, self.dropout_rate = self.mlp.mlp_dim, self.mlp.dropout_rate
         self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, name="drop_path", dtype=policy)
+        self.ls1: LayerScale | None
+        self.ls2: LayerScale | None
         self.ls1, self.ls2 = (
             [LayerScale(self.layer_scale_init, name=name, dtype=policy) for name in ("ls1", "ls2")]
             if self.layer_scale_init is not None

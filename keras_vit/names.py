@@ -82,10 +82,10 @@ def checkpoint_name(weights: str, variant: str | None, image_size, tag: str | No
         return tag if zoo.find(tag) is not None else tag_checkpoint(tag, variant, image_size)
     timm = parse_timm_name(weights)
     if timm is not None and timm[2] is not None:
-        named, size, tag = timm
+        named, size, _ = timm
         if variant is not None and parse_variant(named) != parse_variant(variant):
             raise ValueError(f"weights={weights!r} is timm's {named}; the model is {variant}.")
-        return tag_checkpoint(tag, named, image_size or size)
+        return tag_checkpoint(timm[2], named, image_size or size)
     if zoo.find(weights) is not None or "/" in weights or "." in weights:
         return weights
     if variant is not None and any(e.name.partition(".")[2].startswith(weights) for e in zoo.catalogue()):

@@ -306,8 +306,8 @@ def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens:
     prefix biases: prefix query to patch ``T``, patch to prefix key ``T + 1``, prefix to prefix ``T + 2``.
     """
     gh, gw = _pair(grid_size, "grid_size")
-    y, x = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
-    y, x = y.reshape(-1), x.reshape(-1)
+    grid_y, grid_x = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+    y, x = grid_y.reshape(-1), grid_x.reshape(-1)
     patches = (y[:, None] - y[None, :] + gh - 1) * (2 * gw - 1) + (x[:, None] - x[None, :] + gw - 1)
     table = (2 * gh - 1) * (2 * gw - 1)
     p = int(num_prefix_tokens)
@@ -399,7 +399,9 @@ class RelativeTransformerBlock(TransformerBlock):
         super().build(input_shape)
         self.relative_bias.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores: bool = False):
+    # Not the parent's signature on purpose (the checker's override error ignored): the block brings its own
+    # attention bias, so it takes none.
+    def call(self, x, training=None, return_attention_scores: bool = False):  # type: ignore[override]
         return super().call(
             x, training=training, return_attention_scores=return_attention_scores, attention_bias=self.relative_bias(x)
         )

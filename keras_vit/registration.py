@@ -9,6 +9,7 @@ import importlib.machinery
 import sys
 import types
 from collections.abc import Sequence
+from typing import cast
 
 __all__ = ["LAYER_MODULES", "import_layer_modules", "register_when_keras_loads"]
 
@@ -79,7 +80,8 @@ class _Watched(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__loader__ = module.__spec__.loader = self.loader
+        spec = cast(importlib.machinery.ModuleSpec, module.__spec__)  # a module being imported has its spec
+        module.__loader__ = spec.loader = self.loader
         self.watch.running.add(module.__name__)
         try:
             self.loader.exec_module(module)

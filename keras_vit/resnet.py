@@ -115,7 +115,7 @@ def _flatten(array: np.ndarray) -> np.ndarray:
 
 def _conv_norm_entries(prefix: str, pairs) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
     """Checkpoint entries of ``(conv, norm)`` pairs: ``{prefix}{conv}/kernel``, ``{prefix}{norm}/{scale,bias}``."""
-    entries = {}
+    entries: dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]] = {}
     for conv, norm in pairs:
         entries[f"{prefix}{conv.name}/kernel"] = (conv.kernel, _as_is)
         entries[f"{prefix}{norm.name}/scale"] = (norm.gamma, _flatten)

@@ -225,7 +225,7 @@ def parse_variant(name: str) -> Architecture:
     size = next(s for s in SIZES if s.lower() == match["size"].lower())
     stride = int(match["stride"])
     if match["resnet"] is None:
-        return Architecture(patch_size=stride, **SIZES[size])
+        return Architecture(patch_size=stride, resnet_stages=None, **SIZES[size])
     layers = int(match["resnet"])
     for (depth, _), stages in HYBRID_RESNETS.items():
         if depth == layers and resnet_stride(stages) == stride:

@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -224,11 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         # before TensorFlow loads, in run's order: the variant's name, the images (read again by run), what every run
         # writes (results.json) and the figures asked for
         if args.variant is not None:
-            parse_variant(name_parts(args.variant)[0])
+            parse_variant(cast(str, name_parts(args.variant)[0]))  # a name always has a variant part
         if args.images and (args.analyses is None or {"attention", "distance"} & set(args.analyses)):
             for path in args.images:
                 read_image(path)
-        _check_output_dir(args.output_dir, [*map(FIGURES.get, args.analyses or ()), "results.json"], args.overwrite)
+        figures = cast("map[str]", map(FIGURES.get, args.analyses or ()))  # --analyses: FIGURES' keys only
+        _check_output_dir(args.output_dir, [*figures, "results.json"], args.overwrite)
         load_tensorflow()
         results = run(args)
     for name in results["figures"]:

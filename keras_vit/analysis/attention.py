@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import keras
 import numpy as np
@@ -64,7 +65,7 @@ def attention_rollout(
             a = a + np.eye(a.shape[-1])
             a = a / a.sum(axis=-1, keepdims=True)
         joint = a if joint is None else a @ joint
-    return joint
+    return cast(np.ndarray, joint)  # _as_blocks gives at least one block
 
 
 def rollout_map(rollout: np.ndarray, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1) -> np.ndarray:
@@ -160,10 +161,11 @@ def analyse_attention(
     if len(images) == 0:
         raise ValueError("Need at least one image.")
     geometry = token_geometry(model)
+    distance_sum: float | np.ndarray  # an array once the first batch is added
     maps, distance_sum = [], 0.0
     for blocks in iter_attentions(model, images, batch_size):
         rollout = attention_rollout(blocks, head_fusion=head_fusion)
         maps.append(rollout_map(rollout, geometry.grid_size, geometry.num_prefix_tokens))
         distance = mean_attention_distance(blocks, geometry.grid_size, geometry.patch_size, geometry.num_prefix_tokens)
         distance_sum = distance_sum + distance * len(rollout)
-    return AttentionAnalysis(np.concatenate(maps), distance_sum / len(images))
+    return AttentionAnalysis(np.concatenate(maps), cast(np.ndarray, distance_sum) / len(images))  # images: not empty

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
+from typing import cast
 
 import numpy as np
 
@@ -50,7 +51,11 @@ HIDDEN_ACTS = {
     "quick_gelu": "quick",
 }
 _TOKENS = (("cls_token", "cls"), ("distillation_token", "distillation_token"), ("register_tokens", "register_tokens"))
-_HEADS = (("pooler.dense", "pre_logits"), ("classifier", "head"), ("cls_classifier", "head"))
+_HEADS: tuple[tuple[str, str], ...] = (
+    ("pooler.dense", "pre_logits"),
+    ("classifier", "head"),
+    ("cls_classifier", "head"),
+)
 _HEADS += (("distillation_classifier", "head_dist"),)
 
 
@@ -73,7 +78,14 @@ _DROPOUTS = {
     "drop_path_rate": "drop_path",  # DINOv2's
 }
 _SHAPES = ("hidden_size", "num_hidden_layers", "intermediate_size", "patch_size", "num_channels", "image_size")
-_INERT = ("initializer_range", "encoder_stride", "pooler_act", "pooler_output_size", "qkv_bias", "num_attention_heads")
+_INERT: tuple[str, ...] = (
+    "initializer_range",
+    "encoder_stride",
+    "pooler_act",
+    "pooler_output_size",
+    "qkv_bias",
+    "num_attention_heads",
+)
 # DINOv2's: the MLP's width and kind and the registers are read from the weights (prefix_token_fields), layer scale's
 # starting value is the weights', the rest choose the outputs of its backbone API.
 _INERT += ("mlp_ratio", "use_swiglu_ffn", "layerscale_value", "use_mask_token")
@@ -148,7 +160,7 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str,
         if config.get(name) is not None and shapes[name] is not None and config[name] != shapes[name]
     ]
     heads = _positive_int(config, "num_attention_heads", source)
-    if heads is not None and shapes["hidden_size"] % heads:
+    if heads is not None and cast(int, shapes["hidden_size"]) % heads:  # the patch kernel's width, never None
         differ.append(f"num_attention_heads={heads} (does not divide the weights' width {shapes['hidden_size']})")
     pooler = state.get("pooler.dense.weight")
     if pooler is not None and config.get("pooler_output_size") not in (None, pooler.shape[0]):
@@ -266,7 +278,7 @@ def _attention(take, prefix: str, width: int, heads: int) -> dict[str, np.ndarra
     """nn.MultiheadAttention's fused ``in_proj`` and ``out_proj`` as ``MAPHead_0``'s q/k/v/out arrays."""
     kernels = np.split(linear_kernel(take(f"{prefix}.in_proj_weight")), 3, axis=1)
     biases = np.split(take(f"{prefix}.in_proj_bias"), 3)
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {}
     attention = f"{_MAP}/MultiHeadDotProductAttention_0"
     for name, kernel, bias in zip(("query", "key", "value"), kernels, biases):
         arrays[f"{attention}/{name}/kernel"] = kernel.reshape(width, heads, -1)

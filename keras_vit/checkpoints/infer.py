@@ -166,8 +166,8 @@ def checkpoint_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig:
     """The :class:`~keras_vit.config.ViTConfig` of the model a checkpoint holds: what its shapes and keys show
     (:func:`checkpoint_info`, a hybrid's ResNet width, ``norm_pre``, qk-norm) and the options its format records;
     a saved keras-vit model's own config."""
-    if getattr(arrays, "config", None) is not None:
-        return arrays.config
+    if (config := getattr(arrays, "config", None)) is not None:
+        return config
     info = checkpoint_info(arrays)
     fields = dict(getattr(arrays, "model_options", {}), classifier=info.classifier, **prefix_token_fields(arrays))
     fields["norm_pre"] = "Transformer/norm_pre/scale" in arrays

@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import keras
 
@@ -45,10 +46,10 @@ def _weights_h5_shape(path) -> dict[str, object]:
         def shape(pattern: str):
             return next((file[n].shape for n in names if re.fullmatch(pattern, n)), None)
 
-        found = [shape(rf"layers/{layer}(_\d+)?/vars/0") for layer in ("patch_embed", "add_position_embs")]
+        kernel, positions = [shape(rf"layers/{layer}(_\d+)?/vars/0") for layer in ("patch_embed", "add_position_embs")]
         fc1 = shape(r"layers/(\w+_)?transformer_block/mlp/fc1/vars/0")
     blocks = {match[1] for match in map(re.compile(r"layers/((\w+_)?transformer_block(_\d+)?)/").match, names) if match}
-    return _shape(*found, len(blocks) or None, fc1)
+    return _shape(kernel, positions, len(blocks) or None, fc1)
 
 
 def _model_shape(model: keras.Model) -> dict[str, object]:
@@ -118,5 +119,5 @@ def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
     options = {k: v for k, v in model_options(vit).items() if k in field_names("structure", "numerics")}
     mapped = {id(variable) for variable, _ in npz_key_map(vit).values()}
     extra = {v.path: keras.ops.convert_to_numpy(v) for v in vit.weights if id(v) not in mapped}
-    fields = dict(format="keras", model_options=options, config=config, extra=extra)
+    fields: dict[str, Any] = dict(format="keras", model_options=options, config=config, extra=extra)
     return CheckpointArrays(model_arrays(vit), str(path), **fields)

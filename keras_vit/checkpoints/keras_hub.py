@@ -58,5 +58,6 @@ def save_preset(model, folder: str | Path) -> Path:
             for key, dataset in weight_slots(f, settings, Path(folder)).items():
                 dataset[...] = arrays[key][0] if key == POSEMBED else arrays[key]
         (Path(temporary) / CONFIG_FILE).write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
-        np.savez(Path(temporary) / HEAD_FILE, **head)
+        # the ignore: numpy's stub fears a key named allow_pickle among **head; its keys are weight paths
+        np.savez(Path(temporary) / HEAD_FILE, **head)  # type: ignore[arg-type]
     return Path(folder)

@@ -381,7 +381,7 @@ def checkpoint_defaults(
 ) -> tuple:
     """``(image_size, num_classes, representation_size)``, the checkpoint's values where unset (None);
     ``num_classes=None`` keeps the whole classifier, ``pre_logits`` included unless ``representation_size`` is given."""
-    info = checkpoint_info(arrays) if getattr(arrays, "config", None) is None else arrays.config
+    info = checkpoint_info(arrays) if (config := getattr(arrays, "config", None)) is None else config
     if image_size is None:
         image_size = info.image_size
     if num_classes is None and info.num_classes is not None and getattr(info, "include_top", True):
@@ -405,6 +405,7 @@ def _check_saved_model(arrays: CheckpointArrays, variant: str | None, fields: Ma
     """A ``ValueError`` naming what differs where ``variant`` or the architecture and structure ``fields`` ask for
     another model than the saved keras-vit model ``arrays`` holds."""
     saved = arrays.config
+    assert saved is not None  # a saved keras-vit model's arrays carry its config
     asked = {name: fields[name] for name in field_names("architecture") if name in fields}
     wanted = (saved.architecture if variant is None else parse_variant(variant)).replace(**asked)
     structure = [name for name in field_names("structure") if name in fields and name != "representation_size"]

@@ -100,7 +100,7 @@ def read_json(path: Path) -> dict:
     return content
 
 
-def check_archive(path: Path) -> None:
+def check_archive(path: str | os.PathLike) -> None:
     """:func:`~keras_vit.zoo.validate.check_members` of the zip at ``path`` (``.npz``, ``.keras``, a zip-based
     ``.pth``) before anything is unpacked; a ``ValueError`` naming ``path`` and the member. A damaged zip passes:
     its reader names the damage."""
@@ -165,7 +165,10 @@ def _refuse_misnamed(path: Path, head: bytes, named: str | None) -> None:
             raise ValueError(
                 f"{path} is {kind}-compressed data, not a checkpoint: decompress it first (the checkpoint is inside)."
             )
-    signatures = {"keras_weights": (_HDF5_MAGIC, "an HDF5 file"), "npz": (b"PK", "a zip archive (an .npz is one)")}
+    signatures: dict[str | None, tuple[bytes, str]] = {
+        "keras_weights": (_HDF5_MAGIC, "an HDF5 file"),
+        "npz": (b"PK", "a zip archive (an .npz is one)"),
+    }
     magic, kind = signatures.get(named, (b"", ""))
     if magic and head and not head.startswith(magic[: len(head)]):
         raise ValueError(f"{path} is named {path.suffix} but is not {kind}: it starts {head[:8]!r}.")

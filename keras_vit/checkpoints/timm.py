@@ -68,7 +68,7 @@ def _map_head_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
     """The inverse of :func:`_map_head_from_timm`."""
     kernels = {n: arrays[f"{_MAP_ATTENTION}/{n}/kernel"] for n in ("query", "key", "value", "out")}
     width = kernels["query"].shape[0]
-    state = {"attn_pool.latent": arrays[f"{_MAP}/probe"].reshape(1, 1, width)}
+    state: dict[str, np.ndarray] = {"attn_pool.latent": arrays[f"{_MAP}/probe"].reshape(1, 1, width)}
     state["attn_pool.q.weight"] = linear_kernel(kernels["query"].reshape(width, -1))
     state["attn_pool.q.bias"] = arrays[f"{_MAP_ATTENTION}/query/bias"].reshape(-1)
     state["attn_pool.kv.weight"] = linear_kernel(
