@@ -58,7 +58,7 @@ def _refuse_unknown(function: str, unknown: Sequence[str]) -> None:
     options."""
     if not unknown:
         return
-    known = [*inspect.signature(ViT).parameters, *field_names(*GROUPS)]
+    known = [*_VIT_PARAMETERS, *field_names(*GROUPS)]
     close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
     hints = "".join(f" ({name}: did you mean {match[0]!r}?)" for name, match in close.items() if match)
     raise TypeError(
@@ -182,6 +182,8 @@ def from_preset(preset: str | os.PathLike, **overrides: Any) -> keras.Model:
     return model_from_checkpoint(name, **overrides)
 
 
+_VIT_PARAMETERS = frozenset(inspect.signature(ViT).parameters)  # ViT's own keywords, beside the config fields
+
 # the ignore: the checker takes no attributes set on a function
 ViT.from_preset = from_preset  # type: ignore[attr-defined]
 
@@ -210,9 +212,7 @@ def _named(variant: str, image_size: int | tuple[int, int] | None, arguments: Vi
     _check_first_argument(function, "image_size", image_size)
     if "variant" in arguments:
         raise TypeError(f"{function}() got an unexpected keyword argument 'variant': it builds {variant}.")
-    _refuse_unknown(
-        function, sorted(set(arguments) - set(inspect.signature(ViT).parameters) - set(field_names(*GROUPS)))
-    )
+    _refuse_unknown(function, sorted(set(arguments) - _VIT_PARAMETERS - set(field_names(*GROUPS))))
     stages = parse_variant(variant).resnet_stages
     if stages is not None and arguments.get("resnet") is not None:
         raise TypeError(f"{function}() fixes the ResNet to {stages}; use keras_vit.ViT(resnet=...) instead.")
