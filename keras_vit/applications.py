@@ -17,7 +17,7 @@ from keras_vit.checkpoints.keras_files import keras_weights_file
 from keras_vit.checkpoints.load import checkpoint_model_config, load_weights, model_from_checkpoint, read_checkpoint
 from keras_vit.checkpoints.source import CheckpointArrays
 from keras_vit.config import GROUPS, ViTConfig, field_names, layer_field_names, resnet_fields
-from keras_vit.inputs import input_size, on_tensor, same
+from keras_vit.inputs import image_data_format, input_size, on_tensor, same
 from keras_vit.models import build_vit
 from keras_vit.names import checkpoint_name, name_parts, tag_checkpoint
 from keras_vit.variants import (
@@ -103,6 +103,7 @@ def ViT(
     resnet: Sequence[int] | Mapping[str, Any] | None = None,
     name: str | None = None,
     dtype: str | keras.DTypePolicy | None = None,
+    data_format: str | None = None,
     **options: Any,
 ) -> keras.Model:
     """Build a Vision Transformer (plain or hybrid): parse the variant, replace the fields given, build, load.
@@ -119,7 +120,9 @@ def ViT(
         name: the model's name.
         dtype: a Keras dtype policy or its name (``"mixed_bfloat16"``) the layers compute and keep weights in
             (default: the global policy); the head's logits stay float32 under a mixed policy (docs/performance.md).
-        **options: any field of :class:`keras_vit.config.ViTConfig`.
+        data_format: ``"channels_last"`` or ``"channels_first"`` images (and ``input_shape``); default
+            ``keras.config.image_data_format()``. The weights are the same either way.
+        **options: any field of :class:`keras_vit.config.ViTConfig` (``dynamic_img_pad=True``: any image size).
 
     Returns:
         A :class:`keras_vit.models.VisionTransformer` (with ``input_tensor``, a plain functional model).
@@ -133,10 +136,11 @@ def ViT(
     if image_size is None and input_shape is None and input_tensor is None:
         image_size = name_size
     fields = _config_fields("ViT", variant, resnet, options)
+    fields["data_format"] = image_data_format(data_format)
     num_classes = same("num_classes", num_classes, "classes", classes)
     new_head = not include_top or num_classes is not None  # the checkpoint's head dropped or replaced on purpose
     image_size, channels, dynamic = input_size(
-        image_size, channels, input_shape, None if include_preprocessing else input_tensor
+        image_size, channels, input_shape, None if include_preprocessing else input_tensor, fields["data_format"]
     )
     checkpoint: str | CheckpointArrays | None = weights  # weights=, then the arrays read from it
     if checkpoint is not None:
@@ -204,6 +208,7 @@ class ViTArguments(TypedDict, total=False):
     resnet: Sequence[int] | Mapping[str, Any] | None
     name: str | None
     dtype: str | keras.DTypePolicy | None
+    data_format: str | None
 
 
 def _named(variant: str, image_size: int | tuple[int, int] | None, arguments: ViTArguments) -> keras.Model:

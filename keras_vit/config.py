@@ -24,6 +24,7 @@ from keras_vit.variants import Architecture, family_variant, parse_variant
 
 __all__ = [
     "CLASSIFIERS",
+    "DATA_FORMATS",
     "GELUS",
     "GROUPS",
     "INTERPOLATIONS",
@@ -34,6 +35,7 @@ __all__ = [
     "WEIGHT_STANDARDIZATIONS",
     "ViTConfig",
     "field_names",
+    "grid_length",
     "layer_field_names",
     "model_flags",
     "options_of_layer",
@@ -51,6 +53,7 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area", "lanczos3", "lanczos
 RESIZE_METHODS = ("zoom_linear", "bilinear", "bicubic")  # position embeddings to another grid (keras_vit.position)
 MLP_TYPES = ("gelu", "swiglu")
 GROUPS = ("architecture", "input", "output", "structure", "numerics", "training")
+DATA_FORMATS = ("channels_last", "channels_first")  # keras.config.image_data_format()'s values
 
 DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = 224, 1000
 ROOT_WIDTH = 64  # channels of a hybrid ResNet's root convolution (width factor 1)
@@ -63,6 +66,12 @@ def parse_size(text: str) -> int | tuple[int, ...]:
     """A size as typed: ``"384"`` -> ``384``, ``"384,512"`` -> ``(384, 512)`` (height, width)."""
     parts = [int(part) for part in text.split(",")]
     return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def grid_length(size, stride: int, pad: bool = True):
+    """Patch tokens along a side of ``size`` pixels (an int or a tensor): rounded up when the images are padded to a
+    multiple of ``stride`` (``pad``, timm's ``dynamic_img_pad``), else down (a valid convolution's)."""
+    return (size + stride - 1) // stride if pad else size // stride
 
 
 def _field(
@@ -98,6 +107,21 @@ class ViTConfig:
     dynamic_image_size: bool = _field(
         "take images of any multiple of the stride: input (None, None, channels), the position embeddings "
         "(learned for image_size) interpolated in the graph",
+        False,
+        "input",
+        check=check_bool,
+    )
+    data_format: str = _field(
+        "the images' layout: channels_last (batch, height, width, channels) or channels_first (batch, channels, "
+        "height, width), turned channels-last at the input, so the weights are the same (ViT's default: "
+        "keras.config.image_data_format())",
+        "channels_last",
+        "input",
+        choices=DATA_FORMATS,
+    )
+    dynamic_img_pad: bool = _field(
+        "pad the images' bottom and right with zeros to the next multiple of the patch size (timm's "
+        "dynamic_img_pad): any image_size, the patch grid rounded up; off: a size that is not a multiple is an error",
         False,
         "input",
         check=check_bool,
@@ -326,7 +350,7 @@ class ViTConfig:
         if self.include_preprocessing and self.dynamic_image_size:
             raise ValueError("include_preprocessing resizes every image to image_size: leave dynamic_image_size off.")
         arch, (height, width) = self.architecture, self.image_size
-        if height % arch.stride or width % arch.stride:
+        if not self.dynamic_img_pad and (height % arch.stride or width % arch.stride):
             what = (
                 "the patch size"
                 if arch.resnet_stages is None
@@ -334,7 +358,8 @@ class ViTConfig:
             )
             raise ValueError(
                 f"image_size {height}x{width} is not divisible by {what} {arch.stride}; "
-                f"use a multiple of {arch.stride}, e.g. {max(1, height // arch.stride) * arch.stride}."
+                f"use a multiple of {arch.stride}, e.g. {max(1, height // arch.stride) * arch.stride}, or "
+                "dynamic_img_pad=True to pad the images to one."
             )
         if arch.resnet_stages is None:
             changed = [f.name for f in _layer_fields("resnet") if getattr(self, f.name) != f.default]
@@ -386,8 +411,10 @@ class ViTConfig:
 
     @property
     def grid_size(self) -> tuple[int, int]:
-        """The patch grid of ``image_size``: ``(height, width)`` divided by the stride."""
-        return (self.image_size[0] // self.architecture.stride, self.image_size[1] // self.architecture.stride)
+        """The patch grid of ``image_size``: ``(height, width)`` divided by the stride (rounded up: ``dynamic_img_pad``
+        pads to the next multiple)."""
+        (height, width), stride = self.image_size, self.architecture.stride
+        return (grid_length(height, stride), grid_length(width, stride))
 
 
 def _own_fields() -> list[dataclasses.Field]:

@@ -16,12 +16,13 @@ from keras_vit.checks import (
     optional,
 )
 from keras_vit.checks import check_pair as _pair
+from keras_vit.config import DATA_FORMATS, LAYER_NORM_EPSILON, MLP_TYPES, grid_length
 from keras_vit.config import GELUS as GELU_VARIANTS
-from keras_vit.config import LAYER_NORM_EPSILON, MLP_TYPES
 
 __all__ = [
     "GELU_VARIANTS",
     "LAYER_NORM_EPSILON",
+    "ChannelsLast",
     "ClassToken",
     "DropPath",
     "LayerScale",
@@ -31,6 +32,9 @@ __all__ = [
     "TokenPooling",
     "TransformerBlock",
     "activation",
+    "channels_last_shape",
+    "check_data_format",
+    "format_shape",
     "fused_attention_available",
     "layer_norm",
 ]
@@ -41,12 +45,32 @@ def layer_norm(name: str, dtype=None, epsilon: float = LAYER_NORM_EPSILON) -> la
     return layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
 
 
-def add_conv_kernel(layer: layers.Layer, input_shape, kernel_size: tuple[int, int], filters: int):
-    """Give ``layer`` a LeCun-normal ``kernel`` (kh, kw, C, filters) for NHWC inputs of known C."""
-    channels = input_shape[-1]
+TO_CHANNELS_LAST, TO_CHANNELS_FIRST = (0, 2, 3, 1), (0, 3, 1, 2)  # ops.transpose's axes of an image batch
+
+
+def check_data_format(value, name: str = "data_format") -> str:
+    """``value`` if it is one of :data:`~keras_vit.config.DATA_FORMATS`; a ``ValueError`` naming them otherwise."""
+    return check_choice(value, DATA_FORMATS, name)
+
+
+def channels_last_shape(shape, data_format: str) -> tuple:
+    """The shape ``(B, H, W, C)`` of an image batch of ``shape`` in ``data_format`` once channels-last."""
+    return tuple(shape) if data_format == "channels_last" else (shape[0], *shape[2:], shape[1])
+
+
+def format_shape(shape, data_format: str) -> tuple:
+    """The channels-last shape ``(B, H, W, C)`` in ``data_format``: :func:`channels_last_shape` undone."""
+    return tuple(shape) if data_format == "channels_last" else (shape[0], shape[-1], *shape[1:-1])
+
+
+def add_conv_kernel(
+    layer: layers.Layer, input_shape, kernel_size: tuple[int, int], filters: int, data_format: str = "channels_last"
+):
+    """Give ``layer`` a LeCun-normal ``kernel`` (kh, kw, C, filters) for inputs of known C in ``data_format``."""
+    channels = channels_last_shape(input_shape, data_format)[-1]
     if channels is None:
         raise ValueError(f"{type(layer).__name__} needs a known number of input channels.")
-    layer.input_spec = layers.InputSpec(ndim=4, axes={-1: channels})
+    layer.input_spec = layers.InputSpec(ndim=4, axes={-1 if data_format == "channels_last" else 1: channels})
     return layer.add_weight(
         name="kernel", shape=(*kernel_size, channels, filters), initializer=keras.initializers.LecunNormal()
     )
@@ -126,35 +150,84 @@ def _dropped(layer: layers.Layer, x, training, keep):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
+class ChannelsLast(layers.Layer):
+    """Images ``(B, C, H, W)`` -> ``(B, H, W, C)``: a channels-first model's first step, so that every layer and weight
+    after it is the channels-last model's."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("autocast", False)  # a transpose: the images keep their dtype
+        super().__init__(**kwargs)
+
+    def call(self, images):
+        return ops.transpose(images, TO_CHANNELS_LAST)
+
+    def compute_output_shape(self, input_shape):
+        return channels_last_shape(input_shape, "channels_first")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
 class PatchEmbed(layers.Layer):
-    """Cuts ``(B, H, W, C)`` images (or feature maps) into PxP patches, each projected linearly (``x_p E``):
-    ``(B, H/P * W/P, hidden_size)``.
+    """Cuts images (or feature maps) into PxP patches, each projected linearly (``x_p E``): ``(B, H/P * W/P,
+    hidden_size)``. ``data_format``: the input's layout (the kernel is always ``(P, P, C, hidden_size)``);
+    ``dynamic_img_pad``: pad the bottom and right with zeros to a multiple of P first (timm's), else such a size is
+    an error.
     """
 
-    def __init__(self, patch_size: int | tuple[int, int], hidden_size: int, **kwargs):
+    def __init__(
+        self,
+        patch_size: int | tuple[int, int],
+        hidden_size: int,
+        data_format: str = "channels_last",
+        dynamic_img_pad: bool = False,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.patch_size = _pair(patch_size, "patch_size")
         self.hidden_size = check_positive_int(hidden_size, "hidden_size")
+        self.data_format = check_data_format(data_format)
+        self.dynamic_img_pad = check_bool(dynamic_img_pad, "dynamic_img_pad")
 
     def build(self, input_shape):
-        self.kernel = add_conv_kernel(self, input_shape, self.patch_size, self.hidden_size)
+        self.kernel = add_conv_kernel(self, input_shape, self.patch_size, self.hidden_size, self.data_format)
         self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
 
     def call(self, images):
+        if self.data_format == "channels_first":
+            images = ops.transpose(images, TO_CHANNELS_LAST)
         height, width = images.shape[1], images.shape[2]
         ph, pw = self.patch_size
-        if height is not None and width is not None and (height % ph or width % pw):
-            raise ValueError(f"Image size {height}x{width} is not divisible by the patch size {ph}x{pw}.")
+        if self.dynamic_img_pad:
+            images = self._pad(images)
+        elif height is not None and width is not None and (height % ph or width % pw):
+            raise ValueError(
+                f"Image size {height}x{width} is not divisible by the patch size {ph}x{pw}; resize the images or "
+                "pad them (dynamic_img_pad=True)."
+            )
         x = conv_nhwc(images, self.kernel, self.patch_size, "valid") + self.bias  # (B, H/P, W/P, D), also for B = 0
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1] * ops.shape(x)[2], self.hidden_size))
 
+    def _pad(self, images):
+        """NHWC ``images`` with zeros below and to the right up to the next multiple of the patch size."""
+        sizes = [images.shape[axis] if images.shape[axis] is not None else ops.shape(images)[axis] for axis in (1, 2)]
+        pads = [-size % patch for size, patch in zip(sizes, self.patch_size)]
+        if all(isinstance(pad, int) and pad == 0 for pad in pads):
+            return images
+        return ops.pad(images, [[0, 0], [0, pads[0]], [0, pads[1]], [0, 0]])
+
     def compute_output_shape(self, input_shape):
-        b, h, w, _ = input_shape
-        n = None if h is None or w is None else (h // self.patch_size[0]) * (w // self.patch_size[1])
+        b, h, w, _ = channels_last_shape(input_shape, self.data_format)
+        (ph, pw), pad = self.patch_size, self.dynamic_img_pad
+        n = None if h is None or w is None else grid_length(h, ph, pad) * grid_length(w, pw, pad)
         return (b, n, self.hidden_size)
 
     def get_config(self):
-        return {**super().get_config(), "patch_size": list(self.patch_size), "hidden_size": self.hidden_size}
+        return {
+            **super().get_config(),
+            "patch_size": list(self.patch_size),
+            "hidden_size": self.hidden_size,
+            "data_format": self.data_format,
+            "dynamic_img_pad": self.dynamic_img_pad,
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -12,7 +12,15 @@ from keras import layers
 
 from keras_vit.config import ViTConfig, options_of_layer
 from keras_vit.heads import MAPHead
-from keras_vit.layers import ClassToken, PatchEmbed, TokenPooling, TransformerBlock, layer_norm
+from keras_vit.layers import (
+    ChannelsLast,
+    ClassToken,
+    PatchEmbed,
+    TokenPooling,
+    TransformerBlock,
+    format_shape,
+    layer_norm,
+)
 from keras_vit.position import dynamic_position_embedding_layer, position_embedding_layer, transformer_block
 from keras_vit.precision import global_policy
 from keras_vit.preprocessing import ImagePreprocessor
@@ -134,25 +142,29 @@ def build_vit(config: ViTConfig, *, name: str | None = None, dtype=None) -> Visi
 
 
 def _graph(config: ViTConfig) -> tuple:
-    """``(inputs, outputs)`` of the model of ``config``."""
-    height, width = config.image_size
+    """``(inputs, outputs)`` of the model of ``config``: images in ``config.data_format``, channels-last after the
+    first step (:class:`~keras_vit.layers.ChannelsLast`), so the layers and weights do not depend on it."""
     any_size = config.dynamic_image_size or config.include_preprocessing
-    inputs = keras.Input((None, None, config.channels) if any_size else (height, width, config.channels), name="images")
-    images = (
-        ImagePreprocessor(config.image_size, name="preprocessing", **config.layer_options("preprocessing"))(inputs)
-        if config.include_preprocessing
-        else inputs
-    )
-    x = encode(embed(images, config), config, images=inputs if config.dynamic_image_size else None)
+    height, width = (None, None) if any_size else config.image_size
+    shape = format_shape((None, height, width, config.channels), config.data_format)[1:]
+    inputs = keras.Input(shape, name="images")
+    images = ChannelsLast(name="channels_last")(inputs) if config.data_format == "channels_first" else inputs
+    if config.include_preprocessing:
+        options = dict(config.layer_options("preprocessing"), data_format="channels_last")
+        images = ImagePreprocessor(config.image_size, name="preprocessing", **options)(images)
+    x = encode(embed(images, config), config, images=images if config.dynamic_image_size else None)
     return inputs, head(x, config)
 
 
 def embed(images, config: ViTConfig):
-    """Images ``(B, H, W, C)`` -> patch tokens ``x_p E`` ``(B, N, D)``; a hybrid embeds its ResNet's feature map."""
+    """Images ``(B, H, W, C)`` -> patch tokens ``x_p E`` ``(B, N, D)``; a hybrid embeds its ResNet's feature map,
+    padded to a multiple of the patch size with ``dynamic_img_pad`` (as timm's)."""
     architecture, x = config.architecture, images
     if architecture.resnet_stages is not None:
         x = ResNetStem(architecture.resnet_stages, name="resnet", **config.layer_options("resnet"))(x)
-    return PatchEmbed(architecture.patch_size, architecture.hidden_size, name="embedding")(x)
+    return PatchEmbed(
+        architecture.patch_size, architecture.hidden_size, dynamic_img_pad=config.dynamic_img_pad, name="embedding"
+    )(x)
 
 
 def encode(x, config: ViTConfig, images=None):
@@ -174,6 +186,7 @@ def encode(x, config: ViTConfig, images=None):
             embedded_prefix,
             architecture.stride,
             method=config.position_interpolation,
+            dynamic_img_pad=config.dynamic_img_pad,
         )
         x = x if position is None else position(x, images)
     if not config.class_position_embedding:

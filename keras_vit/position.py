@@ -11,8 +11,10 @@ import scipy.ndimage
 from keras import layers, ops
 
 from keras_vit.checks import check_choice
-from keras_vit.config import POSITION_EMBEDDINGS, RESIZE_METHODS
-from keras_vit.layers import PatchEmbed, TransformerBlock, _pair
+from keras_vit.config import POSITION_EMBEDDINGS, RESIZE_METHODS, grid_length
+from keras_vit.features import model_stride
+from keras_vit.inputs import model_data_format, model_image_shape
+from keras_vit.layers import PatchEmbed, TransformerBlock, _pair, format_shape
 
 __all__ = [
     "METHODS",
@@ -193,19 +195,28 @@ class AddPositionEmbs(layers.Layer):
 @keras.saving.register_keras_serializable(package="keras_vit")
 class DynamicPositionEmbs(AddPositionEmbs):
     """:class:`AddPositionEmbs` for images of any size: ``call(tokens, images)`` interpolates the grid part in the graph
-    to ``images``' patch grid (sizes divided by ``stride``) with ``method``.
+    to ``images``' patch grid (NHWC sizes divided by ``stride``, rounded up with ``dynamic_img_pad``) with ``method``.
     """
 
-    def __init__(self, grid_size, num_prefix_tokens: int = 1, stride: int = 16, method: str = "zoom_linear", **kwargs):
+    def __init__(
+        self,
+        grid_size,
+        num_prefix_tokens: int = 1,
+        stride: int = 16,
+        method: str = "zoom_linear",
+        dynamic_img_pad: bool = False,
+        **kwargs,
+    ):
         super().__init__(grid_size, num_prefix_tokens, **kwargs)
         self.stride = int(stride)
         self.method = check_method(method)
+        self.dynamic_img_pad = bool(dynamic_img_pad)
 
     def build(self, tokens_shape, images_shape=None):
         super().build(tokens_shape)
 
     def call(self, tokens, images):
-        height, width = ops.shape(images)[1] // self.stride, ops.shape(images)[2] // self.stride
+        height, width = (grid_length(ops.shape(images)[axis], self.stride, self.dynamic_img_pad) for axis in (1, 2))
         posemb = ops.convert_to_tensor(self.pos_embedding)
         if all(isinstance(n, int) for n in (height, width)) and (height, width) == self.grid_size:  # static, same
             return tokens + ops.cast(posemb, tokens.dtype)
@@ -218,7 +229,12 @@ class DynamicPositionEmbs(AddPositionEmbs):
         return tokens_shape
 
     def get_config(self):
-        return {**super().get_config(), "stride": self.stride, "method": self.method}
+        return {
+            **super().get_config(),
+            "stride": self.stride,
+            "method": self.method,
+            "dynamic_img_pad": self.dynamic_img_pad,
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -435,9 +451,11 @@ def dynamic_position_embedding_layer(
     stride: int,
     name: str = "posembed_input",
     method: str = "zoom_linear",
+    dynamic_img_pad: bool = False,
 ) -> DynamicPositionEmbs | None:
-    """The layer of :func:`position_embedding_layer` for inputs of any size, interpolating with ``method``
-    (``None`` for ``"none"``); ``NotImplementedError`` for the kinds that do not interpolate in the graph yet."""
+    """The layer of :func:`position_embedding_layer` for inputs of any size, interpolating with ``method`` to the
+    grid of the images (padded with ``dynamic_img_pad``); ``None`` for ``"none"``; ``NotImplementedError`` for the
+    kinds that do not interpolate in the graph yet."""
     if position_embedding == "none":
         return None
     if position_embedding != "learned_1d":
@@ -445,7 +463,14 @@ def dynamic_position_embedding_layer(
             f"dynamic_image_size supports position_embedding 'learned_1d' and 'none', not {position_embedding!r}; "
             "build one model per size with keras_vit.resize_position_embeddings instead."
         )
-    return DynamicPositionEmbs(grid_size, num_prefix_tokens=num_prefix_tokens, stride=stride, method=method, name=name)
+    return DynamicPositionEmbs(
+        grid_size,
+        num_prefix_tokens=num_prefix_tokens,
+        stride=stride,
+        method=method,
+        dynamic_img_pad=dynamic_img_pad,
+        name=name,
+    )
 
 
 def transformer_block(
@@ -475,23 +500,26 @@ def _grid_layers(model: keras.Model) -> list:
 def resize_position_embeddings(
     model: keras.Model, image_size: int | tuple[int, int], method: str = "zoom_linear"
 ) -> keras.Model:
-    """A copy of ``model`` (functional, plain or hybrid) for ``image_size`` inputs, each layer with a ``grid_size``
-    resizing its own weights; ``image_size`` must be a multiple of the model's stride."""
+    """A copy of ``model`` (functional, plain or hybrid, either data format) for ``image_size`` inputs, each layer with
+    a ``grid_size`` resizing its own weights; ``image_size`` must be a multiple of the model's stride unless the model
+    pads its images (``dynamic_img_pad``)."""
     check_method(method)
     inputs = getattr(model, "inputs", None) or []
     if not isinstance(model, keras.Model) or len(inputs) != 1 or len(inputs[0].shape) != 4:
         raise ValueError("resize_position_embeddings needs a functional keras.Model with one (batch, h, w, c) input.")
-    height, width, channels = inputs[0].shape[1:]
+    height, width, channels = model_image_shape(model)
     new_h, new_w = _pair(image_size, "image_size")
+    pad = any(isinstance(layer, PatchEmbed) and layer.dynamic_img_pad for layer in model.layers)
     grids = {}
     for layer in _grid_layers(model):
-        (gh, gw), (sh, sw) = layer.grid_size, (height // layer.grid_size[0], width // layer.grid_size[1])
-        if new_h % sh or new_w % sw:
+        gh, gw = layer.grid_size
+        sh, sw = (model_stride(model),) * 2 if pad else (height // gh, width // gw)
+        if not pad and (new_h % sh or new_w % sw):
             raise ValueError(
                 f"image_size {new_h}x{new_w} is not a multiple of the model's stride {sh}x{sw} "
                 f"({height}x{width} images give a {gh}x{gw} grid)."
             )
-        grids[layer.name] = (new_h // sh, new_w // sw)
+        grids[layer.name] = (grid_length(new_h, sh, pad), grid_length(new_w, sw, pad))
     if not grids and not any(isinstance(layer, PatchEmbed) for layer in model.layers):  # "none" has no grid layer
         raise ValueError(f"Model {model.name!r} has no layer with a patch grid (no position embeddings) to resize.")
 
@@ -501,7 +529,8 @@ def resize_position_embeddings(
             config["grid_size"] = list(grids[layer.name])
         return layer.__class__.from_config(config)
 
-    new_input = keras.Input((new_h, new_w, channels), name=inputs[0].name, dtype=inputs[0].dtype)
+    shape = format_shape((None, new_h, new_w, channels), model_data_format(model))[1:]
+    new_input = keras.Input(shape, name=inputs[0].name, dtype=inputs[0].dtype)
     resized = keras.models.clone_model(model, input_tensors=new_input, clone_function=clone)
     for old, new in zip(model.layers, resized.layers, strict=True):
         weights = old.resized_weights(grids[old.name], method) if old.name in grids else old.get_weights()

@@ -11,10 +11,13 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.inputs import image_data_format
+from keras_vit.layers import TO_CHANNELS_FIRST, TO_CHANNELS_LAST
+
 __all__ = ["ImagePreprocessor", "checkpoint_preprocessor", "preprocess_input"]
 
 # The operations the steps below need: keras.ops and TensorFlow spell them alike, except resize.
-_OP_NAMES = ("cast", "shape", "minimum", "maximum", "slice", "expand_dims", "squeeze")
+_OP_NAMES = ("cast", "shape", "minimum", "maximum", "slice", "expand_dims", "squeeze", "transpose")
 
 
 def _op_table(module, resize) -> types.SimpleNamespace:
@@ -61,14 +64,11 @@ def _to_model_range(images, xp, mean=MEAN, std=STD):
     return (images - _pixel_scale(mean)) / _pixel_scale(std)
 
 
-DATA_FORMATS = ("channels_last", "channels_first")
-
-
 def preprocess_input(images, data_format: str | None = None):
     """Scale pixels in [0, 255] (uint16: [0, 65535]) to [-1, 1] float32, returned as the kind given (numpy, backend
-    tensor, ``tf.Tensor``); ``data_format`` is accepted for ``keras.applications``' signature."""
-    if data_format not in (None, *DATA_FORMATS):
-        raise ValueError(f"data_format must be one of {DATA_FORMATS} or None, got {data_format!r}.")
+    tensor, ``tf.Tensor``), in either layout: ``data_format`` (``keras.applications``' argument; ``None``:
+    ``keras.config.image_data_format()``) is checked, and every channel is scaled alike."""
+    image_data_format(data_format)
     if isinstance(images, np.ndarray | list | tuple):
         return _to_model_range(np.asarray(images), np)
     return _to_model_range(images, ops_for(images))
@@ -98,15 +98,21 @@ def _central_square(images, fraction: float, xp):
     return xp.slice(images, [0, top, left, 0], [shape[0], side, side, shape[3]])
 
 
-def _preprocess(images, image_size, crop_fraction, interpolation, mean, std, dtype, xp):
-    """Crop (optionally), resize and scale ``images`` (one image or a batch) with the operations ``xp``."""
+def _preprocess(images, image_size, crop_fraction, interpolation, mean, std, dtype, xp, data_format="channels_last"):
+    """Crop (optionally), resize and scale ``images`` (one image or a batch, in ``data_format``) with the operations
+    ``xp``, channels-last in between."""
     single = len(images.shape) == 3
+    channels_first = data_format == "channels_first"
     if single:
         images = xp.expand_dims(images, 0)
     images = xp.cast(images, "float32")
+    if channels_first:
+        images = xp.transpose(images, TO_CHANNELS_LAST)
     if crop_fraction is not None:
         images = _central_square(images, crop_fraction, xp)
     images = _to_model_range(xp.resize(images, image_size, interpolation), xp, mean, std)
+    if channels_first:
+        images = xp.transpose(images, TO_CHANNELS_FIRST)
     if single:
         images = xp.squeeze(images, 0)
     return xp.cast(images, dtype)
@@ -118,7 +124,8 @@ class ImagePreprocessor(keras.layers.Layer):
 
     Args: ``image_size`` (int or ``(h, w)``); ``crop_fraction`` (``None``: resize the whole image; a float in (0, 1]:
     first the central square of side ``fraction * min(H, W)``); ``interpolation``; ``mean``, ``std`` (per channel,
-    pixels in [0, 1]). :meth:`from_weights` takes them from a catalogue checkpoint. Inputs: docs/weights.md."""
+    pixels in [0, 1]); ``data_format``: the images' layout, in and out (``None``: ``keras.config.image_data_format()``).
+    :meth:`from_weights` takes them from a catalogue checkpoint. Inputs: docs/weights.md."""
 
     def __init__(
         self,
@@ -127,10 +134,12 @@ class ImagePreprocessor(keras.layers.Layer):
         interpolation: str = "bilinear",
         mean: float | tuple[float, ...] = MEAN,
         std: float | tuple[float, ...] = STD,
+        data_format: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.image_size = _pair(image_size)
+        self.data_format = image_data_format(data_format)
         if crop_fraction is not None and not 0.0 < crop_fraction <= 1.0:
             raise ValueError(f"crop_fraction must be None or in (0, 1], got {crop_fraction!r}.")
         self.crop_fraction = crop_fraction
@@ -166,12 +175,14 @@ class ImagePreprocessor(keras.layers.Layer):
         return self._preprocess(images, KERAS_OPS)
 
     def _preprocess(self, images, xp):
-        return _preprocess(
-            images, self.image_size, self.crop_fraction, self.interpolation, self.mean, self.std, self.compute_dtype, xp
-        )
+        settings = (self.image_size, self.crop_fraction, self.interpolation, self.mean, self.std, self.compute_dtype)
+        return _preprocess(images, *settings, xp, self.data_format)
 
     def compute_output_shape(self, input_shape):
-        return (*input_shape[:-3], *self.image_size, input_shape[-1])
+        *batch, first, _, last = input_shape
+        if self.data_format == "channels_first":
+            return (*batch, first, *self.image_size)
+        return (*batch, *self.image_size, last)
 
     def get_config(self):
         config = super().get_config()
@@ -181,15 +192,25 @@ class ImagePreprocessor(keras.layers.Layer):
             interpolation=self.interpolation,
             mean=list(self.mean),
             std=list(self.std),
+            data_format=self.data_format,
         )
         return config
 
+    @classmethod
+    def from_config(cls, config):
+        """The layer of ``config``; a config saved before ``data_format`` existed is channels-last (not the global
+        setting of the process loading it)."""
+        return super().from_config({"data_format": "channels_last", **config})
 
-def checkpoint_preprocessor(weights: str | os.PathLike | None, image_size) -> ImagePreprocessor | None:
+
+def checkpoint_preprocessor(
+    weights: str | os.PathLike | None, image_size, data_format: str | None = None
+) -> ImagePreprocessor | None:
     """The preprocessing the catalogue checkpoint ``weights`` was evaluated with (its crop, interpolation, mean and
-    std), at ``image_size``; None for weights that are not a catalogue name (a file, None)."""
+    std), at ``image_size``, for images in ``data_format``; None for weights that are not a catalogue name (a file,
+    None)."""
     from keras_vit import zoo
 
     if weights is None or zoo.find(str(weights)) is None:
         return None
-    return ImagePreprocessor.from_weights(str(weights), image_size=image_size)
+    return ImagePreprocessor.from_weights(str(weights), image_size=image_size, data_format=data_format)

@@ -11,7 +11,16 @@ from keras import layers, ops
 
 from keras_vit.checks import check_choice
 from keras_vit.config import GROUP_NORM_EPSILON, ROOT_WIDTH, STD_CONV_EPSILON, WEIGHT_STANDARDIZATIONS
-from keras_vit.layers import _pair, add_conv_kernel, conv_nhwc
+from keras_vit.layers import (
+    TO_CHANNELS_FIRST,
+    TO_CHANNELS_LAST,
+    _pair,
+    add_conv_kernel,
+    channels_last_shape,
+    check_data_format,
+    conv_nhwc,
+    format_shape,
+)
 from keras_vit.variants import resnet_stride
 
 __all__ = [
@@ -221,7 +230,8 @@ class ResNetStem(layers.Layer):
 
     Args: ``num_layers``: units per stage (``()``: the root only); ``width``: root channels, a multiple of 32;
     ``std_conv_epsilon`` (1e-5; timm 1e-8), ``group_norm_epsilon`` (1e-6; timm 1e-5), ``weight_standardization``
-    (``"flax"`` or ``"timm"``, :func:`standardize_kernel`): the published numerics, or :data:`TIMM_RESNET`'s."""
+    (``"flax"`` or ``"timm"``, :func:`standardize_kernel`): the published numerics, or :data:`TIMM_RESNET`'s;
+    ``data_format``: the layout of the images and of the map returned (the layers inside are channels-last)."""
 
     def __init__(
         self,
@@ -230,9 +240,11 @@ class ResNetStem(layers.Layer):
         std_conv_epsilon: float = STD_CONV_EPSILON,
         group_norm_epsilon: float = GROUP_NORM_EPSILON,
         weight_standardization: str = "flax",
+        data_format: str = "channels_last",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.data_format = check_data_format(data_format)
         if (
             isinstance(num_layers, (str, bytes))
             or not isinstance(num_layers, Sequence)
@@ -286,6 +298,7 @@ class ResNetStem(layers.Layer):
         return self.width if not self.num_layers else 4 * self.width * 2 ** (len(self.num_layers) - 1)
 
     def build(self, input_shape):
+        input_shape = channels_last_shape(input_shape, self.data_format)
         self.conv_root.build(input_shape)
         shape = self.conv_root.compute_output_shape(input_shape)
         self.gn_root.build(shape)
@@ -295,15 +308,18 @@ class ResNetStem(layers.Layer):
             shape = unit.compute_output_shape(shape)
 
     def call(self, images):
-        x = ops.relu(self.gn_root(self.conv_root(images)))
+        channels_first = self.data_format == "channels_first"
+        x = ops.transpose(images, TO_CHANNELS_LAST) if channels_first else images
+        x = ops.relu(self.gn_root(self.conv_root(x)))
         x = ops.max_pool(x, pool_size=3, strides=2, padding="same")
         for unit in self.units:
             x = unit(x)
-        return x
+        return ops.transpose(x, TO_CHANNELS_FIRST) if channels_first else x
 
     def compute_output_shape(self, input_shape):
-        b, h, w, _ = input_shape
-        return (b, _ceil_div(h, self.stride), _ceil_div(w, self.stride), self.output_channels)
+        b, h, w, _ = channels_last_shape(input_shape, self.data_format)
+        shape = (b, _ceil_div(h, self.stride), _ceil_div(w, self.stride), self.output_channels)
+        return format_shape(shape, self.data_format)
 
     def npz_key_map(self) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
         """Map each Flax ``.npz`` key of the ResNet (``conv_root/kernel``, ``gn_root/scale``,
@@ -323,4 +339,5 @@ class ResNetStem(layers.Layer):
             "std_conv_epsilon": self.std_conv_epsilon,
             "group_norm_epsilon": self.group_norm_epsilon,
             "weight_standardization": self.weight_standardization,
+            "data_format": self.data_format,
         }

@@ -53,7 +53,15 @@ TIMM_CASES = {
         32,
         ".pth",
     ),
+    # timm pads the 29x29 photos to 32x32 (dynamic_img_pad; dynamic_img_size lifts its size check)
+    "padded": (
+        "vit_tiny_patch16_224",
+        dict(depth=1, img_size=32, patch_size=8, num_classes=5, dynamic_img_size=True, dynamic_img_pad=True),
+        29,
+        ".safetensors",
+    ),
 }
+OPTIONS = {"padded": dict(image_size=29, dynamic_img_pad=True)}  # what keras-vit needs besides the file
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +76,7 @@ def test_timm_state_dict_gives_timms_logits(timm_files, case):
     _, kwargs, size, suffix = TIMM_CASES[case]
     path = timm_files / f"{case}{suffix}"
     heads = dict(num_heads=kwargs["num_heads"]) if "num_heads" in kwargs else {}
-    model = keras_vit.model_from_checkpoint(path, **heads)
+    model = keras_vit.model_from_checkpoint(path, **heads, **OPTIONS.get(case, {}))
     logits = to_numpy(model(photos(size)))
     np.testing.assert_allclose(logits, np.load(timm_files / f"{case}.npy"), atol=TOLERANCE, rtol=0)
     if case == "gap_fc_norm":  # ViT(weights=...) with the same options loads it too

@@ -17,6 +17,7 @@ from keras_vit import config as config_lib
 from keras_vit import models
 from keras_vit.config import ViTConfig
 from keras_vit.fields import add_arguments, given
+from keras_vit.layers import format_shape
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(patch_size=8, hidden_size=16, depth=2, num_heads=2, mlp_dim=32)
@@ -29,6 +30,7 @@ CONFIGS = {
         resnet_stages=(1,),
         image_size=(32, 48),
         channels=1,
+        data_format="channels_first",
         include_preprocessing=True,
         crop_fraction=0.875,
         interpolation="bicubic",
@@ -51,10 +53,11 @@ CONFIGS = {
         drop_path=0.3,
         remat=True,
     ),
-    "CLIP / SigLIP options: norm_pre, qk-norm, QuickGELU, epsilon, the MAP head": ViTConfig.from_variant(
+    "CLIP / SigLIP options: norm_pre, qk-norm, QuickGELU, epsilon, the MAP head; padding": ViTConfig.from_variant(
         None,
         **TINY,
-        image_size=32,
+        image_size=(27, 30),
+        dynamic_img_pad=True,
         classifier="map",
         norm_pre=True,
         qk_norm=True,
@@ -103,7 +106,8 @@ def test_get_config_is_the_config_record_through_a_keras_file(name, tmp_path):
     assert isinstance(loaded, keras_vit.VisionTransformer) and loaded.config == config
     assert ViTConfig.from_dict(loaded.get_config()["config"]) == config
     size = (40, 24) if config.dynamic_image_size or config.include_preprocessing else config.image_size
-    images = np.random.default_rng(0).uniform(-1, 1, (2, *size, config.channels)).astype("float32")
+    shape = format_shape((2, *size, config.channels), config.data_format)
+    images = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
     np.testing.assert_array_equal(loaded.predict(images, verbose=0), model.predict(images, verbose=0))
 
 
@@ -184,7 +188,9 @@ def test_vit_is_parse_replace_build():
         (dict(dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
         (dict(layer_scale_init=0.0), ValueError, "layer_scale_init must be a positive number"),
         (dict(remat="yes"), ValueError, "`remat` must be True or False"),
-        (dict(image_size=30), ValueError, "not divisible by the patch size 16"),
+        (dict(image_size=30), ValueError, "not divisible by the patch size 16.*dynamic_img_pad=True"),
+        (dict(data_format="NCHW"), ValueError, "Unknown data_format 'NCHW'; expected one of"),
+        (dict(dynamic_img_pad=1), ValueError, "`dynamic_img_pad` must be True or False"),
         (dict(classifier="gap", pooling="token"), ValueError, "needs classifier='token'"),
         (dict(include_preprocessing=True, dynamic_image_size=True), ValueError, "leave dynamic_image_size off"),
         (dict(std_conv_epsilon=1e-8), ValueError, r"\['std_conv_epsilon'\] set a hybrid's ResNet"),

@@ -62,6 +62,11 @@ def test_dynamic_model_maps_follow_the_image():
     assert tuple(features(images(40, 64)).shape) == (2, 5, 8, 32)
 
 
+def test_maps_of_a_model_with_preprocessing_are_on_the_preprocessed_grid():
+    model = keras_vit.ViT(None, image_size=32, include_preprocessing=True, **{**ARCH, "depth": 1})
+    assert tuple(keras_vit.feature_model(model)(images(50, 70)).shape) == (2, 4, 4, 32)  # 32x32 once resized
+
+
 def test_bad_block_index(model):
     with pytest.raises(IndexError, match="3 blocks"):
         keras_vit.feature_model(model, blocks=3)

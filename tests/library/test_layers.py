@@ -504,3 +504,23 @@ def test_empty_batches_with_unknown_image_sizes():
     model = keras.Model(inputs, PatchEmbed(4, 8)(inputs))
     assert tuple(model(np.zeros((0, 8, 12, 3))).shape) == (0, 6, 8)
     assert tuple(model(np.zeros((3, 8, 12, 3))).shape) == (3, 6, 8)
+
+
+def test_patch_embed_takes_channels_first_and_pads_with_zeros_below_and_right():
+    """The same kernel in either layout; with dynamic_img_pad, 10x7 images embed as the 12x8 images that are
+    them padded with zeros (timm's); without, the size is refused."""
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 10, 7, 3)).astype("float32")
+    last = PatchEmbed(4, 8, dynamic_img_pad=True)
+    first = PatchEmbed(4, 8, data_format="channels_first", dynamic_img_pad=True)
+    last.build(x.shape)
+    first.build(x.transpose(0, 3, 1, 2).shape)
+    _randomise(last)
+    first.set_weights(last.get_weights())
+    tokens = ops.convert_to_numpy(last(x))
+    assert tokens.shape == (2, 6, 8) == last.compute_output_shape(x.shape)
+    padded = np.pad(x, [(0, 0), (0, 2), (0, 1), (0, 0)])
+    np.testing.assert_allclose(tokens, ops.convert_to_numpy(last(padded)), atol=1e-6)
+    np.testing.assert_allclose(ops.convert_to_numpy(first(x.transpose(0, 3, 1, 2))), tokens, atol=1e-6)
+    assert first.compute_output_shape((None, 3, 10, 7)) == (None, 6, 8)
+    with pytest.raises(ValueError, match="10x7 is not divisible by the patch size 4x4"):
+        PatchEmbed(4, 8)(x)

@@ -192,20 +192,24 @@ def test_save_and_load_round_trip_is_bit_identical(tmp_path):
 
 # Every serialisable layer of keras_vit, with a NON-default value for every constructor argument.
 NON_DEFAULT_ARGUMENTS = {
-    "PatchEmbed": dict(patch_size=(4, 2), hidden_size=8),
+    "PatchEmbed": dict(patch_size=(4, 2), hidden_size=8, data_format="channels_first", dynamic_img_pad=True),
+    "ChannelsLast": dict(),
     "ClassToken": dict(),
     "PrefixTokens": dict(count=3, offset=2),
     "TokenAt": dict(index=1),
     "AddPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=2),
     "AddPositionEmbs2D": dict(grid_size=(3, 5), num_prefix_tokens=2),
-    "DynamicPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=0, stride=8, method="bilinear"),
-    "PatchTokenMap": dict(num_prefix_tokens=0, stride=8),
+    "DynamicPositionEmbs": dict(
+        grid_size=(3, 5), num_prefix_tokens=0, stride=8, method="bilinear", dynamic_img_pad=True
+    ),
+    "PatchTokenMap": dict(num_prefix_tokens=0, stride=8, dynamic_img_pad=True),
     "ImagePreprocessor": dict(
         image_size=(48, 64),
         crop_fraction=0.875,
         interpolation="bicubic",
         mean=[0.485, 0.456, 0.406],
         std=[0.25, 0.25, 0.25],
+        data_format="channels_first",
     ),
     "SinCosPositionEmbs": dict(grid_size=(3, 5), num_prefix_tokens=0, temperature=100.0),
     "RelativePositionBias": dict(num_heads=3, grid_size=(3, 5), num_prefix_tokens=0),
@@ -248,7 +252,12 @@ NON_DEFAULT_ARGUMENTS = {
         features=64, strides=2, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
     ),
     "ResNetStem": dict(
-        num_layers=(1, 2), width=96, std_conv_epsilon=1e-8, group_norm_epsilon=1e-5, weight_standardization="timm"
+        num_layers=(1, 2),
+        width=96,
+        std_conv_epsilon=1e-8,
+        group_norm_epsilon=1e-5,
+        weight_standardization="timm",
+        data_format="channels_first",
     ),
     # the model: the config record (tests/test_config.py sets every field of it) and what was frozen or thawed
     "VisionTransformer": dict(
@@ -435,3 +444,65 @@ def test_named_constructors_forward_options():
 def test_preprocess_input_range():
     x = np.array([0, 127.5, 255], "float32")
     np.testing.assert_allclose(keras_vit.preprocess_input(x), [-1, 0, 1])
+
+
+SMALL = dict(image_size=32, patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5)
+
+
+def _same_random_weights(source, *targets):
+    """Random weights (not the zero head) in ``source``, copied into each of ``targets``."""
+    rng = np.random.default_rng(0)
+    for variable in source.weights:
+        variable.assign(rng.normal(0, 0.1, variable.shape).astype("float32"))
+    for target in targets:
+        target.set_weights(source.get_weights())
+
+
+HYBRID_ANY_SIZE = dict(resnet_stages=(1,), patch_size=2, dynamic_image_size=True)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), pytest.param(HYBRID_ANY_SIZE, marks=pytest.mark.backends("tensorflow"))],  # JAX: 20 s of ResNet
+    ids=["plain", "hybrid, any size"],
+)
+def test_channels_first_takes_the_same_weights_and_gives_the_channels_last_logits(options):
+    last = keras_vit.ViT(None, **{**SMALL, **options}, data_format="channels_last")
+    first = keras_vit.ViT(None, **{**SMALL, **options}, data_format="channels_first")
+    _same_random_weights(last, first)
+    assert first.config.data_format == "channels_first" and first.input_shape[1] == 3
+    x = images(size=32 if not options else 40)
+    np.testing.assert_allclose(to_numpy(first(x.transpose(0, 3, 1, 2))), to_numpy(last(x)), atol=1e-6)
+    maps = [
+        to_numpy(keras_vit.feature_model(model, 0)(batch))
+        for model, batch in ((last, x), (first, x.transpose(0, 3, 1, 2)))
+    ]
+    np.testing.assert_allclose(maps[1], maps[0], atol=1e-6)
+
+
+def test_the_default_layout_is_keras_image_data_format(channels_first):
+    assert keras_vit.ViT_Ti16(depth=1, include_top=False).input_shape == (None, 3, 224, 224)
+    model = keras_vit.ViT_Ti16(input_shape=(3, 128, 96), depth=1)
+    assert model.input_shape == (None, 3, 128, 96) and model.config.image_size == (128, 96)
+    assert keras_vit.ViT(None, **SMALL, data_format="channels_last").input_shape == (None, 32, 32, 3)
+    with pytest.raises(ValueError, match=r"input_shape must be \(channels, height, width\)"):
+        keras_vit.ViT(None, **SMALL, input_shape=(32, 32))
+    with pytest.raises(ValueError, match="Unknown data_format 'nchw'"):
+        keras_vit.ViT_S16(data_format="nchw")
+
+
+def test_dynamic_img_pad_is_zero_padding_to_the_next_patch_multiple():
+    """27x30 images (patch 8) in a padding model: the logits of the 32x32 model on the images padded with zeros below
+    and right (timm's dynamic_img_pad), at a fixed size and at any size; without the option, the size is refused."""
+    plain = keras_vit.ViT(None, **SMALL)
+    padded = keras_vit.ViT(None, **{**SMALL, "image_size": (27, 30)}, dynamic_img_pad=True)
+    any_size = keras_vit.ViT(None, **SMALL, dynamic_image_size=True, dynamic_img_pad=True)
+    _same_random_weights(plain, padded, any_size)
+    assert padded.config.grid_size == (4, 4) and padded.input_shape == (None, 27, 30, 3)
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 27, 30, 3)).astype("float32")
+    expected = to_numpy(plain(np.pad(x, [(0, 0), (0, 5), (0, 2), (0, 0)])))
+    np.testing.assert_allclose(to_numpy(padded(x)), expected, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(any_size(x)), expected, atol=1e-6)
+    assert keras_vit.feature_model(any_size, 0)(x).shape == (2, 4, 4, 32)
+    with pytest.raises(ValueError, match=r"27x30 is not divisible by the patch size 8.*dynamic_img_pad=True"):
+        keras_vit.ViT(None, **{**SMALL, "image_size": (27, 30)})

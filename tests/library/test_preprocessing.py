@@ -89,7 +89,7 @@ def test_preprocess_input_returns_what_it_was_given():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(tensor), out)  # the same numbers either way
     for data_format in ("channels_first", "channels_last", None):  # the same scaling for any layout
         np.testing.assert_array_equal(preprocess_input(pixels, data_format=data_format), out)
-    with pytest.raises(ValueError, match="data_format must be one of"):
+    with pytest.raises(ValueError, match="Unknown data_format 'NCHW'; expected one of"):
         preprocess_input(pixels, data_format="NCHW")
 
 
@@ -153,7 +153,32 @@ def test_mean_and_std_per_channel():
     np.testing.assert_allclose(same, keras.ops.convert_to_numpy(preprocess_input(pixels)), atol=1e-7)
 
 
+def test_channels_first_images_give_the_channels_last_result_transposed(photos):
+    """``(B, C, H, W)`` and ``(C, H, W)`` arrays: preprocess_input scales every channel alike, ImagePreprocessor (a
+    crop, per-channel mean and std) is the channels-last layer between two transposes."""
+    batch = np.stack([photos[1], photos[1][::-1]])  # (2, 360, 150, 3)
+    first = batch.transpose(0, 3, 1, 2)
+    scaled = keras.ops.convert_to_numpy(preprocess_input(first, data_format="channels_first"))
+    np.testing.assert_array_equal(scaled, keras.ops.convert_to_numpy(preprocess_input(batch)).transpose(0, 3, 1, 2))
+    settings = dict(image_size=(24, 40), crop_fraction=0.875, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    last, layer = (ImagePreprocessor(**settings, data_format=layout) for layout in ("channels_last", "channels_first"))
+    expected = keras.ops.convert_to_numpy(last(batch)).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(first)), expected, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(first[0])), expected[0], atol=1e-6)
+    assert layer.compute_output_shape((None, 3, None, None)) == (None, 3, 24, 40)
+
+
+def test_the_default_layout_is_keras_image_data_format_but_a_saved_layer_keeps_its_own(channels_first):
+    assert ImagePreprocessor(32).data_format == "channels_first"
+    config = ImagePreprocessor(32, data_format="channels_last").get_config()
+    assert ImagePreprocessor.from_config(config).data_format == "channels_last"
+    del config["data_format"]  # saved before the argument existed: channels-last images
+    assert ImagePreprocessor.from_config(config).data_format == "channels_last"
+
+
 def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="Unknown data_format 'NCHW'"):
+        ImagePreprocessor(224, data_format="NCHW")
     with pytest.raises(ValueError, match="crop_fraction"):
         ImagePreprocessor(224, crop_fraction=1.5)
     with pytest.raises(ValueError, match="image_size"):

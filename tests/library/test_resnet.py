@@ -229,3 +229,14 @@ def test_layers_round_trip_through_their_config(layer):
     clone.set_weights(layer.get_weights())
     assert clone.get_config() == layer.get_config()
     np.testing.assert_array_equal(np.asarray(clone(x)), y)
+
+
+def test_stem_takes_channels_first_images_and_returns_a_channels_first_map():
+    x = RNG.normal(size=(1, 3, 40, 24)).astype("float32")
+    last, first = ResNetStem((1,), width=32), ResNetStem((1,), width=32, data_format="channels_first")
+    expected = np.asarray(last(x.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+    first.build(x.shape)
+    first.set_weights(last.get_weights())
+    y = first(x)
+    assert y.shape == (1, 128, 10, 6) == first.compute_output_shape(x.shape)
+    np.testing.assert_allclose(np.asarray(y), expected, atol=1e-5)
