@@ -77,13 +77,18 @@ def _check_backend(fmt: str) -> None:
 def with_preprocessing(
     model: keras.Model, *, crop_fraction: float | None = None, input_dtype: str = "uint8"
 ) -> keras.Model:
-    """``model`` behind an :class:`ImagePreprocessor`: takes ``(B, H, W, 3)`` images in [0, 255] of any size."""
+    """``model`` behind an :class:`ImagePreprocessor`: takes images in [0, 255] of any size, ``(B, H, W, 3)`` (a
+    channels-first model: ``(B, 3, H, W)``)."""
     import keras
 
+    from keras_vit.inputs import model_data_format, model_image_shape
+    from keras_vit.layers import format_shape
     from keras_vit.preprocessing import ImagePreprocessor
 
-    inputs = keras.Input((None, None, 3), dtype=input_dtype, name="images")
-    x = ImagePreprocessor(tuple(model.input_shape[1:3]), crop_fraction=crop_fraction, name="preprocess")(inputs)
+    layout = model_data_format(model)
+    inputs = keras.Input(format_shape((None, None, None, 3), layout)[1:], dtype=input_dtype, name="images")
+    size = model_image_shape(model)[:2]
+    x = ImagePreprocessor(size, crop_fraction=crop_fraction, data_format=layout, name="preprocess")(inputs)
     return keras.Model(inputs, model(x), name=f"{model.name}_with_preprocessing")
 
 
@@ -360,7 +365,7 @@ def photo_images(image_size: int | tuple[int, int], count: int = 16, seed: int =
 
     from keras_vit.preprocessing import ImagePreprocessor
 
-    preprocess = ImagePreprocessor(image_size)
+    preprocess = ImagePreprocessor(image_size, data_format="channels_last")
     return np.stack([keras.ops.convert_to_numpy(preprocess(crop)) for crop in photo_crops(count, seed)])
 
 
@@ -431,13 +436,14 @@ def _export_and_compare(args: argparse.Namespace, targets: dict[str, Path]) -> N
     """The command's work: each format written, run and compared with the model (one table row each), in a
     staging folder inside ``OUT_DIR``; the files enter ``OUT_DIR`` only when every format is done."""
     import keras_vit
+    from keras_vit.inputs import for_model, model_image_shape
 
     out = Path(args.out)
     try:
         model = keras_vit.model_from_checkpoint(args.weights)
     except (OSError, ValueError) as exc:
         raise CommandError(f"weights {args.weights!r}: {shown(exc)}") from exc
-    images = photo_images(tuple(model.input_shape[1:3]), args.images)
+    images = for_model(photo_images(model_image_shape(model)[:2], args.images), model)
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
     try:

@@ -41,14 +41,15 @@ def classify(
     """The ``top`` ``(id, name, score)`` of each uint8 ``(H, W, 3)`` image under ``model``, preprocessed as catalogue
     checkpoint ``weights`` was evaluated, else resized whole; ``labels`` as :func:`keras_vit.labels.decode_predictions`
     (default: the model's class names, else ImageNet's by the head's size)."""
+    from keras_vit.inputs import for_model, model_image_shape
     from keras_vit.labels import decode_predictions
     from keras_vit.preprocessing import ImagePreprocessor, checkpoint_preprocessor
 
-    size = tuple(model.input_shape[1:3])
-    preprocess = checkpoint_preprocessor(weights, size) or ImagePreprocessor(size)
+    size, layout = model_image_shape(model)[:2], "channels_last"  # the images read; the model's own: for_model
+    preprocess = checkpoint_preprocessor(weights, size, layout) or ImagePreprocessor(size, data_format=layout)
     logits = []
     for start in range(0, len(images), _BATCH):
-        batch = np.stack([np.asarray(preprocess(image)) for image in images[start : start + _BATCH]])
+        batch = for_model(np.stack([np.asarray(preprocess(image)) for image in images[start : start + _BATCH]]), model)
         logits.append(np.asarray(model.predict_on_batch(batch), dtype="float64"))
     if labels is None:
         labels = getattr(getattr(model, "config", None), "class_names", None)

@@ -30,6 +30,7 @@ def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model
         image_size=model.image_size,
         num_classes=num_classes,
         weights=model.weights,
+        data_format="channels_last",  # the input pipeline's layout, whatever keras.config.image_data_format() says
         **{**config.model_options(), **options},
     )
     rows, columns = vit.config.grid_size

@@ -178,11 +178,12 @@ def run_few_shot(
 ) -> tuple[dict[int, np.ndarray], float]:
     """n-shot accuracies on ``split`` (default: :func:`few_shot_split` of ``args``), and the chance level."""
     from keras_vit.analysis import fewshot
+    from keras_vit.inputs import model_data_format
 
     images, labels, test_images, test_labels = few_shot_split(args) if split is None else split
 
     def features(x):
-        batch = model_input(x, size, args.weights)
+        batch = model_input(x, size, args.weights, model_data_format(model))
         return fewshot.extract_features(model, batch, pooling=pooling, batch_size=args.batch_size)
 
     accuracies = fewshot.few_shot_evaluation(
@@ -191,20 +192,26 @@ def run_few_shot(
     return accuracies, 1.0 / len(np.unique(labels))
 
 
-def model_input(images, size: tuple[int, int], weights: str | None = None) -> np.ndarray:
-    """uint8 images of any size as the model's float32 input, numpy: preprocessed as the catalogue checkpoint
-    ``weights`` was evaluated (its crop, interpolation, mean and std: CLIP's are not [-1, 1]), else centre-cropped to
-    the aspect ratio, resized (:func:`~keras_vit.analysis.data.resize_images`) and scaled to [-1, 1]."""
+def model_input(
+    images, size: tuple[int, int], weights: str | None = None, data_format: str = "channels_last"
+) -> np.ndarray:
+    """uint8 ``(H, W, C)`` images of any size as the model's float32 input in ``data_format``, numpy: preprocessed as
+    the catalogue checkpoint ``weights`` was evaluated (its crop, interpolation, mean and std: CLIP's are not
+    [-1, 1]), else centre-cropped to the aspect ratio, resized (:func:`~keras_vit.analysis.data.resize_images`) and
+    scaled to [-1, 1]."""
     import keras
 
     import keras_vit
     from keras_vit.analysis.data import as_rgb, resize_images
+    from keras_vit.inputs import in_data_format
     from keras_vit.preprocessing import checkpoint_preprocessor
 
-    preprocess = checkpoint_preprocessor(weights, size)
+    preprocess = checkpoint_preprocessor(weights, size, "channels_last")
     if preprocess is not None:
-        return np.stack([keras.ops.convert_to_numpy(preprocess(as_rgb(image))) for image in images]).astype(np.float32)
-    return keras.ops.convert_to_numpy(keras_vit.preprocess_input(resize_images(images, size)))
+        batch = np.stack([keras.ops.convert_to_numpy(preprocess(as_rgb(image))) for image in images])
+    else:
+        batch = keras.ops.convert_to_numpy(keras_vit.preprocess_input(resize_images(images, size)))
+    return in_data_format(batch.astype(np.float32), data_format)
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -245,9 +252,10 @@ def run(args: argparse.Namespace) -> dict:
     """Check, compute, then draw the chosen analyses (:func:`_write_outputs`); returns what results.json holds."""
     from keras_vit.analysis import attention, data, embeddings, plots
     from keras_vit.analysis.geometry import token_geometry
+    from keras_vit.inputs import model_data_format, model_image_shape
 
     model = build_model(args)
-    size = tuple(model.inputs[0].shape[1:3])
+    size = model_image_shape(model)[:2]
     applicable = applicable_analyses(model)
     chosen = args.analyses or applicable
     if set(chosen) - set(applicable):
@@ -276,7 +284,7 @@ def run(args: argparse.Namespace) -> dict:
     if originals is not None:
         pictures = data.resize_images(originals, size)
         found = attention.analyse_attention(
-            model, model_input(originals, size, args.weights), batch_size=args.batch_size
+            model, model_input(originals, size, args.weights, model_data_format(model)), batch_size=args.batch_size
         )
         if "attention" in chosen:
             shown = pictures.astype(np.float32) / 255.0

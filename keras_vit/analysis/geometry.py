@@ -9,6 +9,9 @@ import keras
 import numpy as np
 
 from keras_vit.checks import check_choice
+from keras_vit.config import grid_length
+from keras_vit.features import model_stride
+from keras_vit.inputs import model_image_shape
 from keras_vit.layers import PatchEmbed
 from keras_vit.tokens import num_prefix_tokens
 
@@ -58,9 +61,10 @@ def token_geometry(model: keras.Model) -> TokenGeometry:
     """The :class:`TokenGeometry` of a keras_vit model (plain or hybrid)."""
     embed = get_layer(model, "embedding", PatchEmbed)
     feature_h, feature_w = embed.input.shape[1:3]
-    height, width = model.inputs[0].shape[1:3]
+    height, width = model_image_shape(model)[:2]
     if None in (height, width, feature_h, feature_w):
         raise ValueError(f"Model {model.name!r} needs a fixed input image size for the analyses.")
-    gh, gw = feature_h // embed.patch_size[0], feature_w // embed.patch_size[1]
-    prefix = num_prefix_tokens(model)
-    return TokenGeometry((gh, gw), (height // gh, width // gw), prefix)
+    pad = embed.dynamic_img_pad  # the grid rounded up, each token still a stride of pixels
+    gh, gw = (grid_length(size, patch, pad) for size, patch in zip((feature_h, feature_w), embed.patch_size))
+    stride = (model_stride(model),) * 2 if pad else (height // gh, width // gw)
+    return TokenGeometry((gh, gw), stride, num_prefix_tokens(model))

@@ -12,6 +12,7 @@ from keras_vit.checkpoints.from_keras_hub import CONFIG_FILE, HEAD_FILE, POSEMBE
 from keras_vit.checkpoints.keymap import model_arrays
 from keras_vit.config import ViTConfig, field_names
 from keras_vit.files import atomic_path
+from keras_vit.layers import format_shape
 from keras_vit.models import VisionTransformer
 from keras_vit.optional import require
 
@@ -32,6 +33,7 @@ def save_preset(model, folder: str | Path) -> Path:
         "resnet_stages": (architecture.resnet_stages, None),
         **{name: (getattr(config, name), getattr(ViTConfig, name)) for name in structure},
         "dynamic_image_size": (config.dynamic_image_size, False),
+        "dynamic_img_pad": (config.dynamic_img_pad, False),
         "include_preprocessing": (config.include_preprocessing, False),
     }
     beyond = [f"{name}={value!r}" for name, (value, allowed) in limits.items() if value != allowed]
@@ -41,13 +43,14 @@ def save_preset(model, folder: str | Path) -> Path:
         raise ValueError(f"{folder} exists; remove it or choose another folder for the preset.")
     keras_hub = require("keras_hub", "Saving a keras-hub preset")
     backbone = keras_hub.models.ViTBackbone(
-        image_shape=(*config.image_size, config.channels),
+        image_shape=format_shape((None, *config.image_size, config.channels), config.data_format)[1:],
         patch_size=architecture.patch_size,
         num_layers=architecture.depth,
         num_heads=architecture.num_heads,
         hidden_dim=architecture.hidden_size,
         mlp_dim=architecture.mlp_dim,
         use_class_token=config.classifier == "token",
+        data_format=config.data_format,
     )
     arrays = model_arrays(model)
     head = {key: value for key, value in arrays.items() if key.startswith(("head/", "pre_logits/"))}

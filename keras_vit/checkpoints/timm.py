@@ -28,8 +28,11 @@ from keras_vit.checkpoints.from_timm import (
 )
 from keras_vit.checkpoints.infer import REGISTER_TOKENS, prefix_token_fields
 from keras_vit.checkpoints.keymap import model_arrays
+from keras_vit.config import grid_length
+from keras_vit.features import model_stride
 from keras_vit.files import atomic_path
-from keras_vit.layers import TransformerBlock
+from keras_vit.inputs import model_image_shape
+from keras_vit.layers import PatchEmbed, TransformerBlock
 from keras_vit.models import uses_fc_norm
 from keras_vit.resnet import ResNetStem
 
@@ -166,7 +169,7 @@ def timm_model_kwargs(model: keras.Model) -> dict:
     """``timm.create_model`` arguments that build ``model``'s architecture in timm (``pretrained=False``)."""
     arrays = model_arrays(model)
     blocks = _blocks(model)
-    _, height, width, _ = model.input_shape
+    height, width, _ = model_image_shape(model)
     patch, _, _, hidden = arrays["embedding/kernel"].shape
     stems = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, ResNetStem)]
     kwargs = dict(
@@ -208,6 +211,12 @@ def timm_model_kwargs(model: keras.Model) -> dict:
         if name is None:
             raise ValueError(f"timm has no hybrid with ResNet stages {stems[0].num_layers} and this stride.")
         kwargs["model_name"] = name
+    if any(isinstance(layer, PatchEmbed) and layer.dynamic_img_pad for layer in model._flatten_layers()) and height:
+        # timm sizes its position embeddings by the grid rounded down: give it the padded size, and let it pad
+        # whatever it gets (dynamic_img_size: no size check)
+        stride = model_stride(model)
+        kwargs["img_size"] = tuple(grid_length(int(size), stride) * stride for size in (height, width))
+        kwargs.update(dynamic_img_pad=True, dynamic_img_size=True)
     return kwargs
 
 

@@ -152,3 +152,16 @@ def test_hybrid_patches_are_measured_in_input_pixels():
     uniform = attention.mean_attention_distance(uniform_attention(1, 1, 1, 17), 4, 16)
     assert found.maps.shape == (2, 4, 4)
     np.testing.assert_allclose(found.distances, uniform[0, 0], rtol=0.2)
+
+
+@pytest.mark.backends("tensorflow")  # backend-independent
+def test_a_channels_first_model_takes_its_own_images_and_a_padding_model_measures_whole_patches():
+    last = keras_vit.ViT("Ti/16", **{**TINY, "depth": 1})
+    first = keras_vit.ViT("Ti/16", data_format="channels_first", **{**TINY, "depth": 1})
+    first.set_weights(last.get_weights())
+    assert token_geometry(first) == token_geometry(last) == TokenGeometry((4, 4), (8, 8), 1)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    found = attention.analyse_attention(first, images.transpose(0, 3, 1, 2))
+    np.testing.assert_allclose(found.maps, attention.analyse_attention(last, images).maps, atol=1e-6)
+    padded = keras_vit.ViT("Ti/16", dynamic_img_pad=True, **{**TINY, "image_size": (27, 30), "depth": 1})
+    assert token_geometry(padded) == TokenGeometry((4, 4), (8, 8), 1)  # 27x30 padded to 32x32

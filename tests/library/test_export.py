@@ -108,6 +108,16 @@ def test_with_preprocessing_takes_uint8_of_any_size(model, tmp_path, fmt):
         np.testing.assert_allclose(run(crop[None]), expected, atol=FLOAT_ATOL)
 
 
+def test_with_preprocessing_of_a_channels_first_model_takes_channels_first_images(model):
+    first = keras_vit.VisionTransformer(model.config.replace(data_format="channels_first"))
+    first.set_weights(model.get_weights())
+    serving = export.with_preprocessing(first)
+    assert serving.input_shape == (None, 3, None, None)
+    crop = export.photo_crops(1, seed=1)[0]
+    expected = model.predict_on_batch(ImagePreprocessor(32, data_format="channels_last")(crop)[None])
+    np.testing.assert_allclose(serving.predict_on_batch(crop.transpose(2, 0, 1)[None]), expected, atol=1e-5)
+
+
 def test_bad_arguments(model, tmp_path):
     with pytest.raises(ValueError, match="quantize"):
         export.export_litert(model, tmp_path / "m.tflite", quantize="int4")

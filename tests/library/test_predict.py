@@ -118,3 +118,6 @@ def test_a_catalogue_checkpoint_is_preprocessed_as_it_was_evaluated():
     assert [score for _, _, score in ours] == pytest.approx(sorted(logits)[::-1][:3], rel=1e-5)
     (whole,) = classify(model, [photo], top=3, scores="logits")  # no checkpoint named: the whole image, bilinear
     assert [s for _, _, s in whole] != pytest.approx([s for _, _, s in ours], rel=1e-3)
+    channels_first = keras_vit.model_from_checkpoint(arrays, data_format="channels_first")
+    (again,) = classify(channels_first, [photo], top=3, scores="logits", weights=name)  # (H, W, 3) photos still
+    assert [s for _, _, s in again] == pytest.approx([s for _, _, s in ours], rel=1e-5)
