@@ -1,13 +1,17 @@
 """Keras quantization (``model.quantize``) of keras-vit models kept through a ``.keras`` file
 (keras_vit/quantization.py): every mode Keras 3.15 offers without calibration, on every backend (all three run them
-on CPUs), the head included; the head's own precision (``head_dtype``).
+on CPUs), the head included; the head's own precision (``head_dtype``); predict and export of a quantized file.
 On JAX a mode's first quantized call compiles its ops one by one (2-5 s of the round trip on a loaded 2-vCPU host)."""
+
+import json
 
 import keras
 import numpy as np
 import pytest
+from PIL import Image
 
 import keras_vit
+from keras_vit import export, predict
 from keras_vit.quantization import QUANTIZATION_MODES, own_policy
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
@@ -109,3 +113,32 @@ def test_head_dtype_is_the_heads_policy_kept_by_the_file(tmp_path):
     for bad, message in (("float33", "head_dtype must be a Keras dtype policy"), ("int8_from_float32", "quantize")):
         with pytest.raises(ValueError, match=message):
             keras_vit.ViT(**TINY, head_dtype=bad)
+
+
+@pytest.mark.backends("tensorflow")  # export runs from TensorFlow (other backends: test_export.py's reasons)
+def test_predict_and_export_take_a_quantized_keras_file(tmp_path, capsys):
+    """``model_from_checkpoint`` (the commands' --weights) loads the file as saved: ``predict`` ranks by the
+    quantized logits; a SavedModel export runs them exactly; LiteRT, whose converter has no int8 x int8 matmul, is
+    refused saying so (as OpenVINO is, by the same check); the file's weights do not load into another model."""
+    model = tiny()
+    model.quantize("int8")
+    path = tmp_path / "int8.keras"
+    model.save(path)
+    loaded = keras_vit.model_from_checkpoint(path)
+    assert modes(loaded) == modes(model)
+    photo = export.photo_images(32, 1)  # the crop below, preprocessed as predict does
+    (tmp_path / "classes.txt").write_text("".join(f"class{i}\n" for i in range(10)))
+    Image.fromarray(export.photo_crops(1)[0]).save(tmp_path / "photo.png")
+    argv = [str(tmp_path / "photo.png"), "--weights", str(path), "--labels", str(tmp_path / "classes.txt"), "--json"]
+    assert predict.main([*argv, "--scores", "logits", "--top", "1"]) == 0
+    (best,) = json.loads(capsys.readouterr().out)[0]["predictions"]
+    logits = outputs(model, photo)[0]
+    assert best["name"] == f"class{logits.argmax()}" and best["score"] == pytest.approx(logits.max(), abs=1e-5)
+    run = export.load(export.export_saved_model(loaded, tmp_path / "saved_model"))
+    np.testing.assert_allclose(run(images()), outputs(model, images()), atol=1e-6)
+    with pytest.raises(ValueError, match=r"litert export of a model quantized by Keras \(int8\) does not run"):
+        export.export_litert(loaded, tmp_path / "int8.tflite")
+    with pytest.raises(ValueError, match="holds a quantized model"):
+        keras_vit.ViT(weights=str(path))
+    with pytest.raises(ValueError, match=r"loads as saved: leave out \['num_classes'\]"):
+        keras_vit.model_from_checkpoint(path, num_classes=3)
