@@ -234,7 +234,8 @@ def _mb(*paths: str) -> float:
 
 def keras_route(bench: Bench, policy: str = "float32", quantize: str | None = None):
     """``predict_on_batch`` of the model rebuilt under ``policy`` with the same weights, then
-    ``model.quantize(quantize)`` when given (the float32 model itself when neither)."""
+    ``model.quantize(quantize)`` when given, saved as ``.keras`` and loaded back as a user gets it (size: the file's;
+    the float32 model itself when neither)."""
     import keras
 
     import keras_vit
@@ -251,8 +252,12 @@ def keras_route(bench: Bench, policy: str = "float32", quantize: str | None = No
         with warnings.catch_warnings():  # one "does not have a `quantize` method" per non-Dense layer
             warnings.simplefilter("ignore", UserWarning)
             model.quantize(quantize)
-    size = None if quantize else sum(w.nbytes for w in bench.model.get_weights()) / 1e6
-    return model.predict_on_batch, size, f"policy {policy}" + (f", {quantize} Dense layers" if quantize else "")
+        path = bench.path(f"keras-{quantize}.keras")
+        model.save(path)
+        model = keras.saving.load_model(path)
+    size = _mb(path) if quantize else sum(w.nbytes for w in bench.model.get_weights()) / 1e6
+    note = f"policy {policy}" + (f", {quantize} Dense layers, through a .keras file" if quantize else "")
+    return model.predict_on_batch, size, note
 
 
 def litert_route(bench: Bench, mode: str = "float32"):
@@ -379,6 +384,8 @@ ROUTES = {  # name -> (row label, optional modules it needs, helper, keyword arg
     "keras-f32": ("Keras float32", (), keras_route, {}),
     "keras-bf16": ("Keras mixed_bfloat16", (), keras_route, {"policy": "mixed_bfloat16"}),
     "keras-int8": ('Keras quantize("int8")', (), keras_route, {"quantize": "int8"}),
+    "keras-float8": ('Keras quantize("float8")', (), keras_route, {"quantize": "float8"}),
+    "keras-int4": ('Keras quantize("int4")', (), keras_route, {"quantize": "int4"}),
     "litert-f32": ("LiteRT float32", (), litert_route, {}),
     "litert-dynamic": ("LiteRT dynamic-range int8", (), litert_route, {"mode": "dynamic"}),
     "litert-int8": ("LiteRT full-integer int8", (), litert_route, {"mode": "integer"}),

@@ -113,6 +113,7 @@ _SUBMODULES = (
     "precision",
     "predict",
     "preprocessing",
+    "quantization",
     "registration",
     "resnet",
     "runtime",

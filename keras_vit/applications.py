@@ -104,6 +104,7 @@ def ViT(
     name: str | None = None,
     dtype: str | keras.DTypePolicy | None = None,
     data_format: str | None = None,
+    head_dtype: str | keras.DTypePolicy | None = None,
     **options: Any,
 ) -> keras.Model:
     """Build a Vision Transformer (plain or hybrid): parse the variant, replace the fields given, build, load.
@@ -122,6 +123,9 @@ def ViT(
             (default: the global policy); the head's logits stay float32 under a mixed policy (docs/performance.md).
         data_format: ``"channels_last"`` or ``"channels_first"`` images (and ``input_shape``); default
             ``keras.config.image_data_format()``. The weights are the same either way.
+        head_dtype: the classification head's policy or its name (default: ``dtype``'s variable dtype, float32 under
+            a mixed policy): ``"float32"`` keeps a ``"bfloat16"`` model's logits float32, ``"mixed_bfloat16"`` makes
+            the head compute in bfloat16 too. Quantization (``model.quantize``) takes the head as any other layer.
         **options: any field of :class:`keras_vit.config.ViTConfig` (``dynamic_img_pad=True``: any image size).
 
     Returns:
@@ -170,7 +174,9 @@ def ViT(
         if variant is None and not set(fields) & set(field_names("architecture")):
             variant = DEFAULT_VARIANT
         config = ViTConfig.from_variant(variant, **fields)
-    model = build_vit(config, name=name or _model_name(variant, config.architecture), dtype=dtype)
+    model = build_vit(
+        config, name=name or _model_name(variant, config.architecture), dtype=dtype, head_dtype=head_dtype
+    )
     if checkpoint is not None:
         load_weights(model, checkpoint, new_head=new_head, resize_method=config.position_interpolation)
     return model if input_tensor is None else on_tensor(model, input_tensor)
@@ -209,6 +215,7 @@ class ViTArguments(TypedDict, total=False):
     name: str | None
     dtype: str | keras.DTypePolicy | None
     data_format: str | None
+    head_dtype: str | keras.DTypePolicy | None
 
 
 def _named(variant: str, image_size: int | tuple[int, int] | None, arguments: ViTArguments) -> keras.Model:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMATS",
     "QUANTIZATIONS",
+    "QUANTIZED_UNSUPPORTED",
     "TOLERANCE",
     "check_export",
     "compare",
@@ -59,6 +60,27 @@ UNSUPPORTED = {
     ("torch", "openvino"): "Keras traces the model with torch.jit.trace, which fixes a model with preprocessing "
     "inside to the traced batch",
 }
+
+# (Keras export format, quantization mode) -> why its runtime does not run a model.quantize(mode) model (Keras
+# 3.15, TensorFlow 2.21, OpenVINO 2026.4; docs/export.md). The other pairs are run and checked like any export.
+QUANTIZED_UNSUPPORTED = {
+    ("litert", "int8"): "the LiteRT converter has no int8 x int8 matmul for Keras' int8 Dense",
+    ("litert", "float8"): "LiteRT has no float8 tensors",
+    ("openvino", "int8"): "OpenVINO's conversion of Keras' int8 x int8 -> int32 matmul gives other logits",
+    ("openvino", "float8"): "OpenVINO does not compile Keras' float8 casts",
+}
+
+
+def _check_quantized(model: keras.Model, fmt: str) -> None:
+    """A ``ValueError`` with the ways round it where ``fmt``'s runtime does not run ``model``'s quantized layers."""
+    modes = sorted({layer.quantization_mode for layer in model._flatten_layers() if layer.quantization_mode})
+    reasons = [QUANTIZED_UNSUPPORTED[(fmt, mode)] for mode in modes if (fmt, mode) in QUANTIZED_UNSUPPORTED]
+    if reasons:
+        raise ValueError(
+            f"{fmt} export of a model quantized by Keras ({', '.join(modes)}) does not run: {'; '.join(reasons)}. "
+            "Write a SavedModel, or export the float model with export_litert(..., quantize='dynamic_int8') or "
+            "export_openvino(..., quantize='int8', calibration=images)."
+        )
 
 
 def _check_backend(fmt: str) -> None:
@@ -172,23 +194,26 @@ def _quantize_openvino(xml: str, calibration: np.ndarray) -> None:
 
 
 def float32_model(model: keras.Model) -> keras.Model:
-    """``model`` itself when every layer computes in float32, else a float32 copy (its weights cast): what the
-    exporters write (why: docs/export.md)."""
+    """``model`` itself when every layer computes in float32, else a float32 copy (its weights cast; quantized
+    layers stay quantized, computing in float32): what the exporters write (why: docs/export.md)."""
     import keras
 
-    if all(layer.dtype_policy.name == "float32" for layer in model._flatten_layers()):
+    from keras_vit.cloning import copy_weights
+
+    if all(layer.compute_dtype == "float32" for layer in model._flatten_layers()):
         return model
     copy = keras.saving.deserialize_keras_object(_in_float32(keras.saving.serialize_keras_object(model)))
-    copy.set_weights([keras.ops.convert_to_numpy(w).astype("float32") for w in model.get_weights()])
-    return copy
+    return copy_weights(model, copy)  # layer by layer: a quantized layer's variables are not in get_weights' order
 
 
 def _in_float32(config):
-    """A serialized model's config with every dtype policy and half-precision dtype made float32."""
+    """A serialized model's config with every dtype policy and half-precision dtype made float32 (a quantized
+    policy's source and a policy map's default too)."""
     if isinstance(config, dict):
         if config.get("class_name") == "DTypePolicy":
             return {**config, "config": {**config["config"], "name": "float32"}}
-        return {key: _in_float32(value) for key, value in config.items()}
+        sources = {key: "float32" for key in ("source_name", "default_policy") if isinstance(config.get(key), str)}
+        return {key: _in_float32(value) for key, value in config.items()} | sources
     if isinstance(config, list):
         return [_in_float32(value) for value in config]
     return "float32" if config in _HALF_DTYPES else config
@@ -206,6 +231,7 @@ def _export(
 ) -> Path:
     """``model`` in float32 exported to ``path`` as ``fmt``, checked (:func:`check_export`) and renamed into place, or
     removed with a ``ValueError`` saying why; ``file_name``: ``path`` is a new folder holding that file."""
+    _check_quantized(model, fmt)
     model = float32_model(model)
     with atomic_path(path) as temporary:
         if file_name:

@@ -11,6 +11,7 @@ from keras import layers, ops
 from keras_vit.checks import check_positive_int, check_positive_number
 from keras_vit.config import LAYER_NORM_EPSILON
 from keras_vit.layers import MlpBlock, layer_norm, rows, unrows
+from keras_vit.quantization import dtype_config, sublayer_policy
 
 __all__ = ["MAP_PREFIX", "MAPHead"]
 
@@ -45,10 +46,10 @@ class MAPHead(layers.Layer):
             raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
         self.head_dim = width // self.num_heads
         self.probe = self.add_weight(name="probe", shape=(1, 1, width), initializer="glorot_uniform")
-        dense = dict(kernel_initializer="glorot_uniform", dtype=self.dtype_policy)
-        self.query = layers.Dense(width, name="query", **dense)
-        self.key_value = layers.Dense(2 * width, name="key_value", **dense)
-        self.out = layers.Dense(width, name="out", **dense)
+        self.query, self.key_value, self.out = (
+            layers.Dense(units, kernel_initializer="glorot_uniform", name=name, dtype=sublayer_policy(self, name))
+            for units, name in ((width, "query"), (2 * width, "key_value"), (width, "out"))
+        )
         for layer in (self.query, self.key_value, self.out, self.norm, self.mlp):
             layer.build((None, width))
 
@@ -72,6 +73,7 @@ class MAPHead(layers.Layer):
     def get_config(self):
         return {
             **super().get_config(),
+            **dtype_config(self),  # with its quantized layers' policies
             "num_heads": self.num_heads,
             "mlp_dim": self.mlp_dim,
             "gelu": self.gelu,

@@ -18,6 +18,7 @@ from keras_vit.checks import (
 from keras_vit.checks import check_pair as _pair
 from keras_vit.config import DATA_FORMATS, LAYER_NORM_EPSILON, MLP_TYPES, grid_length
 from keras_vit.config import GELUS as GELU_VARIANTS
+from keras_vit.quantization import dtype_config, sublayer_policy
 
 __all__ = [
     "GELU_VARIANTS",
@@ -314,8 +315,9 @@ class MultiHeadSelfAttention(layers.Layer):
         if width % self.num_heads:
             raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
         self.head_dim = width // self.num_heads
-        self.qkv = layers.Dense(3 * width, kernel_initializer="glorot_uniform", name="qkv", dtype=self.dtype_policy)
-        self.out = layers.Dense(width, kernel_initializer="glorot_uniform", name="out", dtype=self.dtype_policy)
+        init = "glorot_uniform"
+        self.qkv = layers.Dense(3 * width, kernel_initializer=init, name="qkv", dtype=sublayer_policy(self, "qkv"))
+        self.out = layers.Dense(width, kernel_initializer=init, name="out", dtype=sublayer_policy(self, "out"))
         self.qkv.build(input_shape)
         self.out.build(input_shape)
         for norm in (self.q_norm, self.k_norm):
@@ -351,6 +353,7 @@ class MultiHeadSelfAttention(layers.Layer):
     def get_config(self):
         return {
             **super().get_config(),
+            **dtype_config(self),  # with its quantized layers' policies
             "num_heads": self.num_heads,
             "attention_dropout": self.attention_dropout,
             "qk_norm": self.qk_norm,
@@ -376,8 +379,8 @@ class MlpBlock(layers.Layer):
 
     def build(self, input_shape):
         init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
-        self.fc1 = layers.Dense(self.mlp_dim, name="Dense_0", dtype=self.dtype_policy, **init)
-        self.fc2 = layers.Dense(input_shape[-1], name="Dense_1", dtype=self.dtype_policy, **init)
+        self.fc1 = layers.Dense(self.mlp_dim, name="Dense_0", dtype=sublayer_policy(self, "Dense_0"), **init)
+        self.fc2 = layers.Dense(input_shape[-1], name="Dense_1", dtype=sublayer_policy(self, "Dense_1"), **init)
         self.fc1.build(input_shape)
         self.fc2.build((*input_shape[:-1], self.hidden_width))
 
@@ -400,6 +403,7 @@ class MlpBlock(layers.Layer):
     def get_config(self):
         return {
             **super().get_config(),
+            **dtype_config(self),  # with its quantized layers' policies
             "mlp_dim": self.mlp_dim,
             "dropout": self.dropout_rate,
             "gelu": self.gelu,
@@ -564,6 +568,7 @@ class TransformerBlock(layers.Layer):
     def get_config(self):
         return {
             **super().get_config(),
+            **dtype_config(self),  # with its quantized layers' policies
             "num_heads": self.num_heads,
             "mlp_dim": self.mlp_dim,
             "dropout": self.dropout_rate,

@@ -24,6 +24,7 @@ from keras_vit.layers import (
 from keras_vit.position import dynamic_position_embedding_layer, position_embedding_layer, transformer_block
 from keras_vit.precision import global_policy
 from keras_vit.preprocessing import ImagePreprocessor
+from keras_vit.quantization import check_head_dtype, dtype_config, layer_policy
 from keras_vit.resnet import ResNetStem
 from keras_vit.tokens import PrefixTokens, TokenAt
 
@@ -45,7 +46,9 @@ __all__ = [
 @keras.saving.register_keras_serializable(package="keras_vit")
 class VisionTransformer(keras.Model):
     """The functional ``keras.Model`` of a :class:`~keras_vit.config.ViTConfig` (or its ``to_dict()``):
-    ``model.config`` is the record, and a ``.keras`` file builds the model from it again.
+    ``model.config`` is the record, and a ``.keras`` file builds the model from it again. ``dtype``: the layers'
+    policy (a quantized model's config: a ``DTypePolicyMap``, :mod:`keras_vit.quantization`); ``head_dtype``: the
+    head's (default: ``dtype``'s variable dtype, float32 under a mixed policy).
     """
 
     def __init__(
@@ -54,16 +57,19 @@ class VisionTransformer(keras.Model):
         *,
         trainable: bool = True,
         trainable_layers: Mapping[str, bool] | None = None,
+        head_dtype: str | keras.DTypePolicy | None = None,
         **kwargs,
     ):
         config = config if isinstance(config, ViTConfig) else ViTConfig.from_dict(config)
+        head_dtype = check_head_dtype(head_dtype)
         policy = kwargs.pop("dtype", None)
         policy = None if policy is None else keras.dtype_policies.get(policy)
         kwargs["name"] = kwargs.get("name") or config.architecture.model_name
         with contextlib.nullcontext() if policy is None else global_policy(policy):  # the model's policy too
-            inputs, outputs = _graph(config)
+            inputs, outputs = _graph(config, head_dtype)
             super().__init__(inputs, outputs, **kwargs)
         self.config = config
+        self.head_dtype = head_dtype
         self.trainable = trainable  # the setter reaches every layer and variable (an __init__ argument does not)
         set_trainable_layers(self, trainable_layers or {})
 
@@ -72,7 +78,8 @@ class VisionTransformer(keras.Model):
             "name": self.name,
             "trainable": self.trainable,
             "trainable_layers": trainable_layers(self),
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            **dtype_config(self),  # with the policies of its quantized layers
+            "head_dtype": self.head_dtype,
             "config": self.config.to_dict(),
         }
 
@@ -123,7 +130,7 @@ def with_new_head(model: keras.Model, classes: int, *, classifier_activation: st
         pooling=None,
         representation_size=None,
     )
-    new = VisionTransformer(config, name=model.name, dtype=model.dtype_policy)
+    new = VisionTransformer(config, name=model.name, dtype=model.dtype_policy, head_dtype=model.head_dtype)
     old_layers = {path: layer for path, layer, _ in _layer_paths(model)}
     kept = {path: layer for path, layer, _ in _layer_paths(new) if path in old_layers and path != "head"}
     for path, layer in kept.items():
@@ -135,13 +142,14 @@ def with_new_head(model: keras.Model, classes: int, *, classifier_activation: st
     return new
 
 
-def build_vit(config: ViTConfig, *, name: str | None = None, dtype=None) -> VisionTransformer:
+def build_vit(config: ViTConfig, *, name: str | None = None, dtype=None, head_dtype=None) -> VisionTransformer:
     """The model of ``config``, randomly initialised, named ``name`` (default: ``config.architecture.model_name``:
-    ``vit_b16``, ``vit_r50_b16``), under the dtype policy ``dtype`` (default: the global one)."""
-    return VisionTransformer(config, name=name, dtype=dtype)
+    ``vit_b16``, ``vit_r50_b16``), under the dtype policy ``dtype`` (default: the global one), its head under
+    ``head_dtype`` (default: the policy's variable dtype)."""
+    return VisionTransformer(config, name=name, dtype=dtype, head_dtype=head_dtype)
 
 
-def _graph(config: ViTConfig) -> tuple:
+def _graph(config: ViTConfig, head_dtype: str | None = None) -> tuple:
     """``(inputs, outputs)`` of the model of ``config``: images in ``config.data_format``, channels-last after the
     first step (:class:`~keras_vit.layers.ChannelsLast`), so the layers and weights do not depend on it."""
     any_size = config.dynamic_image_size or config.include_preprocessing
@@ -153,7 +161,7 @@ def _graph(config: ViTConfig) -> tuple:
         options = dict(config.layer_options("preprocessing"), data_format="channels_last")
         images = ImagePreprocessor(config.image_size, name="preprocessing", **options)(images)
     x = encode(embed(images, config), config, images=images if config.dynamic_image_size else None)
-    return inputs, head(x, config)
+    return inputs, head(x, config, head_dtype)
 
 
 def embed(images, config: ViTConfig):
@@ -218,9 +226,9 @@ def _class_tokens(x, config: ViTConfig):
     return PrefixTokens(1, offset=1, name="distillation_token")(x) if config.distillation_token else x
 
 
-def head(x, config: ViTConfig):
+def head(x, config: ViTConfig, head_dtype: str | keras.DTypePolicy | None = None):
     """Encoded tokens -> logits (``include_top``) or features (``pooling``); ``fc_norm`` applies the final
-    LayerNorm to the pooled features (the tokens stay unnormalised)."""
+    LayerNorm to the pooled features (the tokens stay unnormalised); the head layer's policy: :func:`_head_layer`."""
     if not config.include_top and config.pooling is None:
         return x
     pooling = config.pooling if not config.include_top else {"token": "token", "gap": "avg"}.get(config.classifier)
@@ -235,25 +243,27 @@ def head(x, config: ViTConfig):
     if not config.include_top:
         return x
     if config.representation_size is not None:
-        x = layers.Dense(config.representation_size, activation="tanh", name="pre_logits")(x)
+        policy = layer_policy(keras.mixed_precision.dtype_policy(), "pre_logits")
+        x = layers.Dense(config.representation_size, activation="tanh", name="pre_logits", dtype=policy)(x)
     if config.distillation_token:  # DeiT: the mean of the class token's head and the distillation token's
         heads = [
-            _head_layer(config, name)(z)
+            _head_layer(config, name, head_dtype)(z)
             for name, z in (("head", x), ("head_dist", TokenAt(1, name="dist_pool")(tokens)))
         ]
         return layers.Average(name="distilled_mean", dtype=heads[0].dtype)(heads)
-    return _head_layer(config, "head")(x)
+    return _head_layer(config, "head", head_dtype)(x)
 
 
-def _head_layer(config: ViTConfig, name: str) -> layers.Dense:
-    """The classification head: zero-initialised, float32 under mixed precision."""
-    variable_dtype = keras.mixed_precision.dtype_policy().variable_dtype
+def _head_layer(config: ViTConfig, name: str, head_dtype: str | keras.DTypePolicy | None = None) -> layers.Dense:
+    """The classification head: zero-initialised, under ``head_dtype`` (default: the policy's variable dtype, so
+    float32 under mixed precision), or quantized where the model's policy map records it (``model.quantize``)."""
+    policy = keras.mixed_precision.dtype_policy()
     return layers.Dense(
         config.num_classes,
         kernel_initializer="zeros",
         activation=config.classifier_activation,
         name=name,
-        dtype=variable_dtype,
+        dtype=layer_policy(policy, name, head_dtype or policy.variable_dtype),
     )
 
 

@@ -1,10 +1,13 @@
 """Keras' own files, outside the pipeline: a ``.weights.h5`` (shapes checked, then ``keras.Model.load_weights``)
-and a saved ``.keras`` model (``keras.saving.load_model``, read out by the key map: :func:`read_saved_model`)."""
+and a saved ``.keras`` model (``keras.saving.load_model``, read out by the key map: :func:`read_saved_model`; a
+quantized one loads whole: :func:`quantized_saved_model`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,9 @@ from keras_vit.config import field_names
 from keras_vit.layers import PatchEmbed, TransformerBlock
 from keras_vit.models import VisionTransformer, model_options
 from keras_vit.position import AddPositionEmbs
+from keras_vit.quantization import is_quantized
 
-__all__ = ["keras_weights_file", "load_keras_weights", "read_saved_model"]
+__all__ = ["keras_weights_file", "load_keras_weights", "load_saved_model", "quantized_saved_model", "read_saved_model"]
 
 
 def keras_weights_file(weights) -> Path | None:
@@ -98,15 +102,54 @@ def load_keras_weights(model: keras.Model, path: Path) -> None:
         ) from exc
 
 
+def quantized_saved_model(weights) -> Path | None:
+    """``weights`` as a path where it names a saved ``.keras`` model whose config records quantized layers
+    (``model.quantize``, :mod:`keras_vit.quantization`); None for anything else. Reads only the config."""
+    if isinstance(weights, Mapping):
+        return None
+    path = Path(weights).expanduser()
+    if not path.is_file() or detect_format(path) != "keras":
+        return None
+    check_archive(path)  # before any member is unpacked
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (zipfile.BadZipFile, OSError, KeyError, ValueError):
+        return None  # damaged: read_saved_model names the damage
+    return path if _records_quantization(config) else None
+
+
+def _records_quantization(config) -> bool:
+    """Whether a serialised model's config holds a quantized dtype policy (one naming a ``mode``)."""
+    if isinstance(config, dict):
+        if config.get("module") == "keras.dtype_policies" and "mode" in (config.get("config") or {}):
+            return True
+        return any(_records_quantization(value) for value in config.values())
+    return isinstance(config, list) and any(_records_quantization(value) for value in config)
+
+
+def load_saved_model(path: str | os.PathLike) -> keras.Model:
+    """``keras.saving.load_model`` of a ``.keras`` file, its members checked first; a ``ValueError`` naming the file
+    when it does not load."""
+    check_archive(path)
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as exc:  # Keras raises many kinds for a damaged or foreign file (ValueError, TypeError, ...)
+        raise ValueError(f"{path} is not a readable saved Keras model ({type(exc).__name__}: {exc}).") from exc
+
+
 def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
     """A saved keras-vit model (``.keras``) as its weights in the ``.npz`` layout and its
     :class:`~keras_vit.config.ViTConfig`; a plain model made of keras-vit layers brings the options its layers
-    show, and its architecture is read from the shapes as a checkpoint's."""
-    check_archive(path)
-    try:
-        model = keras.saving.load_model(path, compile=False)
-    except Exception as exc:  # Keras raises many kinds for a damaged or foreign file (ValueError, TypeError, ...)
-        raise ValueError(f"{path} is not a readable saved Keras model ({type(exc).__name__}: {exc}).") from exc
+    show, and its architecture is read from the shapes as a checkpoint's. A quantized model is a ``ValueError``:
+    its integer weights are not a checkpoint's (:func:`~keras_vit.checkpoints.load.model_from_checkpoint` loads it
+    whole)."""
+    model = load_saved_model(path)
+    if is_quantized(model):
+        raise ValueError(
+            f"{path} holds a quantized model (model.quantize): its weights do not load into another model. Load it "
+            "as saved: keras_vit.model_from_checkpoint(path) (the commands' --weights) or keras.saving.load_model."
+        )
     layers = list(model._flatten_layers(include_self=True))
     vits = [layer for layer in layers if isinstance(layer, VisionTransformer)]
     vit = vits[0] if len(vits) == 1 else model

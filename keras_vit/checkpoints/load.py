@@ -32,7 +32,13 @@ from keras_vit.checkpoints.infer import (
     differences,
     format_fields,
 )
-from keras_vit.checkpoints.keras_files import keras_weights_file, load_keras_weights, read_saved_model
+from keras_vit.checkpoints.keras_files import (
+    keras_weights_file,
+    load_keras_weights,
+    load_saved_model,
+    quantized_saved_model,
+    read_saved_model,
+)
 from keras_vit.checkpoints.keymap import KeyMap, model_arrays, npz_key_map
 from keras_vit.checkpoints.read import resolve_weights
 from keras_vit.checkpoints.source import CheckpointArrays, detect_format, read_npz, read_state_file
@@ -447,11 +453,20 @@ def model_from_checkpoint(
 
     Args: ``weights`` as :func:`read_checkpoint`; ``resize_method`` for position embeddings; ``**overrides``:
     :class:`~keras_vit.config.ViTConfig` fields, ``resnet_options``, or ``num_heads`` for a timm file (default: from
-    the width). Returns the model, named from :mod:`keras_vit.variants` (``vit_b16``). Raises ``ValueError`` as
-    :func:`checkpoint_model_config` and :func:`load_weights` do."""
-    arrays = read_checkpoint(weights)
+    the width). Returns the model, named from :mod:`keras_vit.variants` (``vit_b16``); a quantized ``.keras`` file's
+    model as saved (``keras.saving.load_model``). Raises ``ValueError`` as :func:`checkpoint_model_config` and
+    :func:`load_weights` do, and for ``overrides`` of a quantized file."""
     if overrides.get("num_heads") is None:  # the commands pass --num-heads unset as None
         overrides.pop("num_heads", None)
+    quantized = quantized_saved_model(weights)
+    if quantized is not None:
+        if overrides:
+            raise ValueError(
+                f"{quantized} holds a quantized model, which loads as saved: leave out {sorted(overrides)} (or change "
+                "the float model, then quantize it)."
+            )
+        return load_saved_model(quantized)
+    arrays = read_checkpoint(weights)
     overrides.update(resnet_fields(overrides.pop("resnet_options", None) or {}))
     new_head = overrides.get("include_top") is False or overrides.get("num_classes") is not None  # asked for
     model = build_vit(checkpoint_model_config(arrays, **overrides))

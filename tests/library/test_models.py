@@ -266,6 +266,7 @@ NON_DEFAULT_ARGUMENTS = {
         ).to_dict(),
         trainable=False,
         trainable_layers={"encoderblock_0/MlpBlock_3": True},
+        head_dtype="bfloat16",
     ),
 }
 
