@@ -38,6 +38,7 @@ __all__ = [
     "format_shape",
     "fused_attention_available",
     "layer_norm",
+    "to_channels_last",
 ]
 
 
@@ -62,6 +63,11 @@ def channels_last_shape(shape, data_format: str) -> tuple:
 def format_shape(shape, data_format: str) -> tuple:
     """The channels-last shape ``(B, H, W, C)`` in ``data_format``: :func:`channels_last_shape` undone."""
     return tuple(shape) if data_format == "channels_last" else (shape[0], shape[-1], *shape[1:-1])
+
+
+def to_channels_last(images, data_format: str):
+    """A batch of images in ``data_format`` as ``(B, H, W, C)``: transposed when channels-first."""
+    return images if data_format == "channels_last" else ops.transpose(images, TO_CHANNELS_LAST)
 
 
 def add_conv_kernel(
@@ -160,7 +166,7 @@ class ChannelsLast(layers.Layer):
         super().__init__(**kwargs)
 
     def call(self, images):
-        return ops.transpose(images, TO_CHANNELS_LAST)
+        return to_channels_last(images, "channels_first")
 
     def compute_output_shape(self, input_shape):
         return channels_last_shape(input_shape, "channels_first")
@@ -193,8 +199,7 @@ class PatchEmbed(layers.Layer):
         self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
 
     def call(self, images):
-        if self.data_format == "channels_first":
-            images = ops.transpose(images, TO_CHANNELS_LAST)
+        images = to_channels_last(images, self.data_format)
         height, width = images.shape[1], images.shape[2]
         ph, pw = self.patch_size
         if self.dynamic_img_pad:

@@ -13,13 +13,13 @@ from keras_vit.checks import check_choice
 from keras_vit.config import GROUP_NORM_EPSILON, ROOT_WIDTH, STD_CONV_EPSILON, WEIGHT_STANDARDIZATIONS
 from keras_vit.layers import (
     TO_CHANNELS_FIRST,
-    TO_CHANNELS_LAST,
     _pair,
     add_conv_kernel,
     channels_last_shape,
     check_data_format,
     conv_nhwc,
     format_shape,
+    to_channels_last,
 )
 from keras_vit.variants import resnet_stride
 
@@ -308,13 +308,11 @@ class ResNetStem(layers.Layer):
             shape = unit.compute_output_shape(shape)
 
     def call(self, images):
-        channels_first = self.data_format == "channels_first"
-        x = ops.transpose(images, TO_CHANNELS_LAST) if channels_first else images
-        x = ops.relu(self.gn_root(self.conv_root(x)))
+        x = ops.relu(self.gn_root(self.conv_root(to_channels_last(images, self.data_format))))
         x = ops.max_pool(x, pool_size=3, strides=2, padding="same")
         for unit in self.units:
             x = unit(x)
-        return ops.transpose(x, TO_CHANNELS_FIRST) if channels_first else x
+        return ops.transpose(x, TO_CHANNELS_FIRST) if self.data_format == "channels_first" else x
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = channels_last_shape(input_shape, self.data_format)
