@@ -270,6 +270,7 @@ def run(args: argparse.Namespace) -> dict:
             originals = [read_image(path) for path in args.images]
         else:
             originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
+        image_names = [os.path.basename(path) for path in args.images or data.SAMPLE_IMAGES]
     split = few_shot_split(args) if "fewshot" in chosen else None
     _check_output_dir(args.output_dir, [*(FIGURES[name] for name in chosen), "results.json"], args.overwrite)
 
@@ -280,7 +281,9 @@ def run(args: argparse.Namespace) -> dict:
         "precision": model.dtype_policy.name,
         "figures": [],
     }
-    drawings: list[tuple[str, Callable[[str], str]]] = []  # (file name, draw(path)), drawn once all is computed
+    # the figures' titles name the model: its variant and weights (a file's name, or a catalogue name)
+    model_name = f"{results['variant']} ({os.path.basename(args.weights) if args.weights else 'random init'})"
+    drawings: list[tuple[str, Callable[[str], object]]] = []  # (file name, draw(path)), drawn once all is computed
     if originals is not None:
         pictures = data.resize_images(originals, size)
         found = attention.analyse_attention(
@@ -290,20 +293,30 @@ def run(args: argparse.Namespace) -> dict:
             shown = pictures.astype(np.float32) / 255.0
             overlays = np.stack([attention.overlay(p, m) for p, m in zip(shown, found.maps)])
             drawings.append(
-                ("attention_maps.png", lambda path: plots.plot_attention_maps(shown, overlays, path, dpi=args.dpi))
+                (
+                    "attention_maps.png",
+                    lambda path: plots.plot_attention_maps(
+                        shown, overlays, path, names=image_names, dpi=args.dpi, model=model_name
+                    ),
+                )
             )
         if "distance" in chosen:
             drawings.append(
                 (
                     "attention_distance.png",
-                    lambda path: plots.plot_attention_distance(found.distances, path, dpi=args.dpi),
+                    lambda path: plots.plot_attention_distance(
+                        found.distances, path, names=image_names, dpi=args.dpi, model=model_name
+                    ),
                 )
             )
             results["mean_attention_distance"] = found.distances.round(3).tolist()
     if "position" in chosen:
         similarity = embeddings.model_position_similarity(model)
         drawings.append(
-            ("position_similarity.png", lambda path: plots.plot_position_similarity(similarity, path, dpi=args.dpi))
+            (
+                "position_similarity.png",
+                lambda path: plots.plot_position_similarity(similarity, path, dpi=args.dpi, model=model_name),
+            )
         )
     if "filters" in chosen:
         kernel_shape = model.get_layer("embedding").kernel.shape
@@ -313,14 +326,28 @@ def run(args: argparse.Namespace) -> dict:
         drawings.append(
             (
                 "embedding_filters.png",
-                lambda path: plots.plot_filter_components(tiles, path, explained=explained, dpi=args.dpi),
+                lambda path: plots.plot_filter_components(
+                    tiles, path, explained=explained, dpi=args.dpi, model=model_name
+                ),
             )
         )
         results["filter_variance_explained"] = explained.round(5).tolist()
     if split is not None:
         pooling = args.pooling or ("token" if token_geometry(model).num_prefix_tokens else "avg")
         few_shot, chance = run_few_shot(model, args, size, pooling, split)
-        drawings.append(("few_shot.png", lambda path: plots.plot_few_shot(few_shot, path, dpi=args.dpi, chance=chance)))
+        drawings.append(
+            (
+                "few_shot.png",
+                lambda path: plots.plot_few_shot(
+                    few_shot,
+                    path,
+                    chance=chance,
+                    dataset=os.path.basename(args.dataset),
+                    dpi=args.dpi,
+                    model=model_name,
+                ),
+            )
+        )
         results["few_shot"] = {
             str(n): {"mean": float(a.mean()), "std": float(a.std()), "per_seed": a.tolist()}
             for n, a in few_shot.items()
@@ -340,7 +367,7 @@ def _check_output_dir(out_dir: str, names: list[str], overwrite: bool) -> None:
         raise CommandError(f"{', '.join(existing)} already exist: pass --overwrite to replace them.")
 
 
-def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], str]]], results: dict) -> None:
+def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], object]]], results: dict) -> None:
     """Draw every figure and results.json under temporary names in ``out_dir``, then rename them all into place;
     a failure removes them (and ``out_dir`` if this call made it).
     """

@@ -8,6 +8,9 @@ import sys
 import keras
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 from PIL import Image
 
 from keras_vit import datasets, zoo
@@ -73,13 +76,87 @@ def test_mosaic_lays_tiles_out_in_rows_with_padding():
 )
 def test_figures_are_valid_pngs_of_figsize_times_dpi(tmp_path, draw, figsize, dpi):
     path = str(tmp_path / "sub" / "figure.png")
-    assert draw(path, figsize=figsize, dpi=dpi) == path
+    assert isinstance(draw(path, figsize=figsize, dpi=dpi), Figure)
     assert_png(path, (figsize[0] * dpi, figsize[1] * dpi))
+
+
+MODEL = "Tiny/8 (tiny.npz)"
+FIGURES = {  # draw(path) with the model named -> (words of the title, the label of its colour bar or None)
+    "attention_maps": (
+        lambda p: plots.plot_attention_maps(
+            np.random.rand(3, 8, 8, 3), np.random.rand(3, 8, 8, 3), p, names=["cat.jpg", "dog.png", "7"], model=MODEL
+        ),
+        ["Attention rollout"],
+        "Attention rollout (peak 1) x image",
+    ),
+    "attention_distance": (
+        lambda p: plots.plot_attention_distance(np.random.rand(12, 16) * 20, p, names=["a.jpg", "b.jpg"], model=MODEL),
+        ["Mean attention distance", "a.jpg, b.jpg"],
+        "Head",
+    ),
+    "position_similarity": (
+        lambda p: plots.plot_position_similarity(np.random.uniform(-1, 1, (14, 14, 14, 14)), p, model=MODEL),
+        ["Position-embedding similarity"],
+        "Cosine similarity",
+    ),
+    "filter_components": (
+        lambda p: plots.plot_filter_components(
+            np.random.rand(28, 4, 4, 3), p, explained=np.full(28, 0.01), model=MODEL
+        ),
+        ["28 principal components"],
+        None,
+    ),
+    "few_shot": (
+        lambda p: plots.plot_few_shot(
+            {1: np.random.rand(3), 5: np.random.rand(3)}, p, chance=0.1, dataset="digits", model=MODEL
+        ),
+        ["Few-shot", "digits, 3 seeds"],
+        None,
+    ),
+}
+
+
+def colour_bar_labels(fig) -> list[str]:
+    """The labels of ``fig``'s colour bars (matplotlib names their axes ``<colorbar>``), on their long side."""
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    return [ax.get_xlabel() if ax.get_position().width > ax.get_position().height else ax.get_ylabel() for ax in bars]
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_figures_name_what_they_show_have_colour_bars_and_legible_unclipped_text(tmp_path, name):
+    """The title names what is shown, the model and inputs; colour that carries a value has a labelled colour bar;
+    every text (ticks, legends, labels, titles) is at least 8 points and inside the figure at the default 100 dpi."""
+    draw, words, bar = FIGURES[name]
+    fig = draw(str(tmp_path / "figure.png"))
+    title = fig.get_suptitle()
+    assert all(word in title for word in [*words, MODEL]), title
+    assert colour_bar_labels(fig) == ([bar] if bar else [])
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+    assert len(texts) > 3
+    assert min(t.get_fontsize() for t in texts) >= 8
+    assert max(t.get_fontsize() for t in texts) == max(t.get_fontsize() for t in texts if t.get_text() == title)
+    canvas = FigureCanvasAgg(fig)  # pyplot closed the figure: draw it again, at 100 dpi
+    canvas.draw()
+    drawn = fig.get_tightbbox(canvas.get_renderer())  # inches, around everything drawn
+    assert drawn.x0 >= 0 and drawn.y0 >= 0, drawn
+    assert drawn.x1 <= fig.get_figwidth() and drawn.y1 <= fig.get_figheight(), drawn
+    if name == "attention_maps":
+        assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["cat.jpg", "dog.png", "7"]
+
+
+def test_the_attention_figures_name_their_images_by_default_and_by_count(tmp_path):
+    fig = plots.plot_attention_maps(np.random.rand(2, 8, 8, 3), np.random.rand(2, 8, 8, 3), str(tmp_path / "a.png"))
+    assert fig.get_suptitle() == "Attention rollout"
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["image 1", "image 2"]
+    fig = plots.plot_attention_distance(np.random.rand(2, 3), str(tmp_path / "d.png"), names=list("abcde"))
+    assert fig.get_suptitle() == "Mean attention distance\n5 images"
 
 
 def test_plots_reject_bad_arrays(tmp_path):
     with pytest.raises(ValueError, match="as many overlays as images"):
         plots.plot_attention_maps(np.zeros((2, 4, 4, 3)), np.zeros((1, 4, 4, 3)), str(tmp_path / "a.png"))
+    with pytest.raises(ValueError, match="a name for each, got 2 images, 2 overlays and 1 names"):
+        plots.plot_attention_maps(np.zeros((2, 4, 4, 3)), np.zeros((2, 4, 4, 3)), str(tmp_path / "a.png"), names=["x"])
     with pytest.raises(ValueError, match="RGB"):
         plots.plot_filter_components(np.zeros((2, 4, 4)), str(tmp_path / "b.png"))
     assert not os.listdir(tmp_path)
@@ -133,15 +210,34 @@ def test_datasets_load_from_scikit_learn_npz_and_tfds(tmp_path):
         data.sample_image("cat.jpg")
 
 
-def test_command_end_to_end_on_a_tiny_model(tmp_path, capsys):
+def drawn_figures(monkeypatch) -> dict:
+    """The Figure each ``plots.plot_*`` the command calls returns, by function name, in the dict this returns."""
+    figures = {}
+
+    def keeping(name, draw):
+        def drawing(*args, **kwargs):
+            figures[name] = draw(*args, **kwargs)
+            return figures[name]
+
+        return drawing
+
+    for name in plots.__all__:
+        if name.startswith("plot_"):
+            monkeypatch.setattr(plots, name, keeping(name, getattr(plots, name)))
+    return figures
+
+
+def test_command_end_to_end_on_a_tiny_model(tmp_path, capsys, monkeypatch):
     photo = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(photo)
+    (tmp_path / "second.png").write_bytes(photo.read_bytes())
     out = tmp_path / "figures"
+    figures = drawn_figures(monkeypatch)
     argv = [
         *TINY_ARGS,
         "--images",
         str(photo),
-        str(photo),
+        str(tmp_path / "second.png"),
         "--shots",
         "1",
         "5",
@@ -163,10 +259,16 @@ def test_command_end_to_end_on_a_tiny_model(tmp_path, capsys):
     assert all(0 <= r["mean"] <= 1 for r in results["few_shot"].values())
     assert len(results["filter_variance_explained"]) == 28
     assert str(out / "few_shot.png") in capsys.readouterr().out
+    # the figures name the model, the images (file names) and the dataset
+    assert len(figures) == 5 and all("Ti/16 (random init)" in f.get_suptitle() for f in figures.values())
+    maps = figures["plot_attention_maps"]
+    assert [ax.get_title() for ax in maps.axes if ax.get_title()] == ["photo.png", "second.png"]
+    assert figures["plot_attention_distance"].get_suptitle().endswith(" on photo.png, second.png")
+    assert figures["plot_few_shot"].get_suptitle().endswith(" on digits, 2 seeds")
 
 
 @pytest.mark.filterwarnings("ignore:.*no classification head:UserWarning")  # include_top=False skips it
-def test_command_loads_a_checkpoint_and_analyses_its_weights(tmp_path):
+def test_command_loads_a_checkpoint_and_analyses_its_weights(tmp_path, monkeypatch):
     from npz_layout import vit_checkpoint, write_checkpoint
 
     arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
@@ -183,7 +285,9 @@ def test_command_loads_a_checkpoint_and_analyses_its_weights(tmp_path):
         "--output-dir",
         str(out),
     ]
+    figures = drawn_figures(monkeypatch)
     assert main(argv) == 0
+    assert figures["plot_position_similarity"].get_suptitle().endswith("\nTi/16 (tiny.npz)")  # the weights' file
     results = json.loads((out / "results.json").read_text())
     assert results["image_size"] == [32, 32]  # the checkpoint's 4x4 grid of 8-pixel patches
     _, expected = filter_components(arrays["embedding/kernel"], 28)
