@@ -27,9 +27,9 @@ _RECORD_BYTES = 4096  # more than a record ever holds: a longer file is not one
 def _start_time(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks since boot, Linux's ``/proc/PID/stat``); None where not known."""
     try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[19]  # field 22; the name before ")" may hold spaces
-    except (OSError, IndexError):
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return file.read().rpartition(b")")[2].split()[19].decode()  # field 22; the name before ")" is free text
+    except (OSError, IndexError, ValueError):
         return None
 
 
@@ -73,7 +73,10 @@ def _stale(entry: os.DirEntry[str], pattern: re.Pattern[str]) -> bool:
     from this host. Never on a system without POSIX signals (``os.kill(pid, 0)`` would end the process there)."""
     if os.name != "posix" or not pattern.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
         return False
-    if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+    try:
+        if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            return False
+    except OSError:  # gone meanwhile
         return False
     record = _record(entry.path)
     if record is None or record["host"] != socket.gethostname():
@@ -87,9 +90,10 @@ def remove_stale(parent: str | os.PathLike, prefix: str) -> list[str]:
     pattern = re.compile(re.escape(prefix) + r"[0-9a-f]{12}\.tmp")
     try:
         with os.scandir(os.fspath(parent)) as listing:
-            stale = [entry.path for entry in listing if _stale(entry, pattern)]
+            entries = list(listing)
     except OSError:
         return []
+    stale = [entry.path for entry in entries if _stale(entry, pattern)]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale
