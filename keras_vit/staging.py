@@ -1,8 +1,8 @@
 """Staging folders that a later run can tell apart from anything else: ``PARENT/<prefix><12 hex>.tmp``, holding the
-record of its owner (``.owner``: process id, host, start time), written first. A run that is killed (``kill -9``)
-leaves its folder; the next run staging in ``PARENT`` under the same prefix removes it once its owner is gone from
-this host. A folder without that name and record, of another user, host or prefix, or of a live process, is kept.
-See docs/faults.md."""
+record of its owner (``.owner``: process id, host, start time, PID namespace), written first. A run that is killed
+(``kill -9``) leaves its folder; the next run staging in ``PARENT`` under the same prefix removes it once its owner is
+gone from this host. A folder without that name and record, of another user, host or prefix, or of a live process,
+is kept. See docs/faults.md."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 __all__ = ["OWNER", "new_staging", "remove_stale", "staging_folder"]
 
-OWNER = ".owner"  # the record inside a staging folder: {"pid": ..., "host": ..., "started": ...}
+OWNER = ".owner"  # the record inside a staging folder: {"pid": ..., "host": ..., "started": ..., "pids": ...}
 _RECORD_BYTES = 4096  # more than a record ever holds: a longer file is not one
 
 
@@ -33,8 +33,17 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def _pid_namespace() -> str | None:
+    """This process's PID namespace (Linux; a container has its own): process ids are only compared within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def _owner() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid())}
+    started = _start_time(os.getpid())
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "pids": _pid_namespace()}
 
 
 def _alive(pid: int, started: str | None) -> bool:
@@ -63,14 +72,15 @@ def _record(folder: str) -> dict | None:
         return None
     if not isinstance(record, dict):
         return None
-    pid, host, started = record.get("pid"), record.get("host"), record.get("started")
-    valid = type(pid) is int and 0 < pid < 2**31 and isinstance(host, str) and isinstance(started, (str, type(None)))
-    return record if valid else None
+    pid, host = record.get("pid"), record.get("host")
+    texts = all(isinstance(record.get(key), (str, type(None))) for key in ("started", "pids"))
+    return record if type(pid) is int and 0 < pid < 2**31 and isinstance(host, str) and texts else None
 
 
 def _stale(entry: os.DirEntry[str], pattern: re.Pattern[str]) -> bool:
     """Whether ``entry`` is a staging folder of ``pattern``'s name, this user's, with a record whose owner is gone
-    from this host. Never on a system without POSIX signals (``os.kill(pid, 0)`` would end the process there)."""
+    from this host and PID namespace. Never on a system without POSIX signals (``os.kill(pid, 0)`` would end the
+    process there)."""
     if os.name != "posix" or not pattern.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
         return False
     try:
@@ -79,7 +89,7 @@ def _stale(entry: os.DirEntry[str], pattern: re.Pattern[str]) -> bool:
     except OSError:  # gone meanwhile
         return False
     record = _record(entry.path)
-    if record is None or record["host"] != socket.gethostname():
+    if record is None or (record["host"], record.get("pids")) != (socket.gethostname(), _pid_namespace()):
         return False
     return not _alive(record["pid"], record.get("started"))
 

@@ -48,8 +48,8 @@ def test_a_live_processs_staging_folder_is_kept_and_a_reused_process_id_is_not_i
 
 
 def test_only_a_folder_of_the_name_and_a_record_of_a_process_gone_from_this_host_is_removed(tmp_path):
-    """Lookalikes of a killed run's folder, each kept: no record, a damaged or linked record, another host,
-    another prefix (another command's), a name that is not a staging name, a link to such a folder."""
+    """Lookalikes of a killed run's folder, each kept: no record, a damaged or linked record, another host or PID
+    namespace, another prefix (another command's), a name that is not a staging name, a link to such a folder."""
     out = tmp_path / "out"
     dead = killed_staging(tmp_path / "elsewhere", ".export-")
     unmarked = out / ".export-00000000000a.tmp"
@@ -65,6 +65,7 @@ def test_only_a_folder_of_the_name_and_a_record_of_a_process_gone_from_this_host
         damaged,
         linked,
         copy_with_record(dead, out / ".export-00000000000d.tmp", host="another-host"),
+        copy_with_record(dead, out / ".export-000000000010.tmp", pids="pid:[1]"),  # a container's: its ids are not ours
         copy_with_record(dead, out / ".analysis-00000000000e.tmp"),
         copy_with_record(dead, out / ".export-backup.tmp"),
         copy_with_record(dead, out / "export-00000000000f.tmp"),
