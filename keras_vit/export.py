@@ -7,7 +7,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -18,6 +17,7 @@ from keras_vit.checks import check_choice
 from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow, shown
 from keras_vit.files import atomic_path
 from keras_vit.optional import INSTALL, require
+from keras_vit.staging import staging_folder
 
 if TYPE_CHECKING:
     import keras
@@ -49,6 +49,7 @@ TOLERANCE = 1e-3
 _HALF_DTYPES = ("bfloat16", "float16")
 OPENVINO_FILE = "model.xml"  # in an OpenVINO folder, beside model.bin
 OPENVINO_PRECISIONS = ("f32", "bf16")
+STAGING = ".export-"  # the command's staging folders in OUT_DIR: .export-<12 hex>.tmp (keras_vit.staging)
 
 # (backend, format) -> why Keras' exporter does not run there (keras 3.15, torch 2.14; docs/backends.md).
 UNSUPPORTED = {
@@ -471,8 +472,7 @@ def _export_and_compare(args: argparse.Namespace, targets: dict[str, Path]) -> N
         raise CommandError(f"weights {args.weights!r}: {shown(exc)}") from exc
     images = for_model(photo_images(model_image_shape(model)[:2], args.images), model)
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
-    try:
+    with staging_folder(out, STAGING) as staging:  # a killed export's staging folder is removed here
         print(f"{'format':<12} {'size (MB)':>10} {'max |diff|':>11} {'top-1 agree':>12} {'max |out|':>10}")
         written, skipped = [], []
         for name, target in targets.items():
@@ -492,8 +492,6 @@ def _export_and_compare(args: argparse.Namespace, targets: dict[str, Path]) -> N
             if target.is_dir():
                 shutil.rmtree(target)
             os.replace(staging / target.name, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     if skipped:
         raise CommandError(f"not exported: {', '.join(skipped)} (see the table above).")
 

@@ -144,7 +144,8 @@ def _detect_torch() -> tuple[str, tuple[int, int] | None]:
     import torch
 
     if torch.cuda.is_available():
-        return "gpu", tuple(torch.cuda.get_device_capability(0))
+        major, minor = torch.cuda.get_device_capability(0)
+        return "gpu", (major, minor)
     return "cpu", None
 
 

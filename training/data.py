@@ -190,6 +190,16 @@ def _gather_indices(indices: list[int], gather: Callable[[np.ndarray], np.ndarra
     return sorted({int(i) for i in gather(padded).ravel() if i >= 0})
 
 
+def _refuse_one_as_two(first: str, second: str, real: str, kind: str) -> None:
+    """A ``ValueError`` when ``first`` and ``second``, listed in two classes, are the one ``kind`` ``real``."""
+    if first != second:
+        raise ValueError(
+            f"{first} and {second} are one {kind} ({real}, reached through a symbolic link) listed in two classes: "
+            f"{'its images' if kind == 'folder' else 'it'} would train under two labels. Remove the link, or give "
+            "each class its own images."
+        )
+
+
 def _require_images(root: str, classes: Sequence[str], labels: np.ndarray) -> None:
     """A ``ValueError`` naming the class folders of ``root`` that ``labels`` has no image of."""
     empty = [os.path.join(root, c) for c, n in zip(classes, np.bincount(labels, minlength=len(classes))) if not n]
@@ -200,15 +210,34 @@ def _require_images(root: str, classes: Sequence[str], labels: np.ndarray) -> No
         )
 
 
+def _class_images(folder: str, real: str, seen: dict[str, str]) -> list[str]:
+    """The image files of the class folder ``folder`` (real path ``real``), sorted; ``seen`` maps the real path of
+    every class's file listed so far to it, and gains these. A ``ValueError`` for a file another class listed."""
+    with os.scandir(folder) as listing:
+        entries = sorted((e for e in listing if e.name.lower().endswith(IMAGE_EXTENSIONS)), key=lambda e: e.name)
+    for entry in entries:  # only a link needs resolving: another file's real path is its folder's and its name
+        target = os.path.realpath(entry.path) if entry.is_symlink() else os.path.join(real, entry.name)
+        first = seen.setdefault(target, entry.path)
+        if os.path.dirname(first) != folder:
+            _refuse_one_as_two(first, entry.path, target, "file")
+    return [entry.path for entry in entries]
+
+
 def _list_classes(root: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The class folders of ``root`` (hidden ones are not classes), their image files and labels."""
+    """The class folders of ``root`` (hidden ones are not classes), their image files and labels. A ``ValueError``
+    naming both when two class folders are one folder, or two files of two classes one file (through symbolic
+    links): their images would train under two labels. A link to a folder or file outside the others is fine."""
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
     paths, labels = [], []
+    folders: dict[str, str] = {}  # real path -> the class folder listed
+    files: dict[str, str] = {}  # the same for the image files
     for label, name in enumerate(classes):
         folder = os.path.join(root, name)
-        files = [f for f in sorted(os.listdir(folder)) if f.lower().endswith(IMAGE_EXTENSIONS)]
-        paths += [os.path.join(folder, f) for f in files]
-        labels += [label] * len(files)
+        real = os.path.realpath(folder)
+        _refuse_one_as_two(folders.setdefault(real, folder), folder, real, "folder")
+        found = _class_images(folder, real, files)
+        paths += found
+        labels += [label] * len(found)
     labels = np.array(labels, np.int64)
     _require_images(root, classes, labels)
     return classes, np.array(paths, dtype=str), labels

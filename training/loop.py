@@ -25,6 +25,7 @@ import tensorflow as tf
 from keras_vit.cloning import copy_weights
 from keras_vit.files import atomic_open, atomic_path, naming
 from keras_vit.models import VisionTransformer
+from keras_vit.staging import new_staging
 from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
 from keras_vit.training.distributed.sharding import gather_over_workers, input_shard
 from keras_vit.training.distributed.strategy import Strategy, is_chief, training_scope
@@ -45,6 +46,8 @@ __all__ = [
     "save_outputs",
     "truncate_log",
 ]
+
+WORKER_SCRATCH = "keras_vit_worker_"  # a worker's scratch folders in the system's temporary folder (keras_vit.staging)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,7 +348,7 @@ def fit(
     """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir``'s checkpoints;
     ``data_fn(step)`` gives the endless batches from ``step`` on (steps are ``model.fit`` batches)."""
     chief = is_chief(strategy)
-    work_dir = output_dir if chief else tempfile.mkdtemp(prefix="keras_vit_worker_")
+    work_dir = output_dir if chief else str(new_staging(tempfile.gettempdir(), WORKER_SCRATCH))  # a killed one's goes
     previous = None
     if not chief and threading.current_thread() is threading.main_thread():  # a launcher stops workers by SIGTERM
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from keras_vit import zoo
@@ -32,6 +33,7 @@ CONVERT_FLAGS = model_flags(
     "The model the checkpoint is built into (keras_vit.config.ViTConfig)",
     unset=dict.fromkeys(_CONVERT_FLAGS, "the checkpoint's"),
 )
+STAGING = ".convert-"  # convert's staging folders beside its output: .convert-<12 hex>.tmp (keras_vit.staging)
 
 
 def _list(args) -> None:
@@ -151,12 +153,13 @@ def _output_format(output: Path, chosen: str | None) -> str:
 
 
 def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
-    """Write ``model`` to ``path`` in ``output_format``, atomically: Keras' own files under a temporary name
-    (:mod:`keras_vit.files`); the timm file and the serving formats (:mod:`keras_vit.export`) are written that
-    way by the functions that write them. A failure leaves no partial output."""
+    """Write ``model`` to ``path`` in ``output_format``: in a staging folder beside it (:mod:`keras_vit.staging`,
+    whose next use removes a killed convert's), moved onto ``path`` when complete; every file gets the umask's mode
+    (:func:`keras_vit.files.atomic_path`). A failure leaves no partial output."""
     from keras_vit import export
     from keras_vit.checkpoints import save_timm_safetensors
     from keras_vit.files import atomic_path
+    from keras_vit.staging import staging_folder
 
     def atomically(save):
         def write(target):
@@ -173,10 +176,12 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
         "litert": lambda p: export.export_litert(model, p, quantize=quantize),
         "onnx": lambda p: export.export_onnx(model, p),
     }
-    try:
-        writers[output_format](path)
-    except ImportError as exc:
-        raise ValueError(f"--format {output_format}: {exc}") from None  # names the module and how to install it
+    with staging_folder(path.parent, STAGING) as staging:
+        try:
+            writers[output_format](staging / path.name)
+        except ImportError as exc:
+            raise ValueError(f"--format {output_format}: {exc}") from None  # names the module and how to install it
+        os.replace(staging / path.name, path)
 
 
 def _convert(args) -> None:

@@ -42,6 +42,7 @@ FIGURES = {
     "filters": "embedding_filters.png",
     "fewshot": "few_shot.png",
 }
+STAGING = ".analysis-"  # the staging folders in --output-dir: .analysis-<12 hex>.tmp (keras_vit.staging)
 # The model's flags: the image size, the architecture and what makes the model (fields of keras_vit.config.ViTConfig).
 MODEL_FLAGS = model_flags(
     "ModelFlags",
@@ -368,30 +369,27 @@ def _check_output_dir(out_dir: str, names: list[str], overwrite: bool) -> None:
 
 
 def _write_outputs(out_dir: str, drawings: list[tuple[str, Callable[[str], object]]], results: dict) -> None:
-    """Draw every figure and results.json under temporary names in ``out_dir``, then rename them all into place;
-    a failure removes them (and ``out_dir`` if this call made it).
-    """
-    from keras_vit.files import temporary_path, write_json
+    """Draw every figure and results.json in a staging folder inside ``out_dir`` (:mod:`keras_vit.staging`, whose
+    next use removes a killed run's), then move them all into place; a failure leaves ``out_dir`` as it was (and
+    removes it if this call made it)."""
+    from keras_vit.files import write_json
+    from keras_vit.staging import staging_folder
 
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    staged: list[tuple[str, str]] = []  # (temporary path, final path)
+    names = [name for name, _ in drawings] + ["results.json"]
     try:
-        for name, draw in drawings:
-            staged.append((temporary_path(os.path.join(out_dir, name)), os.path.join(out_dir, name)))
-            draw(staged[-1][0])
-        staged.append((temporary_path(os.path.join(out_dir, "results.json")), os.path.join(out_dir, "results.json")))
-        write_json(staged[-1][0], results)  # strict JSON: a NaN is written as null
+        with staging_folder(out_dir, STAGING) as staging:
+            for name, draw in drawings:
+                draw(str(staging / name))
+            write_json(staging / "results.json", results)  # strict JSON: a NaN is written as null
+            for name in names:
+                os.replace(staging / name, os.path.join(out_dir, name))
     except BaseException:
-        for temporary, _ in staged:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
         if created:
             with contextlib.suppress(OSError):
                 os.rmdir(out_dir)  # only if empty
         raise
-    for temporary, final in staged:
-        os.replace(temporary, final)
 
 
 if __name__ == "__main__":

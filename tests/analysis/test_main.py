@@ -12,10 +12,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 from PIL import Image
+from staging_support import killed_staging
 
 from keras_vit import datasets, zoo
 from keras_vit.analysis import data, filter_components, plots
-from keras_vit.analysis.__main__ import main, model_input
+from keras_vit.analysis.__main__ import STAGING, main, model_input
 from keras_vit.images import read_image
 from keras_vit.preprocessing import ImagePreprocessor
 
@@ -556,6 +557,7 @@ def test_the_few_shot_check_names_the_class_and_the_shots(tmp_path, capsys):
 
 def test_a_failure_while_drawing_leaves_the_folder_as_it_was(tmp_path, monkeypatch, capsys):
     out = tmp_path / "figures"
+    killed_staging(out, STAGING)  # what a run killed by SIGKILL left: the next one removes it
     argv = [*TINY_ARGS, "--analyses", "attention", "distance", "position", "filters", "--output-dir", str(out)]
     assert main(argv) == 0
     before = {name: (out / name).read_bytes() for name in os.listdir(out)}

@@ -15,11 +15,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
+from staging_support import killed_staging
 
 import keras_vit
 from keras_vit.analysis.__main__ import _write_outputs
 from keras_vit.analysis.__main__ import main as analysis_main
 from keras_vit.checkpoints.load import read_checkpoint
+from keras_vit.zoo.__main__ import STAGING
 from keras_vit.zoo.__main__ import main as zoo_main
 
 pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
@@ -56,6 +58,7 @@ def test_convert_refuses_an_existing_output_unless_overwrite_and_writes_it_whole
     err = capsys.readouterr().err
     assert exit_.value.code == 1 and f"error: The output {out} exists (a file): pass --overwrite" in err
     assert out.read_bytes() == b"the user's own file"
+    killed_staging(tmp_path, STAGING)  # what a convert killed by SIGKILL left: the next one removes it
     zoo_main(["convert", str(path), str(out), "--overwrite"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.weights.h5"]  # replaced whole, nothing beside it
     again = keras_vit.model_from_checkpoint(path)

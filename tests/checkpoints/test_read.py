@@ -38,6 +38,31 @@ SECONDS = 10.0  # per read: a malformed header must not make a reader loop for l
 MEMORY_KB = 1 << 20  # ...nor allocate much: the process's peak may grow by 1 GiB at most during one read
 
 
+def fuzz(examples: int) -> settings:
+    """Hypothesis' settings for ``examples`` examples. Its deadline is off (None): it would time an example's whole
+    body, the writing and copying of its files included (a run folder), which a loaded machine slows at random.
+    What is asserted stays bounded: each read by :func:`read_within_bound`, the files by their originals' size (a
+    few KB) and at most 4 edits of 16 bytes, the run by ``examples``."""
+    return settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+SUFFIXES = [".npz", ".safetensors", ".pth", ".weights.h5", ".bin"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_readers(tmp_path_factory):
+    """Every reader run once before the first example, outside its bound: a first call's imports (torch for a
+    ``.pth`` where it is installed: seconds on a loaded machine) and Keras' first model build are paid once per
+    process, not per file, and are not what the bound measures."""
+    folder = tmp_path_factory.mktemp("warm")
+    for suffix in SUFFIXES:
+        (folder / f"empty{suffix}").write_bytes(b"")
+        with contextlib.suppress(*EXPECTED):
+            read_checkpoint(folder / f"empty{suffix}")
+    tiny = write_checkpoint(folder / "tiny.npz", vit_checkpoint(patch=8, width=16, depth=1, heads=2, mlp=32))
+    keras_vit.model_from_checkpoint(tiny, num_heads=2)
+
+
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory):
     """One small, valid file of each format, by name."""
@@ -95,7 +120,7 @@ def read_within_bound(reader, path: Path) -> None:
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < peak + MEMORY_KB, f"{path.name}: memory"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(40)
 @given(name=st.sampled_from(["google.npz", "bfloat16.npz", "timm.safetensors", "keras.weights.h5"]), edits=mutations)
 def test_mutated_checkpoints_give_only_the_projects_errors(originals, tmp_path, name, edits):
     path = tmp_path / name
@@ -103,7 +128,7 @@ def test_mutated_checkpoints_give_only_the_projects_errors(originals, tmp_path, 
     read_within_bound(reader(originals["model"]), path)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(20)
 @given(edits=mutations)
 def test_mutated_files_under_a_catalogue_name_give_only_the_zoos_error(originals, tmp_path, edits):
     """What the zoo meets before a download enters the cache: the architecture check on what the headers declare."""
@@ -112,7 +137,7 @@ def test_mutated_files_under_a_catalogue_name_give_only_the_zoos_error(originals
     read_within_bound(catalogue_check(zoo.get("B_16.orig_in21k")), path)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(20)
 @given(
     shapes=st.dictionaries(
         st.sampled_from(sorted(vit_checkpoint(depth=1, num_classes=3))) | st.text(max_size=12),
@@ -128,8 +153,8 @@ def test_random_arrays_in_an_npz_give_only_the_projects_errors(tmp_path, shapes)
     read_within_bound(lambda file: keras_vit.model_from_checkpoint(file, num_heads=2), path)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.binary(max_size=256), suffix=st.sampled_from([".npz", ".safetensors", ".pth", ".weights.h5", ".bin"]))
+@fuzz(20)
+@given(data=st.binary(max_size=256), suffix=st.sampled_from(SUFFIXES))
 @example(data=b"", suffix=".pth")  # a legacy torch file: a ValueError with torch, the install's ImportError without
 def test_random_bytes_under_any_checkpoint_name_give_only_the_projects_errors(tmp_path, data, suffix):
     path = tmp_path / f"random{suffix}"
@@ -148,7 +173,7 @@ def saved_run(tmp_path_factory):
     return model, folder / "ckpt-4.npz"
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(30)
 @given(edits=mutations)
 def test_mutated_training_checkpoints_restore_or_give_a_training_error(saved_run, tmp_path, edits):
     """What a resumed run meets: a checkpoint that does not read is passed over; with none left, a TrainingError."""
@@ -170,7 +195,7 @@ HF_FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "interme
              "pooler_act", "pooler_output_size", "model_type", "id2label"]  # fmt: skip
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(30)
 @given(config=st.dictionaries(st.sampled_from(HF_FIELDS), json_values, max_size=5) | json_values)
 def test_hugging_face_configs_of_any_values_give_only_the_projects_errors(originals, tmp_path, config):
     """A config.json that parses, with any JSON in its fields (a string for a count, a list for an epsilon)."""
@@ -182,7 +207,7 @@ def test_hugging_face_configs_of_any_values_give_only_the_projects_errors(origin
     read_within_bound(read_checkpoint, folder)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(20)
 @given(config=st.binary(max_size=200), edits=mutations)
 def test_mutated_hugging_face_folders_give_only_the_projects_errors(originals, tmp_path, config, edits):
     folder = tmp_path / "hf"
@@ -226,7 +251,7 @@ def read_run(folder: Path, model, config) -> None:
     truncate_log(str(folder / "train_log.jsonl"), step)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(40)
 @given(name=st.sampled_from(RUN_FILES), edits=mutations, delete=st.booleans())
 def test_mutated_run_folders_give_only_the_projects_errors(run_folder, tmp_path, name, edits, delete):
     """A run folder with one file mutated or gone: it reads, or one of the project's errors says which file."""

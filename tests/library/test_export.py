@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 from npz_layout import vit_checkpoint
+from staging_support import killed_staging
 
 import keras_vit
 from keras_vit import export
@@ -202,6 +203,7 @@ def checkpoint(tmp_path_factory):
 @pytest.mark.backends("tensorflow")  # SavedModel and LiteRT: the formats every TensorFlow install writes
 def test_the_command_writes_all_or_nothing_and_replaces_only_with_overwrite(checkpoint, tmp_path, capsys, monkeypatch):
     out = tmp_path / "exported"
+    killed_staging(out, export.STAGING)  # what an export killed by SIGKILL left: the next one removes it
     argv = [str(out), "--weights", checkpoint, "--formats", "saved_model", "litert", "--images", "2"]
     assert export.main(argv) == 0
     table = capsys.readouterr().out

@@ -68,6 +68,31 @@ def test_image_folder_errors(tmp_path):
         load_folder(str(tmp_path))
 
 
+@pytest.mark.backend_independent
+def test_a_class_folder_linked_to_another_class_is_refused_naming_both(tmp_path):
+    """Issue 36: one folder (or one file) reached under two classes through a symbolic link would train its images
+    under two labels; a link to images outside the dataset is a way to organise data, and keeps working."""
+    images, outside = tmp_path / "images", tmp_path / "elsewhere"
+    write_images(images)
+    write_images(outside, per_class=2, names=("fox",))
+    (images / "fox").symlink_to(outside / "fox")  # a class kept outside: fine
+    assert load_folder(str(images), eval_fraction=0.25).class_names == ("cat", "dog", "emu", "fox")
+    (images / "lion").symlink_to("cat")  # a relative link to another class of the dataset
+    with pytest.raises(ValueError, match=re.escape(f"{images / 'cat'} and {images / 'lion'} are one folder")) as error:
+        load_folder(str(images))
+    assert "two labels" in str(error.value) and "\n" not in str(error.value)
+    (images / "lion").unlink()
+    (images / "emu" / "9.png").symlink_to(images / "dog" / "0.jpg")  # one file under two classes
+    with pytest.raises(ValueError, match=re.escape(f"{images / 'dog' / '0.jpg'} and {images / 'emu' / '9.png'}")):
+        load_folder(str(images))
+    (images / "emu" / "9.png").unlink()
+    (images / "dog" / "9.jpg").symlink_to(images / "dog" / "0.jpg")  # twice in one class: one label, allowed
+    (outside / "fox" / "0.jpg").rename(outside / "kept.jpg")
+    (images / "emu" / "9.jpg").symlink_to(outside / "kept.jpg")  # an image kept outside the classes: fine
+    source = load_folder(str(images), eval_fraction=0.25)
+    assert source.train.num_examples + source.eval.num_examples == 12 + 1 + 2
+
+
 @pytest.mark.backends("tensorflow")  # backend-independent
 def test_image_folder_trains_end_to_end(tmp_path):
     write_images(tmp_path / "images")
