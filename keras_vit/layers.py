@@ -84,8 +84,9 @@ def add_conv_kernel(
 
 
 def conv_nhwc(x, kernel, strides: tuple[int, int], padding: str):
-    """``ops.conv`` of NHWC ``x`` with an HWIO ``kernel``, reshaped to its shape."""
-    y = ops.conv(x, kernel, strides=strides, padding=padding)
+    """``ops.conv`` of NHWC ``x`` with an HWIO ``kernel``, reshaped to its shape (NHWC whatever
+    ``keras.config.image_data_format()`` says: the op's default layout is the global one)."""
+    y = ops.conv(x, kernel, strides=strides, padding=padding, data_format="channels_last")
     sizes = []
     for axis, (k, s) in enumerate(zip(kernel.shape[:2], strides), start=1):
         size = x.shape[axis] if x.shape[axis] is not None else ops.shape(x)[axis]

@@ -25,9 +25,12 @@ def _op_table(module, resize) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{name: getattr(module, name) for name in _OP_NAMES}, resize=resize)
 
 
-KERAS_OPS = _op_table(
-    ops, lambda images, size, method: ops.image.resize(images, size, interpolation=method, antialias=False)
-)
+def _keras_resize(images, size, method):
+    """``keras.ops.image.resize`` of channels-last ``images`` (not the global layout, the op's default)."""
+    return ops.image.resize(images, size, interpolation=method, antialias=False, data_format="channels_last")
+
+
+KERAS_OPS = _op_table(ops, _keras_resize)
 
 
 def _tensorflow_ops(tf) -> types.SimpleNamespace:

@@ -309,7 +309,7 @@ class ResNetStem(layers.Layer):
 
     def call(self, images):
         x = ops.relu(self.gn_root(self.conv_root(to_channels_last(images, self.data_format))))
-        x = ops.max_pool(x, pool_size=3, strides=2, padding="same")
+        x = ops.max_pool(x, pool_size=3, strides=2, padding="same", data_format="channels_last")
         for unit in self.units:
             x = unit(x)
         return ops.transpose(x, TO_CHANNELS_FIRST) if self.data_format == "channels_first" else x

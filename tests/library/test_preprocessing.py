@@ -168,6 +168,16 @@ def test_channels_first_images_give_the_channels_last_result_transposed(photos):
     assert layer.compute_output_shape((None, 3, None, None)) == (None, 3, 24, 40)
 
 
+def test_a_global_channels_first_resizes_the_images_not_their_channels(photos, channels_first):
+    """Under ``keras.config.set_image_data_format("channels_first")`` the layer's resize (channels-last inside) names
+    its layout: ``ops.image.resize`` defaults to the global one and resized (B, 3, 40, 24) to (B, 16, 40, 16)."""
+    batch = np.stack([photos[3], photos[3][::-1]]).astype("float32")  # (2, 30, 21, 3)
+    expected = keras.ops.convert_to_numpy(ImagePreprocessor(16, data_format="channels_last")(batch))
+    out = keras.ops.convert_to_numpy(ImagePreprocessor(16)(batch.transpose(0, 3, 1, 2)))
+    assert out.shape == (2, 3, 16, 16)
+    np.testing.assert_allclose(out, expected.transpose(0, 3, 1, 2), atol=1e-6)
+
+
 def test_the_default_layout_is_keras_image_data_format_but_a_saved_layer_keeps_its_own(channels_first):
     assert ImagePreprocessor(32).data_format == "channels_first"
     config = ImagePreprocessor(32, data_format="channels_last").get_config()

@@ -240,3 +240,14 @@ def test_stem_takes_channels_first_images_and_returns_a_channels_first_map():
     y = first(x)
     assert y.shape == (1, 128, 10, 6) == first.compute_output_shape(x.shape)
     np.testing.assert_allclose(np.asarray(y), expected, atol=1e-5)
+
+
+def test_stem_gives_the_same_map_under_a_global_channels_first(channels_first):
+    """The stem's convolutions and max pool run channels-last whatever ``keras.config.image_data_format()`` says
+    (ops.conv and ops.max_pool default to the global layout: they raised under "channels_first")."""
+    x = RNG.normal(size=(1, 40, 24, 3)).astype("float32")
+    stem = ResNetStem((1,), width=32)
+    under_channels_first = np.asarray(stem(x))
+    keras.config.set_image_data_format("channels_last")  # the fixture restores its own setting after
+    np.testing.assert_array_equal(under_channels_first, np.asarray(stem(x)))
+    assert under_channels_first.shape == (1, 10, 6, 128)
