@@ -193,13 +193,23 @@ def _stream_positions(
     return stream.map(lambda p, image, label: (p, *decode(image, label)), num_parallel_calls=AUTOTUNE)
 
 
+def _randaugment(augment: Augment, seed: int) -> keras.layers.RandAugment | None:
+    """Keras' RandAugment of ``augment`` on one channels-last image in [0, 255], or ``None`` when it is off."""
+    if augment.randaugment is None:
+        return None
+    num_ops, factor = augment.randaugment
+    return keras.layers.RandAugment(
+        value_range=(0, 255), num_ops=num_ops, factor=factor, seed=seed, data_format="channels_last"
+    )
+
+
 def _mixer(augment: Augment, seed: int):
     """Batch-level MixUp / CutMix on ``(images, one-hot labels)``, or ``None`` when both are off."""
     mixers = []
     if augment.mixup:
-        mixers.append(keras.layers.MixUp(alpha=augment.mixup, seed=seed))
+        mixers.append(keras.layers.MixUp(alpha=augment.mixup, seed=seed, data_format="channels_last"))
     if augment.cutmix:
-        mixers.append(keras.layers.CutMix(factor=augment.cutmix, seed=seed + 1))
+        mixers.append(keras.layers.CutMix(factor=augment.cutmix, seed=seed + 1, data_format="channels_last"))
     if not mixers:
         return None
 
@@ -233,10 +243,7 @@ def train_dataset(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
     units = input_shards or shard.count
     local = check_input_shards(batch_size, units, shard, split.num_examples)
-    randaugment = None
-    if augment.randaugment is not None:
-        num_ops, factor = augment.randaugment
-        randaugment = keras.layers.RandAugment(value_range=(0, 255), num_ops=num_ops, factor=factor, seed=seed)
+    randaugment = _randaugment(augment, seed)
 
     def per_example(position, image, label):
         image = train_transform(image, tf.stack([tf.constant(seed, tf.int64), position]), augment)

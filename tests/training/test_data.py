@@ -12,6 +12,7 @@ from training_support import TINY, write_images
 
 from keras_vit import preprocess_input
 from keras_vit.training import data as data_lib
+from keras_vit.training import pipeline
 from keras_vit.training.config import DataConfig
 from keras_vit.training.data import Split, load_digits, load_folder, load_source, load_tfds
 from keras_vit.training.finetune import finetune
@@ -226,6 +227,28 @@ def test_mixup_and_cutmix_mix_labels():
         np.testing.assert_allclose(labels.sum(axis=1), 1.0, atol=1e-5)
         assert (labels.max(axis=1) < 0.999).any()  # some labels are mixtures
         assert images.shape == (32, 8, 8, 3)
+
+
+@pytest.mark.backends("tensorflow")  # tf.data's layers: backend-independent
+def test_augmentation_is_channels_last_under_a_global_channels_first():
+    """The pipeline's images are channels-last whatever Keras' global format (its augmentation layers follow that by
+    default): on grey images (three equal channels) CutMix's boxes and RandAugment's geometry keep the channels
+    equal; read as channels-first they would cut and move across the channel axis."""
+    grey = np.random.default_rng(0).uniform(0, 255, (8, 16, 16, 1)).repeat(3, axis=-1).astype("float32")
+    labels = np.eye(8, dtype="float32")
+    augment = Augment(16, DataConfig(cutmix=1.0, randaugment=(3, 1.0)))
+    keras.config.set_image_data_format("channels_first")
+    try:
+        mixed, mixed_labels = pipeline._mixer(augment, 0)(tf.constant(grey), tf.constant(labels))
+        moved = np.stack([pipeline._randaugment(augment, seed)(tf.constant(grey[0])).numpy() for seed in range(8)])
+    finally:
+        keras.config.set_image_data_format("channels_last")
+    for images in (mixed.numpy(), moved):
+        assert images.shape[-3:] == (16, 16, 3)
+        np.testing.assert_array_equal(images[..., 0], images[..., 1])
+        np.testing.assert_array_equal(images[..., 0], images[..., 2])
+    assert not np.array_equal(mixed.numpy(), grey) and (mixed_labels.numpy().max(axis=1) < 0.999).any()
+    assert not np.array_equal(moved, np.broadcast_to(grey[0], moved.shape))
 
 
 def test_bad_augment_settings_are_refused_by_the_data_section():
