@@ -1,8 +1,8 @@
 """Shared test set-up: the backend (TensorFlow unless ``KERAS_BACKEND`` says otherwise), quiet logs, seeds.
 
-A test runs on every Keras backend unless marked ``@pytest.mark.backends("tensorflow", ...)`` (on the test, or
-a file's ``pytestmark``; the closest mark counts): then it runs only on the backends it names and is deselected on
-the others. A test whose behaviour does not depend on the backend (file readers, the zoo, argument checks)
+A test runs on every Keras backend unless marked ``@pytest.mark.backends("tensorflow", ...)`` (on a parameter,
+the test, or a file's ``pytestmark``; the closest mark counts): then it runs only on the backends it names and is
+deselected on the others. A test whose behaviour does not depend on the backend (file readers, the zoo, argument checks)
 is marked ``@pytest.mark.backend_independent`` and runs once, in the TensorFlow pass. CI runs the whole suite again
 under ``KERAS_BACKEND=jax`` and under torch, so the marks alone choose what each backend runs.
 A test marked ``@pytest.mark.requires("timm", "torch")`` needs those optional packages, in its own process or in
@@ -48,8 +48,9 @@ def missing_packages(modules) -> list[str]:
 
 def _runs_on(item, backend: str) -> bool:
     """Whether ``item`` runs in this backend's pass: its closest ``backends`` or ``backend_independent`` mark
-    (a test's own mark before its file's), every backend when it has neither."""
-    for mark in item.iter_markers():
+    (a parameter's mark before its test's, a test's before its file's), every backend when it has neither."""
+    parameter_marks = getattr(getattr(item, "callspec", None), "marks", [])
+    for mark in [*parameter_marks, *item.iter_markers()]:
         if mark.name == "backend_independent":
             return backend == "tensorflow"
         if mark.name == "backends":

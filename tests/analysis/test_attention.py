@@ -10,8 +10,8 @@ import pytest
 import keras_vit
 from keras_vit.analysis import TokenGeometry, attention, token_geometry
 
-# torch runs the library tests, and of these only the tests marked for it below
-pytestmark = pytest.mark.backends("tensorflow", "jax")
+# rollout and distance are numpy on arrays; the tests that run a model are marked for the backends below
+pytestmark = pytest.mark.backend_independent
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, include_top=False)
 
@@ -126,7 +126,11 @@ def test_bad_attention_input_is_rejected_with_the_shape():
         attention.attention_rollout(uniform_attention(1, 1, 1, 4), head_fusion="median")
 
 
-@pytest.mark.parametrize("classifier", ["token", "gap"])
+@pytest.mark.parametrize(
+    "classifier",
+    ["token", pytest.param("gap", marks=pytest.mark.backends("tensorflow"))],  # one probe for both
+)
+@pytest.mark.backends("tensorflow", "jax")
 def test_analyse_attention_on_a_model_matches_the_array_functions(classifier):
     model = keras_vit.ViT("Ti/16", classifier=classifier, **TINY)
     images = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")

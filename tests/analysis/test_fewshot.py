@@ -9,8 +9,8 @@ import keras_vit
 from keras_vit import datasets
 from keras_vit.analysis import fewshot
 
-# torch runs the library tests, and of these only the tests marked for it below
-pytestmark = pytest.mark.backends("tensorflow", "jax")
+# the probe is scikit-learn on numpy arrays; extract_features (below) runs the model
+pytestmark = pytest.mark.backend_independent
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, include_top=False)
 
@@ -159,6 +159,7 @@ def test_probe_rejects_bad_input():
         fewshot.few_shot_evaluation(np.ones((4, 2)), [0, 1, 0, 1], np.ones((2, 2)), [0, 1], shots=(0,))
 
 
+@pytest.mark.backends("tensorflow", "jax")
 def test_extract_features_pools_the_encoder_output_like_a_pooling_model():
     tokens_model = keras_vit.ViT("Ti/16", **TINY)
     images = np.random.default_rng(0).uniform(-1, 1, (5, 32, 32, 3)).astype("float32")

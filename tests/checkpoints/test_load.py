@@ -93,6 +93,7 @@ def test_key_map_maps_every_variable_and_every_checkpoint_key(token_ckpt):
     assert set(result.loaded) == set(arrays) and result.skipped == ()
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_b16_checkpoint_into_s16_fails_naming_keys_and_shapes_and_changes_nothing(tmp_path):
     arrays = vit_checkpoint(patch=16, width=768, depth=1, heads=12, mlp=3072, grid=(14, 14), num_classes=1000)
     model = keras_vit.ViT_S16(depth=1)
@@ -117,6 +118,7 @@ def test_b16_checkpoint_into_s16_fails_naming_keys_and_shapes_and_changes_nothin
         keras_vit.ViT_S16(weights=path, depth=1)
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_missing_and_unexpected_keys_are_listed_by_name(token_ckpt):
     _, arrays = token_ckpt
     arrays = dict(arrays)
@@ -133,6 +135,7 @@ def test_missing_and_unexpected_keys_are_listed_by_name(token_ckpt):
     )
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_a_deeper_checkpoint_reports_its_extra_blocks(token_ckpt):
     _, arrays = token_ckpt
     model = keras_vit.ViT(None, image_size=32, num_classes=10, representation_size=16, **{**ARCH, "depth": 1})
@@ -140,6 +143,7 @@ def test_a_deeper_checkpoint_reports_its_extra_blocks(token_ckpt):
         load_weights(model, arrays)
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_include_top_false_skips_the_head_on_purpose_and_says_so_only_when_not_asked(token_ckpt):
     """ViT(include_top=False) asked for no head: no warning; load_weights into a headless model says what it skips."""
     path, _ = token_ckpt
@@ -157,6 +161,7 @@ def test_include_top_false_skips_the_head_on_purpose_and_says_so_only_when_not_a
     np.testing.assert_allclose(run(features, images()), expected, atol=1e-6)
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_another_num_classes_leaves_the_head_at_its_initialisation(token_ckpt):
     path, arrays = token_ckpt
     with warnings.catch_warnings():
@@ -169,6 +174,7 @@ def test_another_num_classes_leaves_the_head_at_its_initialisation(token_ckpt):
     np.testing.assert_array_equal(model.get_layer("embedding").kernel.numpy(), arrays["embedding/kernel"])
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_a_model_without_pre_logits_drops_the_checkpoints_classifier(token_ckpt):
     path, _ = token_ckpt
     skipped = r"the model has no pre_logits layer \(the checkpoint's is 16 wide; representation_size=16 keeps it\)"
@@ -178,6 +184,7 @@ def test_a_model_without_pre_logits_drops_the_checkpoints_classifier(token_ckpt)
     assert not model.get_layer("head").kernel.numpy().any()
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_checkpoint_defaults_fill_image_size_classes_and_pre_logits(token_ckpt):
     path, arrays = token_ckpt
     with warnings.catch_warnings():
@@ -194,6 +201,7 @@ def test_checkpoint_defaults_fill_image_size_classes_and_pre_logits(token_ckpt):
     )
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_vit_without_a_variant_builds_the_files_model_as_model_from_checkpoint(token_ckpt, tmp_path):
     """One path for a file's defaults: ``ViT(None, weights=...)`` is ``model_from_checkpoint``, the file's
     architecture and options included (a timm file's exact GELU, its head count guessed and said)."""
@@ -214,6 +222,7 @@ def test_vit_without_a_variant_builds_the_files_model_as_model_from_checkpoint(t
     np.testing.assert_array_equal(run(models[0], images()), run(models[1], images()))
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_without_weights_the_defaults_are_unchanged():
     model = keras_vit.ViT(None, **ARCH)
     assert model.input_shape == (None, 224, 224, 3) and model.output_shape == (None, 1000)
@@ -221,6 +230,7 @@ def test_without_weights_the_defaults_are_unchanged():
     assert keras_vit.ViT_Ti16(depth=1).input_shape == (None, 224, 224, 3)
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_corrupt_truncated_and_foreign_files_fail_clearly(tmp_path, token_ckpt):
     path, _ = token_ckpt
     data = path.read_bytes()
@@ -246,6 +256,7 @@ def test_corrupt_truncated_and_foreign_files_fail_clearly(tmp_path, token_ckpt):
         keras_vit.ViT_B16(weights="B_16.orig_in22k")
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_parameters_saved_with_their_optimizer_state_load(tmp_path, token_ckpt):
     _, arrays = token_ckpt
     nested = {f"opt/target/{key}": value for key, value in arrays.items()}
@@ -267,6 +278,7 @@ def test_a_loaded_model_saves_as_keras_and_weights_h5_and_reloads_identically(tm
     np.testing.assert_array_equal(run(fresh, images()), expected)
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_convert_command_infers_the_architecture_and_writes_keras_files(tmp_path, token_ckpt, capsys):
     path, arrays = token_ckpt
     zoo_main(["convert", str(path), str(tmp_path / "out.keras")])
@@ -349,6 +361,7 @@ def test_hybrid_layers_contribute_their_own_keys_and_a_hybrid_converts():
     np.testing.assert_allclose(run(built, images()), run(model, images()), atol=1e-5)
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_checkpoint_info_names_published_variants():
     b16 = vit_checkpoint(patch=16, width=768, depth=12, heads=12, mlp=3072, grid=(24, 24), num_classes=1000, zeros=True)
     info = checkpoint_info(b16)
@@ -366,6 +379,7 @@ def test_checkpoint_info_names_published_variants():
         checkpoint_info(shapes)
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_model_from_checkpoint_names_models_from_the_table():
     ti16 = vit_checkpoint(patch=16, width=192, depth=12, heads=3, mlp=768, grid=(2, 2), num_classes=4)
     model = keras_vit.model_from_checkpoint(ti16)
@@ -375,6 +389,7 @@ def test_model_from_checkpoint_names_models_from_the_table():
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_non_finite_weights_are_refused_naming_the_file_and_arrays(tmp_path, bad):
     """NaN or inf in a file would make every output NaN: refused before anything is assigned, in every format."""
     from npz_layout import vit_checkpoint, write_checkpoint
@@ -398,6 +413,7 @@ def test_non_finite_weights_are_refused_naming_the_file_and_arrays(tmp_path, bad
     assert all(np.array_equal(a, b) for a, b in zip(before, good.get_weights()))  # nothing was assigned
 
 
+@pytest.mark.backend_independent  # file checks and config; the numbers per backend: the forward-pass parity
 def test_a_zip_bomb_npz_is_refused_before_anything_is_unpacked(tmp_path):
     """A small .npz whose member unpacks to 96 MiB of zeros (and one that declares 2 GiB): named and refused from
     the sizes the archive declares, by the loader and the zoo's check, without the memory it would take."""

@@ -192,6 +192,7 @@ def test_include_preprocessing_takes_raw_photos_of_any_size(tmp_path):
     np.testing.assert_array_equal(reloaded.predict(photo, verbose=0), model.predict(photo, verbose=0))
 
 
+@pytest.mark.backend_independent  # the checkpoint's size read into the config
 def test_include_preprocessing_uses_the_checkpoint_resolution(tmp_path):
     path = write_checkpoint(tmp_path / "tiny.npz", vit_checkpoint(width=64, depth=1, heads=4, mlp=128, grid=(3, 3)))
     arch = dict(patch_size=16, hidden_size=64, depth=1, num_heads=4, mlp_dim=128)
@@ -297,6 +298,7 @@ def test_an_empty_weights_name_is_refused_not_read_as_the_current_folder(weights
         ViT_Ti16(weights=weights, **TINY)
 
 
+@pytest.mark.backends("tensorflow")  # JAX and torch: test_keras_conventions' precision checks
 def test_dtype_takes_a_policy_as_keras_hub_backbones_do(tmp_path):
     """``dtype=``: the model's layers under that policy (the global one untouched), float32 logits from a mixed
     policy, the policy kept by a ``.keras`` file; pretrained weights load into bfloat16 variables."""

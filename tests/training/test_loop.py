@@ -81,6 +81,7 @@ def test_crash_and_resume_continues_the_run_exactly(tmp_path):
     assert resumed.metrics["accuracy"] == pytest.approx(whole.metrics["accuracy"])
 
 
+@pytest.mark.backends("tensorflow")  # a run folder's decisions: backend-independent
 def test_a_finished_run_is_not_retrained_and_a_changed_one_is_refused(tmp_path):
     run = {**RUN, "steps": 3, "dropout": 0.0}
     first = finetune(output_dir=str(tmp_path), **run)

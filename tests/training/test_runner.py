@@ -79,7 +79,10 @@ def test_a_first_run_into_a_users_folder_is_refused_and_touches_nothing(tmp_path
 
 
 @pytest.mark.backends("tensorflow", "jax")
-@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "signal_number",
+    [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.backends("tensorflow"))],  # one handler for both
+)
 def test_a_preempted_run_checkpoints_where_it_is_says_so_and_resumes(tmp_path, signal_number):
     """SIGTERM (a preemption) or Ctrl-C mid-run: a checkpoint at the step reached, one line, a non-zero exit; the
     same command resumes from that step, nothing since the last periodic checkpoint (here: none) is lost, and
