@@ -18,6 +18,7 @@ __all__ = [
     "HelpFormatter",
     "add_debug_flag",
     "command_errors",
+    "for_weights",
     "load_tensorflow",
     "shown",
 ]
@@ -77,6 +78,16 @@ def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
             raise
         print("interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+
+
+@contextlib.contextmanager
+def for_weights(weights: str) -> Iterator[None]:
+    """An ``OSError`` or ``ValueError`` of the block (reading or finding checkpoint ``weights``) as a
+    :class:`CommandError` ``weights 'NAME': ...``."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
+        raise CommandError(f"weights {weights!r}: {shown(exc)}") from exc
 
 
 class HelpFormatter(argparse.HelpFormatter):

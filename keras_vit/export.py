@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from keras_vit.checks import check_choice
-from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow, shown
+from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, for_weights, load_tensorflow
 from keras_vit.files import atomic_path
+from keras_vit.names import locate_checkpoint
 from keras_vit.optional import INSTALL, require
 from keras_vit.staging import staging_folder
 
@@ -442,7 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.images < 1:
         command_line.error(f"--images must be positive, got {args.images}.")
     with command_errors(args):
-        targets = _targets(Path(args.out), args.formats, args.overwrite)  # before TensorFlow loads
+        targets = _targets(Path(args.out), args.formats, args.overwrite)  # before TensorFlow loads, as the weights
+        with for_weights(args.weights):
+            locate_checkpoint(args.weights)  # a file, a folder or a catalogue name
         load_tensorflow()
         _export_and_compare(args, targets)
     return 0
@@ -466,10 +469,8 @@ def _export_and_compare(args: argparse.Namespace, targets: dict[str, Path]) -> N
     from keras_vit.inputs import for_model, model_image_shape
 
     out = Path(args.out)
-    try:
+    with for_weights(args.weights):
         model = keras_vit.model_from_checkpoint(args.weights)
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"weights {args.weights!r}: {shown(exc)}") from exc
     images = for_model(photo_images(model_image_shape(model)[:2], args.images), model)
     out.mkdir(parents=True, exist_ok=True)
     with staging_folder(out, STAGING) as staging:  # a killed export's staging folder is removed here

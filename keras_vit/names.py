@@ -3,9 +3,21 @@ checkpoint ``weights=`` names (an alias, a timm tag, a catalogue name or a path)
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
+
 from keras_vit import zoo
 from keras_vit.config import DEFAULT_IMAGE_SIZE
 from keras_vit.variants import NAMED_VARIANTS, canonical_variant, parse_timm_name, parse_variant
+
+# What a checkpoint path may hold (the messages of keras_vit.checkpoints.source).
+EXPECTED = (
+    "a Google .npz, a timm or Hugging Face state dict (.safetensors, .pth, .bin), a Hugging Face folder "
+    "(config.json + model.safetensors or pytorch_model.bin), a keras-hub preset folder (config.json + "
+    "model.weights.h5), a Keras .weights.h5 or a saved keras-vit model (.keras)"
+)
+_PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")
 
 
 def name_parts(name: str | None) -> tuple[str | None, int | None, str | None]:
@@ -91,3 +103,30 @@ def checkpoint_name(weights: str, variant: str | None, image_size, tag: str | No
     if variant is not None and any(e.name.partition(".")[2].startswith(weights) for e in zoo.catalogue()):
         return tag_checkpoint(weights, variant, image_size)
     return weights
+
+
+def locate_checkpoint(weights: str | os.PathLike) -> Path | zoo.Checkpoint:
+    """Where ``weights`` is, from names alone (nothing read or downloaded): an existing file or folder, else its
+    catalogue entry; a ``FileNotFoundError`` for a path that is not there, else :func:`keras_vit.zoo.get`'s
+    ``ValueError`` (suggesting close names)."""
+    path = Path(weights).expanduser()
+    if path.exists():
+        return path
+    entry = zoo.find(str(weights))
+    if entry is None and (isinstance(weights, os.PathLike) or _PATH_LIKE.search(str(weights))):
+        raise FileNotFoundError(f"No checkpoint file at {path} (nor a folder); expected {EXPECTED}.")
+    return entry or zoo.get(str(weights))
+
+
+def check_weights(weights: str | None) -> None:
+    """Refuse, before any framework loads, a ``weights=`` of :func:`keras_vit.ViT` that :func:`checkpoint_name`
+    keeps as it is and :func:`locate_checkpoint` finds nowhere, with its error. What names a checkpoint through the
+    variant (an alias, a timm tag, a tagged timm name) or is blank is left to ``ViT``."""
+    if weights is None or not weights.strip() or weights in zoo.aliases():
+        return
+    timm = parse_timm_name(weights)
+    if (timm is not None and timm[2] is not None) or any(
+        e.name.partition(".")[2].startswith(weights) for e in zoo.catalogue()
+    ):
+        return
+    locate_checkpoint(weights)

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow, shown
+from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, for_weights, load_tensorflow
 from keras_vit.images import image_files, read_image
+from keras_vit.names import locate_checkpoint
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 
 __all__ = ["classify", "main"]
@@ -65,11 +66,8 @@ def _build_model(weights: str, mixed_precision: str, num_heads: int | None = Non
         policy = policy_of_choice(mixed_precision)
     except ValueError as exc:  # float16 on JAX's CPU
         raise CommandError(str(exc)) from exc
-    try:
-        with global_policy(policy):
-            return keras_vit.model_from_checkpoint(weights, num_heads=num_heads)
-    except (OSError, ValueError) as exc:  # missing file, unknown name, failed download (zoo.DownloadError)
-        raise CommandError(f"weights {weights!r}: {shown(exc)}") from exc
+    with for_weights(weights), global_policy(policy):
+        return keras_vit.model_from_checkpoint(weights, num_heads=num_heads)
 
 
 def _table(path: str, predictions: list[tuple[str, str, float]], scores: str) -> str:
@@ -134,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = image_files(args.images)
         images = [read_image(path) for path in paths]
         labels = args.labels if args.labels in (None, *LABEL_SETS) else read_label_file(args.labels)
+        with for_weights(args.weights):
+            locate_checkpoint(args.weights)  # a file, a folder or a catalogue name
         load_tensorflow()  # every argument checked and every image read
         model = _build_model(args.weights, args.mixed_precision, args.num_heads)
         results = classify(model, images, top=args.top, labels=labels, scores=args.scores, weights=args.weights)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "add_arguments",
+    "check_dataset",
     "choose_preset",
     "from_args",
     "json_ready",
@@ -154,6 +156,21 @@ class DataConfig(_Checked):
         low, high = self.crop_area or (0, 1)
         if low > high:
             raise ValueError(f"--crop-area must be low,high with low <= high, got {_shown(self.crop_area)}.")
+
+
+def check_dataset(dataset: str | None) -> None:
+    """A ``ValueError`` for a ``--dataset`` no run reads, told from its name and the file system alone (before
+    TensorFlow loads): a file, or a path (``./``, ``~``, ``/``) that is not there. Else the digits, a folder or a
+    TFDS name."""
+    if dataset is None or dataset == "digits" or os.path.isdir(dataset):
+        return
+    if os.path.lexists(dataset):
+        raise ValueError(
+            f"--dataset {dataset} is a file: give an image folder (one sub-folder of images per class; unpack an "
+            "archive first) or a TFDS name."
+        )
+    if dataset.startswith((".", "~", os.sep)):
+        raise ValueError(f"Image folder {dataset!r} does not exist.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from keras_vit import datasets
 from keras_vit.images import IMAGE_EXTENSIONS, image_problem, read_image
+from keras_vit.training.config import check_dataset
 from keras_vit.training.distributed.sharding import WHOLE, Shard, part_range
 from keras_vit.training.errors import CorruptDataError, warn
 
@@ -382,15 +383,9 @@ def load_source(
     ``shard``, ``input_shards``, ``gather``: see :func:`load_folder`); else a TFDS name. A file is refused."""
     if dataset in (None, "digits"):
         return load_digits(eval_fraction or 0.2, seed)
-    if os.path.lexists(dataset) and not os.path.isdir(dataset):
-        raise ValueError(
-            f"--dataset {dataset} is a file: give an image folder (one sub-folder of images per class; unpack an "
-            "archive first) or a TFDS name."
-        )
+    check_dataset(dataset)
     if os.path.isdir(dataset):
         return load_folder(dataset, eval_fraction or 0.1, seed, skip_corrupt, shard, input_shards, gather)
-    if dataset.startswith((".", "~", os.sep)):
-        raise ValueError(f"Image folder {dataset!r} does not exist.")
     return load_tfds(
         dataset,
         data_dir=data_dir,

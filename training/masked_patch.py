@@ -19,6 +19,7 @@ from keras_vit.training.data import Source, Split
 from keras_vit.training.distributed.sharding import WHOLE, Shard, distribute_input
 from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
+from keras_vit.training.pretrain_options import check_bits, check_fractions
 from keras_vit.training.setup import Setup
 
 __all__ = [
@@ -40,23 +41,13 @@ KEEP, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: corrupted (predicted) b
 EDGE_TOLERANCE = 1e-3  # grey levels; see colour_targets
 
 
-def _check_fractions(rate: float, mask_fraction: float, random_fraction: float) -> None:
-    if not 0 < rate <= 1:
-        raise ValueError(f"corruption rate must be in (0, 1], got {rate}.")
-    if mask_fraction < 0 or random_fraction < 0 or mask_fraction + random_fraction > 1:
-        raise ValueError(
-            f"mask_fraction ({mask_fraction}) and random_fraction ({random_fraction}) must be "
-            "non-negative and sum to at most 1 (the rest stay unchanged)."
-        )
-
-
 def sample_corruption(
     batch_size, num_patches: int, seed, *, rate: float = 0.5, mask_fraction: float = 0.8, random_fraction: float = 0.1
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """A stateless corruption plan ``(kinds, sources)``, int32 ``(batch_size, num_patches)``: ``round(rate * N)``
     patches of each image corrupted (``mask_fraction`` :data:`MASK`, ``random_fraction`` :data:`RANDOM`, from
     another patch of the image; else :data:`UNCHANGED`); ``seed``: a pair of ints."""
-    _check_fractions(rate, mask_fraction, random_fraction)
+    check_fractions(rate, mask_fraction, random_fraction)
     count = round(rate * num_patches)
     if count < 1:
         raise ValueError(f"rate={rate} corrupts no patch of {num_patches}.")
@@ -150,8 +141,7 @@ def patch_grid(model: keras.Model) -> tuple[int, int]:
 def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None = None) -> keras.Model:
     """The masked-patch model around ``encoder``: ``{images, corruption, sources}`` -> float32 ``(B, N, 512)``
     logits, the corruption between the patch embedding and the rest of ``encoder``'s own layers (so it trains them)."""
-    if not 1 <= bits <= 8:
-        raise ValueError(f"bits must be between 1 and 8 per channel, got {bits}.")
+    check_bits(bits)
     num_patches, _ = patch_grid(encoder)
     tokens = encoder.get_layer("embedding").output
     body = keras.Model(tokens, encoder.get_layer("encoder_norm").output, name=f"{encoder.name}_encoder")

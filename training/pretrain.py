@@ -16,7 +16,7 @@ from keras_vit.lazy import lazy_attributes
 from keras_vit.training import command
 from keras_vit.training import config as config_lib
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.pretrain_options import PretrainConfig
+from keras_vit.training.pretrain_options import PretrainConfig, check_pretrain
 from keras_vit.training.pretrain_options import summary_table as summary_table  # a name of this module
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> PretrainResult:
     with command_errors(args):
         config = config_lib.from_args(args, BASE)
         options = PretrainConfig(**fields.given(args, PretrainConfig))
+        check_pretrain(config, options)
         command.start(config)
         from keras_vit.training.pretraining import pretrain
 

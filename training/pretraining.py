@@ -12,7 +12,7 @@ import keras
 from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.masked_patch import MaskedPatches
-from keras_vit.training.pretrain_options import PretrainConfig, summary_table
+from keras_vit.training.pretrain_options import PretrainConfig, check_pretrain, masked_fields, summary_table
 from keras_vit.training.runner import train
 from keras_vit.training.setup import Setup, prepare
 from keras_vit.training.supervised import Classification, FinetuneResult
@@ -76,37 +76,14 @@ class LoadEncoder(keras.callbacks.Callback):
 
 def masked_setup(setup: Setup, config: PretrainConfig) -> Setup:
     """The masked-patch phase of the fine-tuning ``setup``: its model, data, precision, seed and run settings with
-    the pre-training's optimisation (Adam, warmup then cosine decay to 0, no weight decay or accumulation) and no
-    RandAugment, MixUp or CutMix, into ``OUT/pretrain``."""
-    return setup.replace(
-        steps=config.steps,
-        epochs=None,
-        eval_every=config.eval_every or max(1, config.steps // 5),
-        batch_size=config.batch_size or setup.config.optim.batch_size,
-        accumulation_steps=1,
-        lr=config.lr,
-        warmup=min(config.warmup, config.steps),
-        schedule="cosine",
-        end_lr=0.0,
-        optimizer="adam",
-        weight_decay=0.0,
-        clip_norm=config.clip_norm,
-        randaugment=(0, 0.0),
-        mixup=0.0,
-        cutmix=0.0,
-        output_dir=os.path.join(setup.config.run.output_dir, "pretrain"),
-        overwrite=False,
-    )
+    the pre-training's (:func:`~keras_vit.training.pretrain_options.masked_fields`)."""
+    return setup.replace(**masked_fields(setup.config, config))
 
 
 def pretrain(finetune_config: TrainConfig, config: PretrainConfig | None = None) -> PretrainResult:
     """Pre-train the model ``finetune_config`` describes by masked patch prediction, then fine-tune it."""
     config = config or PretrainConfig()
-    if finetune_config.model.lora_rank:
-        raise ValueError(
-            "--lora-rank does not apply to pretrain, which fine-tunes the whole encoder it pre-trained; fine-tune "
-            "its encoder.keras with LoRA through keras_vit.training.finetune --weights OUT/encoder.keras --lora-rank N."
-        )
+    check_pretrain(finetune_config, config)
     setup = prepare(finetune_config)
     outputs.start_parent(setup, "pretrain", ["encoder.keras", "summary.json"])
     out, verbose = setup.config.run.output_dir, setup.config.run.verbose

@@ -104,6 +104,13 @@ def _verify(args) -> int:
     return 1 if corrupt else 0
 
 
+def _check_source(source: str) -> None:
+    """A ``ValueError`` (:func:`keras_vit.zoo.get`'s) unless ``source`` is a path that exists or a catalogue name:
+    checked before TensorFlow loads."""
+    if not Path(source).exists():
+        zoo.get(source)
+
+
 def _local(source: str, cache_dir) -> Path:
     """A local path for ``source``: a file, or a catalogue name that is cached (downloading it if asked)."""
     if Path(source).exists():  # a file, or a Hugging Face / keras-hub folder
@@ -112,6 +119,7 @@ def _local(source: str, cache_dir) -> Path:
 
 
 def _info(args) -> None:
+    _check_source(args.source)
     load_tensorflow()
     from keras_vit.checkpoints import checkpoint_info, read_npz
     from keras_vit.zoo.validate import check_npz
@@ -192,6 +200,7 @@ def _convert(args) -> None:
         raise ValueError(f"The output {out} exists ({'a folder' if out.is_dir() else 'a file'}): {how}.")
     if args.quantize and output_format != "litert":
         raise ValueError(f"--quantize applies to --format litert (.tflite), not {output_format}.")
+    _check_source(args.source)
     load_tensorflow()
     import keras
 

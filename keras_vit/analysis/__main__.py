@@ -12,11 +12,12 @@ from typing import cast
 
 import numpy as np
 
+from keras_vit.analysis.data import check_fewshot_dataset
 from keras_vit.cli import CommandError, HelpFormatter, add_debug_flag, command_errors, load_tensorflow
 from keras_vit.config import field_names, model_flags
 from keras_vit.fields import add_arguments, given
 from keras_vit.images import read_image
-from keras_vit.names import name_parts
+from keras_vit.names import check_weights, name_parts
 from keras_vit.precision import add_mixed_precision_flag, global_policy, policy_of_choice
 from keras_vit.variants import parse_variant
 
@@ -230,13 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     _check_args(parser, args)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     with command_errors(args):
-        # before TensorFlow loads, in run's order: the variant's name, the images (read again by run), what every run
-        # writes (results.json) and the figures asked for
+        # before TensorFlow loads, in run's order: the variant's name, the weights, the images (read again by run), the
+        # few-shot dataset, what every run writes (results.json) and the figures asked for
         if args.variant is not None:
             parse_variant(cast(str, name_parts(args.variant)[0]))  # a name always has a variant part
+        check_weights(args.weights)
         if args.images and (args.analyses is None or {"attention", "distance"} & set(args.analyses)):
             for path in args.images:
                 read_image(path)
+        if args.analyses is None or "fewshot" in args.analyses:
+            check_fewshot_dataset(args.dataset)
         figures = cast("map[str]", map(FIGURES.get, args.analyses or ()))  # --analyses: FIGURES' keys only
         _check_output_dir(args.output_dir, [*figures, "results.json"], args.overwrite)
         load_tensorflow()

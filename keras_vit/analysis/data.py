@@ -13,7 +13,15 @@ from keras_vit import datasets
 from keras_vit.checks import check_choice
 from keras_vit.optional import require
 
-__all__ = ["SAMPLE_IMAGES", "LabelledImages", "as_rgb", "load_fewshot_dataset", "resize_images", "sample_image"]
+__all__ = [
+    "SAMPLE_IMAGES",
+    "LabelledImages",
+    "as_rgb",
+    "check_fewshot_dataset",
+    "load_fewshot_dataset",
+    "resize_images",
+    "sample_image",
+]
 
 SAMPLE_IMAGES = ("china.jpg", "flower.jpg")
 
@@ -62,20 +70,28 @@ class LabelledImages:
     test_labels: np.ndarray | None = None
 
 
+def check_fewshot_dataset(spec: str) -> None:
+    """What :func:`load_fewshot_dataset` refuses from the spec alone, before anything is read: an unknown kind
+    (``ValueError``), a ``.npz`` file that is not there (``FileNotFoundError``)."""
+    if spec == "digits" or spec.startswith("tfds:"):
+        return
+    if not spec.endswith(".npz"):
+        raise ValueError(f"Unknown few-shot dataset {spec!r}: expected 'digits', a .npz file or 'tfds:NAME'.")
+    if not os.path.isfile(spec):
+        raise FileNotFoundError(f"No dataset file {spec!r}.")
+
+
 def load_fewshot_dataset(spec: str = "digits") -> LabelledImages:
     """Load a few-shot dataset from its spec (see the module docstring)."""
+    check_fewshot_dataset(spec)
     if spec == "digits":
         return LabelledImages(*datasets.load_digits())
     if spec.startswith("tfds:"):
         return _load_tfds(spec[len("tfds:") :])
-    if spec.endswith(".npz"):
-        return _load_npz(spec)
-    raise ValueError(f"Unknown few-shot dataset {spec!r}: expected 'digits', a .npz file or 'tfds:NAME'.")
+    return _load_npz(spec)
 
 
 def _load_npz(path: str) -> LabelledImages:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"No dataset file {path!r}.")
     with np.load(path) as data:
         missing = {"images", "labels"} - set(data.files)
         if missing:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -17,6 +16,7 @@ import numpy as np
 
 from keras_vit import zoo
 from keras_vit.config import ViTConfig
+from keras_vit.names import EXPECTED, locate_checkpoint
 
 __all__ = [
     "FORMATS",
@@ -43,11 +43,6 @@ FORMATS = {
     "keras_weights": "a Keras .weights.h5 file",
     "keras": "a saved keras-vit model (.keras)",
 }
-EXPECTED = (
-    "a Google .npz, a timm or Hugging Face state dict (.safetensors, .pth, .bin), a Hugging Face folder "
-    "(config.json + model.safetensors or pytorch_model.bin), a keras-hub preset folder (config.json + "
-    "model.weights.h5), a Keras .weights.h5 or a saved keras-vit model (.keras)"
-)
 HUGGINGFACE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _SUFFIXES = {
     ".npz": "npz",
@@ -61,7 +56,6 @@ _SUFFIXES = {
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 TRAINING_PREFIX = "opt/target/"  # checkpoints saved with their optimizer state nest the parameters here
-_PATH_LIKE = re.compile(r"[/\\~]|\.(npz|safetensors|pth|pt|bin|h5|keras|json)$")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -269,15 +263,11 @@ def find_checkpoint(
     check: Callable[[zoo.Checkpoint], Callable[[Path], None]] | None = None,
 ) -> Path:
     """A local checkpoint path for ``weights``: an existing file or folder, or a zoo catalogue name (downloaded,
-    then checked with ``check(entry)``); a ``FileNotFoundError`` for a path that is not there."""
-    path = Path(weights).expanduser()
-    if path.exists():
-        return path
-    if zoo.find(str(weights)) is None:
-        if isinstance(weights, os.PathLike) or _PATH_LIKE.search(str(weights)):
-            raise FileNotFoundError(f"No checkpoint file at {path} (nor a folder); expected {EXPECTED}.")
-        zoo.get(str(weights))  # raises, suggesting close names
-    entry = zoo.get(str(weights))
+    then checked with ``check(entry)``); a ``FileNotFoundError`` for a path that is not there
+    (:func:`~keras_vit.names.locate_checkpoint`)."""
+    entry = locate_checkpoint(weights)
+    if isinstance(entry, Path):
+        return entry
     # keras.applications shows its download too: the command's progress bar
     return zoo.fetch(entry, cache_dir=cache_dir, check=None if check is None else check(entry), progress=True)
 

@@ -33,7 +33,8 @@ COMMANDS = {
 }
 
 # Run in a fresh interpreter: each command's --help, then refusals that must come before TensorFlow loads; prints
-# {"help": {module: text}, "exits": {case: [status, stderr]}, "loaded": the modules of TensorFlow or Keras}.
+# {"help": {module: text}, "exits": {case: [status, stdout, stderr]}, "loaded": the modules of TensorFlow or Keras,
+# "folder": the folder of its files}.
 BEFORE_TENSORFLOW = textwrap.dedent(
     """
     import contextlib, io, json, runpy, sys
@@ -52,9 +53,14 @@ BEFORE_TENSORFLOW = textwrap.dedent(
     modules, folder = json.loads(sys.argv[1]), sys.argv[2]
     helps = {module: run(module, "--help") for module in modules}
     helps["keras_vit.zoo convert"] = run("keras_vit.zoo", "convert", "--help")
-    a_file = folder + "/a_file"
+    a_file, missing, new = folder + "/a_file", folder + "/no/such.npz", folder + "/new"
     open(a_file, "w").close()
     open(folder + "/results.json", "w").close()
+    from PIL import Image
+
+    image = folder + "/cat.png"
+    Image.new("RGB", (8, 8)).save(image)
+    pretrain = ("keras_vit.training.pretrain", "--output-dir", new)
     exits = {
         "export": run("keras_vit.export", a_file, "--weights", "B_16.augreg_in21k_ft_in1k_224"),
         "analysis": run("keras_vit.analysis", "--output-dir", folder),
@@ -64,9 +70,21 @@ BEFORE_TENSORFLOW = textwrap.dedent(
         "timm name": run("keras_vit.training.finetune", "--model", "vit_base_patch16_224"),
         "analysis base": run("keras_vit.analysis", "base", "--output-dir", folder + "/new"),
         "zoo download": run("keras_vit.zoo", "download", "B_16.no_such_checkpoint"),
+        "predict weights": run("keras_vit.predict", image, "--weights", "NO_SUCH_NAME"),
+        "export weights": run("keras_vit.export", new, "--weights", missing),
+        "analysis weights": run("keras_vit.analysis", "--weights", "NO_SUCH_NAME", "--output-dir", new),
+        "analysis dataset": run("keras_vit.analysis", "--dataset", missing, "--output-dir", new),
+        "zoo info": run("keras_vit.zoo", "info", "NO_SUCH_NAME"),
+        "zoo convert": run("keras_vit.zoo", "convert", missing, new + ".keras"),
+        "finetune weights": run("keras_vit.training.finetune", "--weights", missing, "--output-dir", new),
+        "finetune dataset": run("keras_vit.training.finetune", "--dataset", folder + "/no/such", "--output-dir", new),
+        "pretrain weights": run(*pretrain, "--weights", "NO_SUCH_NAME"),
+        "pretrain lora": run(*pretrain, "--lora-rank", "4"),
+        "pretrain rate": run(*pretrain, "--corruption-rate", "2"),
+        "pretrain steps": run(*pretrain, "--pretrain-steps", "0"),
     }
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "jax", "torch"))
-    print(json.dumps({"help": helps, "exits": exits, "loaded": loaded}))
+    print(json.dumps({"help": helps, "exits": exits, "loaded": loaded, "folder": folder}))
     """
 )
 
@@ -103,6 +121,33 @@ def test_help_and_refusals_come_before_tensorflow_loads(before_tensorflow):
     assert status == 1 and "results.json already exist" in err and "--overwrite" in err
     status, _, err = exits["zoo download"]
     assert status == 1 and "No checkpoint 'B_16.no_such_checkpoint'" in err
+
+
+@pytest.mark.backend_independent
+def test_weights_datasets_and_pretraining_options_are_refused_before_tensorflow_loads(before_tensorflow):
+    """Each refusal is one line and exit status 1, with the message it had when TensorFlow loaded first (the
+    fixture's interpreter loads no framework: test_help_and_refusals_come_before_tensorflow_loads)."""
+    unknown = "No checkpoint 'NO_SUCH_NAME' in the zoo catalogue. List them with `python -m keras_vit.zoo list`."
+    no_file = "No checkpoint file at {0} (nor a folder); expected a Google .npz"
+    expected = {
+        "predict weights": f"weights 'NO_SUCH_NAME': {unknown}",
+        "export weights": "weights '{0}': " + no_file,
+        "analysis weights": unknown,
+        "analysis dataset": "No dataset file '{0}'.",
+        "zoo info": unknown,
+        "zoo convert": "No checkpoint '{0}' in the zoo catalogue.",
+        "finetune weights": no_file,
+        "finetune dataset": "Image folder '{1}' does not exist.",
+        "pretrain weights": unknown,
+        "pretrain lora": "--lora-rank does not apply to pretrain",
+        "pretrain rate": "corruption rate must be in (0, 1], got 2.0.",
+        "pretrain steps": "--steps must be >= 1, got 0.",
+    }
+    for case, message in expected.items():
+        status, out, err = before_tensorflow["exits"][case]
+        missing = before_tensorflow["folder"] + "/no/such"
+        assert status == 1 and out == "" and err.count("\n") == 1, (case, err)
+        assert err.startswith("error: " + message.format(missing + ".npz", missing)), (case, err)
 
 
 def test_unknown_model_names_list_the_known_ones(before_tensorflow):
