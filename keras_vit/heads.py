@@ -68,8 +68,7 @@ class MAPHead(layers.Layer):
         return (y, probs) if return_attention_scores else y
 
     def npz_key_map(self, prefix: str = MAP_PREFIX) -> KeyMap:
-        """big_vision's keys under ``prefix``: the probe, its attention (k and v into the fused ``key_value``), norm,
-        MLP; ``{key: (variable, transform)}``."""
+        """big_vision's entries under ``prefix``: the probe, attention (k and v into ``key_value``), norm, MLP."""
         projections = (("query", self.query), ("key", self.key_value), ("value", self.key_value))
         attention = attention_entries(f"{prefix}/MultiHeadDotProductAttention_0", self.num_heads, projections, self.out)
         return {f"{prefix}/probe": (self.probe, identity)} | attention | entries_of(prefix, self.norm, self.mlp)

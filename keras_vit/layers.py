@@ -57,15 +57,20 @@ def identity(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def merge_heads(num_heads: int, axis: int) -> Transform:
-    """``(..., heads, head_dim, ...)`` at ``axis`` -> one ``heads * head_dim`` axis; checks the head count."""
+class MergeHeads:
+    """A transform: ``(..., heads, head_dim, ...)`` at ``axis`` -> one ``heads * head_dim`` axis, checking the head
+    count (``ValueError``); :meth:`inverse` splits the heads out again (the writers' ``model_arrays``)."""
 
-    def transform(array: np.ndarray) -> np.ndarray:
-        if array.ndim <= axis + 1 or array.shape[axis] != num_heads:
-            raise ValueError(f"shape {array.shape} does not split into the model's {num_heads} heads")
-        return array.reshape((*array.shape[:axis], -1, *array.shape[axis + 2 :]))
+    def __init__(self, num_heads: int, axis: int):
+        self.num_heads, self.axis = num_heads, axis
 
-    return transform
+    def __call__(self, array: np.ndarray) -> np.ndarray:
+        if array.ndim <= self.axis + 1 or array.shape[self.axis] != self.num_heads:
+            raise ValueError(f"shape {array.shape} does not split into the model's {self.num_heads} heads")
+        return array.reshape((*array.shape[: self.axis], -1, *array.shape[self.axis + 2 :]))
+
+    def inverse(self, array: np.ndarray) -> np.ndarray:
+        return array.reshape((*array.shape[: self.axis], self.num_heads, -1, *array.shape[self.axis + 1 :]))
 
 
 def dense_entries(prefix: str, layer: layers.Layer, kernel: Transform = identity, bias: Transform = identity) -> KeyMap:
@@ -91,8 +96,8 @@ def attention_entries(prefix: str, heads: int, projections, out: layers.Dense) -
     fused ``Dense`` takes its names' arrays concatenated), and ``{prefix}/out`` from ``(heads, d_h, D)``."""
     entries: KeyMap = {}
     for name, layer in projections:
-        entries |= dense_entries(f"{prefix}/{name}", layer, merge_heads(heads, 1), merge_heads(heads, 0))
-    return entries | dense_entries(f"{prefix}/out", out, kernel=merge_heads(heads, 0))
+        entries |= dense_entries(f"{prefix}/{name}", layer, MergeHeads(heads, 1), MergeHeads(heads, 0))
+    return entries | dense_entries(f"{prefix}/out", out, kernel=MergeHeads(heads, 0))
 
 
 TO_CHANNELS_LAST, TO_CHANNELS_FIRST = (0, 2, 3, 1), (0, 3, 1, 2)  # ops.transpose's axes of an image batch
@@ -413,8 +418,7 @@ class MultiHeadSelfAttention(layers.Layer):
         return (y, probs) if return_attention_scores else y
 
     def npz_key_map(self, prefix: str) -> KeyMap:
-        """``{prefix}/query``, ``key``, ``value`` (into ``qkv``), ``out`` (:func:`attention_entries`), then the
-        qk-norm's ``q_norm`` and ``k_norm`` where the layer has them."""
+        """``{prefix}/query``, ``key``, ``value`` (into ``qkv``), ``out``, then the qk-norm's ``q_norm``, ``k_norm``."""
         qkv = [(name, self.qkv) for name in ("query", "key", "value")]
         return attention_entries(prefix, self.num_heads, qkv, self.out) | entries_of(prefix, self.q_norm, self.k_norm)
 
@@ -642,8 +646,7 @@ class TransformerBlock(layers.Layer):
         return keep
 
     def npz_key_map(self, prefix: str) -> KeyMap:
-        """The block's ``{key: (variable, transform)}`` under ``prefix`` (``Transformer/encoderblock_{i}``), its
-        sub-layers under their (Flax) names: the norms, attention, MLP and layer scale where it has it."""
+        """The block's entries under ``prefix`` (``Transformer/encoderblock_{i}``), each sub-layer's under its name."""
         return entries_of(prefix, self.norm1, self.attn, self.norm2, self.mlp, self.ls1, self.ls2)
 
     def get_config(self):

@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-import re
-
 import keras
 import numpy as np
 
-from keras_vit.layers import KeyMap, Transform, TransformerBlock, dense_entries, entries_of
+from keras_vit.layers import KeyMap, Transform, TransformerBlock, dense_entries, entries_of, identity
 from keras_vit.position import AddPositionEmbs, check_method
 
 __all__ = ["HEAD_LAYERS", "KeyMap", "Transform", "model_arrays", "npz_key_map"]
 
 HEAD_LAYERS = ("pre_logits", "head", "head_dist")
-_ATTENTION_ARRAY = re.compile(r"Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/(\w+)/(kernel|bias)")
 
 
 def _walk(model: keras.Model):
@@ -24,9 +21,8 @@ def _walk(model: keras.Model):
 
 
 def npz_key_map(model: keras.Model, *, resize_method: str = "zoom_linear") -> KeyMap:
-    """``{npz_key: (variable, transform)}`` for every variable of ``model`` that a checkpoint holds, each layer's
-    entries from its ``npz_key_map`` under its canonical prefix; position embeddings of another grid are resized with
-    ``resize_method`` (:mod:`keras_vit.position`)."""
+    """``{npz_key: (variable, transform)}`` for every variable of ``model`` that a checkpoint holds, each layer's own
+    (``npz_key_map``) under its canonical prefix; ``resize_method`` resizes position embeddings of another grid."""
     check_method(resize_method)
     entries: KeyMap = {}
     num_blocks = 0
@@ -44,30 +40,21 @@ def npz_key_map(model: keras.Model, *, resize_method: str = "zoom_linear") -> Ke
             part = dense_entries(layer.name, layer)
         else:
             continue
-        clash = entries.keys() & part.keys()
-        if clash:
+        if clash := entries.keys() & part.keys():
             raise ValueError(f"Layer {layer.name!r} maps checkpoint keys another layer already maps: {sorted(clash)}.")
         entries.update(part)
     return entries
 
 
 def model_arrays(model: keras.Model) -> dict[str, np.ndarray]:
-    """A keras-vit model's weights in the Google ``.npz`` layout (the inverse of the loader's key map)."""
-    blocks = model._flatten_layers(include_self=False)
-    heads = [block.num_heads for block in blocks if isinstance(block, TransformerBlock)]
-    groups: dict[int, tuple[keras.Variable, list[str]]] = {}
-    for key, (variable, _) in npz_key_map(model).items():
-        groups.setdefault(id(variable), (variable, []))[1].append(key)
+    """A keras-vit model's weights in the Google ``.npz`` layout, by the key map read backwards: a variable split on
+    its last axis among its keys in order (the fused ``qkv``), each part through its transform's ``inverse``."""
+    groups: dict[int, list[tuple[str, keras.Variable, Transform]]] = {}
+    for key, (variable, transform) in npz_key_map(model).items():
+        groups.setdefault(id(variable), []).append((key, variable, transform))
     arrays = {}
-    for variable, keys in groups.values():
-        value = keras.ops.convert_to_numpy(variable)
-        for key, part in zip(keys, np.split(value, len(keys), axis=-1)):
-            match = _ATTENTION_ARRAY.fullmatch(key)
-            if match:
-                h = heads[int(match[1])]
-                if match[2] in ("query", "key", "value"):
-                    part = part.reshape((part.shape[0], h, -1) if match[3] == "kernel" else (h, -1))
-                elif match[3] == "kernel":  # out
-                    part = part.reshape(h, -1, part.shape[-1])
-            arrays[key] = part
+    for entries in groups.values():
+        value = keras.ops.convert_to_numpy(entries[0][1])
+        for (key, _, transform), part in zip(entries, np.split(value, len(entries), axis=-1)):
+            arrays[key] = getattr(transform, "inverse", identity)(part)
     return arrays
