@@ -93,19 +93,6 @@ def test_key_map_maps_every_variable_and_every_checkpoint_key(token_ckpt):
     assert set(result.loaded) == set(arrays) and result.skipped == ()
 
 
-def test_model_arrays_split_every_attention_into_heads_and_load_back(tmp_path):
-    """The key map read backwards, a MAP head's attention too: a saved ``.keras`` SigLIP-style model loads."""
-    model = keras_vit.ViT(None, image_size=32, num_classes=10, classifier="map", **ARCH)
-    arrays = model_arrays(model)
-    assert arrays["Transformer/encoderblock_1/MultiHeadDotProductAttention_1/key/kernel"].shape == (32, 4, 8)
-    assert arrays["MAPHead_0/MultiHeadDotProductAttention_0/value/bias"].shape == (4, 8)
-    assert arrays["MAPHead_0/MultiHeadDotProductAttention_0/out/kernel"].shape == (4, 8, 32)
-    model.save(tmp_path / "map.keras")
-    loaded = keras_vit.ViT(None, image_size=32, num_classes=10, classifier="map", **ARCH)
-    load_weights(loaded, tmp_path / "map.keras")
-    np.testing.assert_array_equal(run(loaded, images()), run(model, images()))
-
-
 def test_b16_checkpoint_into_s16_fails_naming_keys_and_shapes_and_changes_nothing(tmp_path):
     arrays = vit_checkpoint(patch=16, width=768, depth=1, heads=12, mlp=3072, grid=(14, 14), num_classes=1000)
     model = keras_vit.ViT_S16(depth=1)
@@ -435,3 +422,16 @@ def test_a_zip_bomb_npz_is_refused_before_anything_is_unpacked(tmp_path):
         with pytest.raises(ValueError if load is keras_vit.model_from_checkpoint else OSError, match="would unpack to"):
             load(bomb)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 << 10  # KiB: nothing was unpacked
+
+
+def test_model_arrays_split_every_attention_into_heads_and_load_back(tmp_path):
+    """The key map read backwards, a MAP head's attention too: a saved ``.keras`` SigLIP-style model loads."""
+    model = keras_vit.ViT(None, image_size=32, num_classes=10, classifier="map", **ARCH)
+    arrays = model_arrays(model)
+    assert arrays["Transformer/encoderblock_1/MultiHeadDotProductAttention_1/key/kernel"].shape == (32, 4, 8)
+    assert arrays["MAPHead_0/MultiHeadDotProductAttention_0/value/bias"].shape == (4, 8)
+    assert arrays["MAPHead_0/MultiHeadDotProductAttention_0/out/kernel"].shape == (4, 8, 32)
+    model.save(tmp_path / "map.keras")
+    loaded = keras_vit.ViT(None, image_size=32, num_classes=10, classifier="map", **ARCH)
+    load_weights(loaded, tmp_path / "map.keras")
+    np.testing.assert_array_equal(run(loaded, images()), run(model, images()))
