@@ -10,7 +10,7 @@ from keras import layers, ops
 
 from keras_vit.checks import check_positive_int, check_positive_number
 from keras_vit.config import LAYER_NORM_EPSILON
-from keras_vit.layers import MlpBlock, layer_norm, rows, unrows
+from keras_vit.layers import KeyMap, MlpBlock, attention_entries, entries_of, identity, layer_norm, rows, unrows
 from keras_vit.quantization import dtype_config, sublayer_policy
 
 __all__ = ["MAP_PREFIX", "MAPHead"]
@@ -66,6 +66,12 @@ class MAPHead(layers.Layer):
         a = self.out(ops.reshape(ops.matmul(probs, v), (batch, width)))  # heads side by side: (B, D)
         y = a + unrows(self.mlp(self.norm(a)), a)
         return (y, probs) if return_attention_scores else y
+
+    def npz_key_map(self, prefix: str = MAP_PREFIX) -> KeyMap:
+        """big_vision's entries under ``prefix``: the probe, attention (k and v into ``key_value``), norm, MLP."""
+        projections = (("query", self.query), ("key", self.key_value), ("value", self.key_value))
+        attention = attention_entries(f"{prefix}/MultiHeadDotProductAttention_0", self.num_heads, projections, self.out)
+        return {f"{prefix}/probe": (self.probe, identity)} | attention | entries_of(prefix, self.norm, self.mlp)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import keras
+import numpy as np
 from keras import layers, ops
 
 from keras_vit.checks import (
@@ -45,6 +47,57 @@ __all__ = [
 def layer_norm(name: str, dtype=None, epsilon: float = LAYER_NORM_EPSILON) -> layers.LayerNormalization:
     """LayerNorm with the published models' epsilon (CLIP's: 1e-5)."""
     return layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
+
+
+Transform = Callable[[np.ndarray], np.ndarray]  # a checkpoint array -> the value of its variable
+KeyMap = dict[str, tuple[keras.Variable, Transform]]  # ``.npz`` key -> (variable, transform): docs/design.md
+
+
+def identity(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+class MergeHeads:
+    """A transform: ``(..., heads, head_dim, ...)`` at ``axis`` -> one ``heads * head_dim`` axis, checking the head
+    count (``ValueError``); :meth:`inverse` splits the heads out again (the writers' ``model_arrays``)."""
+
+    def __init__(self, num_heads: int, axis: int):
+        self.num_heads, self.axis = num_heads, axis
+
+    def __call__(self, array: np.ndarray) -> np.ndarray:
+        if array.ndim <= self.axis + 1 or array.shape[self.axis] != self.num_heads:
+            raise ValueError(f"shape {array.shape} does not split into the model's {self.num_heads} heads")
+        return array.reshape((*array.shape[: self.axis], -1, *array.shape[self.axis + 2 :]))
+
+    def inverse(self, array: np.ndarray) -> np.ndarray:
+        return array.reshape((*array.shape[: self.axis], self.num_heads, -1, *array.shape[self.axis + 1 :]))
+
+
+def dense_entries(prefix: str, layer: layers.Layer, kernel: Transform = identity, bias: Transform = identity) -> KeyMap:
+    """``{prefix}/kernel`` and ``{prefix}/bias`` of ``layer`` (a ``Dense`` or :class:`PatchEmbed`)."""
+    return {f"{prefix}/kernel": (layer.kernel, kernel), f"{prefix}/bias": (layer.bias, bias)}
+
+
+def entries_of(prefix: str, *sublayers: layers.Layer | None) -> KeyMap:
+    """The checkpoint entries of ``sublayers`` (``None`` skipped), each under ``{prefix}/{its name}``: a
+    ``LayerNormalization``'s ``scale`` and ``bias``, a ``Dense``'s ``kernel`` and ``bias``, else its ``npz_key_map``."""
+    entries: KeyMap = {}
+    for layer in (layer for layer in sublayers if layer is not None):
+        key = f"{prefix}/{layer.name}"
+        if isinstance(layer, layers.LayerNormalization):
+            entries |= {f"{key}/scale": (layer.gamma, identity), f"{key}/bias": (layer.beta, identity)}
+        else:
+            entries |= dense_entries(key, layer) if isinstance(layer, layers.Dense) else layer.npz_key_map(key)
+    return entries
+
+
+def attention_entries(prefix: str, heads: int, projections, out: layers.Dense) -> KeyMap:
+    """``{prefix}/{name}``'s q/k/v ``(D, heads, d_h)`` arrays into their projections, ``(name, Dense)`` in order (a
+    fused ``Dense`` takes its names' arrays concatenated), and ``{prefix}/out`` from ``(heads, d_h, D)``."""
+    entries: KeyMap = {}
+    for name, layer in projections:
+        entries |= dense_entries(f"{prefix}/{name}", layer, MergeHeads(heads, 1), MergeHeads(heads, 0))
+    return entries | dense_entries(f"{prefix}/out", out, kernel=MergeHeads(heads, 0))
 
 
 TO_CHANNELS_LAST, TO_CHANNELS_FIRST = (0, 2, 3, 1), (0, 3, 1, 2)  # ops.transpose's axes of an image batch
@@ -227,6 +280,10 @@ class PatchEmbed(layers.Layer):
         n = None if h is None or w is None else grid_length(h, ph, pad) * grid_length(w, pw, pad)
         return (b, n, self.hidden_size)
 
+    def npz_key_map(self, prefix: str = "embedding") -> KeyMap:
+        """The projection ``E`` as ``{prefix}/kernel`` and ``{prefix}/bias``: ``{key: (variable, transform)}``."""
+        return dense_entries(prefix, self)
+
     def get_config(self):
         return {
             **super().get_config(),
@@ -251,6 +308,10 @@ class ClassToken(layers.Layer):
     def compute_output_shape(self, input_shape):
         b, n, d = input_shape
         return (b, None if n is None else n + 1, d)
+
+    def npz_key_map(self, prefix: str = "cls") -> KeyMap:
+        """The class token as ``prefix``: ``{key: (variable, transform)}``."""
+        return {prefix: (self.cls, identity)}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -356,6 +417,11 @@ class MultiHeadSelfAttention(layers.Layer):
         y = project(self.out, ops.reshape(context, (batch, length, width)), training)
         return (y, probs) if return_attention_scores else y
 
+    def npz_key_map(self, prefix: str) -> KeyMap:
+        """``{prefix}/query``, ``key``, ``value`` (into ``qkv``), ``out``, then the qk-norm's ``q_norm``, ``k_norm``."""
+        qkv = [(name, self.qkv) for name in ("query", "key", "value")]
+        return attention_entries(prefix, self.num_heads, qkv, self.out) | entries_of(prefix, self.q_norm, self.k_norm)
+
     def get_config(self):
         return {
             **super().get_config(),
@@ -405,6 +471,10 @@ class MlpBlock(layers.Layer):
             h = activation(h, self.gelu)  # on rows: one fused kernel on TensorFlow
         h = _dropped(self.dropout, unrows(h, x), training, hidden_keep)
         return _dropped(self.dropout, project(self.fc2, h, training), training, out_keep)
+
+    def npz_key_map(self, prefix: str) -> KeyMap:
+        """``{prefix}/Dense_0/kernel``, ``bias``, then ``Dense_1``'s: ``{key: (variable, transform)}``."""
+        return entries_of(prefix, self.fc1, self.fc2)
 
     def get_config(self):
         return {
@@ -456,6 +526,10 @@ class LayerScale(layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def npz_key_map(self, prefix: str) -> KeyMap:
+        """``{prefix}/gamma``: ``{key: (variable, transform)}``."""
+        return {f"{prefix}/gamma": (self.gamma, identity)}
 
     def get_config(self):
         return {**super().get_config(), "init_value": self.init_value}
@@ -570,6 +644,10 @@ class TransformerBlock(layers.Layer):
         keep["mlp"] = (hidden, draw_keep_mask(self.mlp.dropout, tokens, x.dtype)) if hidden is not None else None
         keep["mlp_path"] = draw_keep_mask(self.drop_path, samples, x.dtype)
         return keep
+
+    def npz_key_map(self, prefix: str) -> KeyMap:
+        """The block's entries under ``prefix`` (``Transformer/encoderblock_{i}``), each sub-layer's under its name."""
+        return entries_of(prefix, self.norm1, self.attn, self.norm2, self.mlp, self.ls1, self.ls2)
 
     def get_config(self):
         return {

@@ -14,7 +14,7 @@ from keras_vit.checks import check_choice
 from keras_vit.config import POSITION_EMBEDDINGS, RESIZE_METHODS, grid_length
 from keras_vit.features import model_stride
 from keras_vit.inputs import model_data_format, model_image_shape
-from keras_vit.layers import PatchEmbed, TransformerBlock, _pair, format_shape
+from keras_vit.layers import KeyMap, PatchEmbed, TransformerBlock, _pair, format_shape
 
 __all__ = [
     "METHODS",
@@ -187,6 +187,23 @@ class AddPositionEmbs(layers.Layer):
                 posemb, grid_size, num_prefix_tokens=self.num_prefix_tokens, old_grid=self.grid_size, method=method
             )
         ]
+
+    def npz_key_map(self, prefix: str = "Transformer/posembed_input", resize_method: str = "zoom_linear") -> KeyMap:
+        """``{prefix}/pos_embedding``, a table of another square grid resized with ``resize_method``; ``{}`` for the
+        kinds whose ``pos_embedding`` is no variable (2-D, sin-cos: not in the published layout)."""
+        if not isinstance(self.pos_embedding, keras.Variable):
+            return {}
+        target = tuple(self.pos_embedding.shape)
+
+        def transform(array: np.ndarray) -> np.ndarray:
+            if array.shape == target or array.ndim != 3 or array.shape[-1] != target[-1]:
+                return array  # equal, or a width mismatch the shape check reports
+            grid = square_grid(array.shape[1] - self.num_prefix_tokens)
+            return resample_position_embeddings(
+                array, self.grid_size, num_prefix_tokens=self.num_prefix_tokens, old_grid=grid, method=resize_method
+            )
+
+        return {f"{prefix}/pos_embedding": (self.pos_embedding, transform)}
 
     def get_config(self):
         return {**super().get_config(), "grid_size": list(self.grid_size), "num_prefix_tokens": self.num_prefix_tokens}

@@ -7,7 +7,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit.checks import check_count, check_positive_int
-from keras_vit.layers import ClassToken
+from keras_vit.layers import ClassToken, KeyMap, identity
 
 __all__ = ["PrefixTokens", "TokenAt", "distillation_model", "num_prefix_tokens"]
 
@@ -33,6 +33,10 @@ class PrefixTokens(layers.Layer):
     def compute_output_shape(self, input_shape):
         b, n, d = input_shape
         return (b, None if n is None else n + self.count, d)
+
+    def npz_key_map(self, prefix: str | None = None) -> KeyMap:
+        """The tokens as ``prefix``, by default the layer's name (``distillation_token``, ``register_tokens``)."""
+        return {prefix or self.name: (self.tokens, identity)}
 
     def get_config(self):
         return {**super().get_config(), "count": self.count, "offset": self.offset}

@@ -10,7 +10,7 @@ from npz_layout import vit_checkpoint, write_checkpoint
 
 import keras_vit
 from keras_vit.checkpoints.infer import checkpoint_info
-from keras_vit.checkpoints.keymap import npz_key_map
+from keras_vit.checkpoints.keymap import model_arrays, npz_key_map
 from keras_vit.checkpoints.load import load_weights
 from keras_vit.checkpoints.source import read_npz
 from keras_vit.zoo.__main__ import main as zoo_main
@@ -438,3 +438,16 @@ def test_a_zip_bomb_npz_is_refused_before_anything_is_unpacked(tmp_path):
         with pytest.raises(ValueError if load is keras_vit.model_from_checkpoint else OSError, match="would unpack to"):
             load(bomb)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 << 10  # KiB: nothing was unpacked
+
+
+def test_model_arrays_split_every_attention_into_heads_and_load_back(tmp_path):
+    """The key map read backwards, a MAP head's attention too: a saved ``.keras`` SigLIP-style model loads."""
+    model = keras_vit.ViT(None, image_size=32, num_classes=10, classifier="map", **ARCH)
+    arrays = model_arrays(model)
+    assert arrays["Transformer/encoderblock_1/MultiHeadDotProductAttention_1/key/kernel"].shape == (32, 4, 8)
+    assert arrays["MAPHead_0/MultiHeadDotProductAttention_0/value/bias"].shape == (4, 8)
+    assert arrays["MAPHead_0/MultiHeadDotProductAttention_0/out/kernel"].shape == (4, 8, 32)
+    model.save(tmp_path / "map.keras")
+    loaded = keras_vit.ViT(None, image_size=32, num_classes=10, classifier="map", **ARCH)
+    load_weights(loaded, tmp_path / "map.keras")
+    np.testing.assert_array_equal(run(loaded, images()), run(model, images()))
