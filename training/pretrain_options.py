@@ -51,6 +51,9 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         check_fractions(self.rate, self.mask_fraction, self.random_fraction)
         check_bits(self.bits)
+        for flag, value in (("--pretrain-batch-size", self.batch_size), ("--pretrain-eval-every", self.eval_every)):
+            if value is not None and value < 1:  # unset (None) follows the fine-tuning; 0 is not "unset"
+                raise ValueError(f"{flag} must be >= 1, got {value}.")
 
 
 def masked_fields(finetune: TrainConfig, config: PretrainConfig) -> dict[str, Any]:
@@ -60,8 +63,8 @@ def masked_fields(finetune: TrainConfig, config: PretrainConfig) -> dict[str, An
     return dict(
         steps=config.steps,
         epochs=None,
-        eval_every=config.eval_every or max(1, config.steps // 5),
-        batch_size=config.batch_size or finetune.optim.batch_size,
+        eval_every=max(1, config.steps // 5) if config.eval_every is None else config.eval_every,
+        batch_size=finetune.optim.batch_size if config.batch_size is None else config.batch_size,
         accumulation_steps=1,
         lr=config.lr,
         warmup=min(config.warmup, config.steps),

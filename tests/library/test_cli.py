@@ -82,6 +82,8 @@ BEFORE_TENSORFLOW = textwrap.dedent(
         "pretrain lora": run(*pretrain, "--lora-rank", "4"),
         "pretrain rate": run(*pretrain, "--corruption-rate", "2"),
         "pretrain steps": run(*pretrain, "--pretrain-steps", "0"),
+        "pretrain batch": run(*pretrain, "--pretrain-batch-size", "0"),
+        "pretrain eval": run(*pretrain, "--pretrain-eval-every", "0"),
     }
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "jax", "torch"))
     print(json.dumps({"help": helps, "exits": exits, "loaded": loaded, "folder": folder}))
@@ -142,6 +144,8 @@ def test_weights_datasets_and_pretraining_options_are_refused_before_tensorflow_
         "pretrain lora": "--lora-rank does not apply to pretrain",
         "pretrain rate": "corruption rate must be in (0, 1], got 2.0.",
         "pretrain steps": "--steps must be >= 1, got 0.",
+        "pretrain batch": "--pretrain-batch-size must be >= 1, got 0.",  # 0 was taken as unset
+        "pretrain eval": "--pretrain-eval-every must be >= 1, got 0.",
     }
     for case, message in expected.items():
         status, out, err = before_tensorflow["exits"][case]
