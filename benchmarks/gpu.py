@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["forward_flops", "main", "markdown"]
+__all__ = ["forward_flops", "keras_vit_step", "main", "markdown"]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
@@ -109,8 +109,9 @@ def worker_peak(args) -> dict:
     )
 
 
-def _keras_vit_step(args):
-    """keras-vit compiled for one JAX train step under ``args.policy``: (model, x, y, facts)."""
+def keras_vit_step(args, **options):
+    """keras-vit compiled for one JAX train step under ``args.policy``: (model, x, y, facts); ``options``:
+    ``keras_vit.ViT`` options beside (or instead of) the table's."""
     os.environ["KERAS_BACKEND"] = "jax"
     import jax
     import keras
@@ -119,9 +120,12 @@ def _keras_vit_step(args):
     import keras_vit
 
     keras.mixed_precision.set_global_policy(args.policy)
-    options = dict(image_size=args.image_size, num_classes=args.num_classes, gelu="exact")
+    for setting in getattr(args, "layer_setting", None) or []:  # e.g. PAD_ODD_ATTENTION=false
+        name, _, value = setting.partition("=")
+        setattr(keras_vit.layers, name, {"true": True, "false": False}.get(value.lower(), value))
+    options = {"image_size": args.image_size, "num_classes": args.num_classes, "gelu": "exact", **options}
     if args.depth:
-        options["depth"] = args.depth
+        options.setdefault("depth", args.depth)
     model = keras_vit.ViT(args.model, **options)
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-4),
@@ -145,7 +149,7 @@ def worker_keras_vit(args) -> dict:
     """keras-vit on the JAX backend: ``train_on_batch`` and ``predict_on_batch`` under ``args.policy``."""
     import jax
 
-    model, x, y, result = _keras_vit_step(args)
+    model, x, y, result = keras_vit_step(args)
     result["train"] = _timed(lambda: model.train_on_batch(x, y), args.warmup, args.steps)
     result["infer"] = _timed(lambda: model.predict_on_batch(x), args.warmup, args.steps)
     stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
@@ -200,7 +204,7 @@ def worker_profile(args) -> dict:
 
     import jax
 
-    model, x, y, result = _keras_vit_step(args)
+    model, x, y, result = keras_vit_step(args)
     for _ in range(max(1, args.warmup)):
         model.train_on_batch(x, y)
     log_dir = tempfile.mkdtemp(prefix="keras_vit_trace_")
@@ -297,6 +301,7 @@ def _run_worker(name: str, model: str | None, args) -> dict:
         str(args.profile_steps),
     ]
     command += ["--model", model] if model else []
+    command += [arg for setting in args.layer_setting for arg in ("--layer-setting", setting)]
     command += ["--depth", str(args.depth)] if args.depth else []
     command += ["--tiny"] if args.tiny else []
     env = dict(os.environ, KERAS_BACKEND="jax")
@@ -390,6 +395,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("--depth", type=int, default=0, help="override the variant's depth (0: the variant's)")
     parser.add_argument("--policy", default="mixed_bfloat16", help="Keras dtype policy of keras_vit")
+    parser.add_argument(
+        "--layer-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keras_vit.layers setting for keras_vit's workers (PAD_ODD_ATTENTION=false); repeatable",
+    )
     parser.add_argument("--peak-size", type=int, default=8192)
     parser.add_argument("--peak-repeats", type=int, default=10)
     parser.add_argument("--profile", metavar="MODEL", help="also trace keras-vit train steps of MODEL (jax.profiler)")

@@ -25,6 +25,7 @@ from keras_vit.quantization import dtype_config, sublayer_policy
 __all__ = [
     "GELU_VARIANTS",
     "LAYER_NORM_EPSILON",
+    "PAD_ODD_ATTENTION",
     "ChannelsLast",
     "ClassToken",
     "DropPath",
@@ -38,8 +39,10 @@ __all__ = [
     "channels_last_shape",
     "check_data_format",
     "format_shape",
+    "fused_attention",
     "fused_attention_available",
     "layer_norm",
+    "pads_odd_attention",
     "to_channels_last",
 ]
 
@@ -349,6 +352,38 @@ def fused_attention_available() -> bool:
     return keras.backend.backend() != "tensorflow"
 
 
+# Off until a GPU run shows that it wins (benchmarks/gpu_device.sh times both); None: on where JAX runs on a GPU.
+PAD_ODD_ATTENTION: bool | None = False
+
+
+def pads_odd_attention() -> bool:
+    """Whether a training step's fused attention pads an odd token count to an even one (one masked key).
+
+    JAX's cuDNN attention refuses an odd length in training (its check counts the absent bias as one), and Keras
+    then runs the unfused einsum-softmax-einsum: for ViTs' 197 tokens on a GPU, the whole training step.
+    :data:`PAD_ODD_ATTENTION`: ``True``, ``False`` (the default, until measured on a GPU) or ``None`` (JAX on a GPU).
+    """
+    if PAD_ODD_ATTENTION is not None:
+        return PAD_ODD_ATTENTION
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
+def fused_attention(q, k, v, bias, scale: float, training=None):
+    """``ops.dot_product_attention`` of ``(B, N, heads, d_h)`` q, k, v; in training with an odd static N and no bias,
+    where :func:`pads_odd_attention`, on N + 1 tokens whose last key is masked, the extra query's row dropped."""
+    length = q.shape[1]
+    if not (training and bias is None and length is not None and length % 2 and pads_odd_attention()):
+        return ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
+    padding = [[0, 0], [0, 1], [0, 0], [0, 0]]
+    q, k, v = (ops.pad(tensor, padding) for tensor in (q, k, v))
+    mask = ops.broadcast_to(ops.arange(length + 1) < length, (1, 1, length + 1, length + 1))
+    return ops.dot_product_attention(q, k, v, mask=mask, scale=scale)[:, :length]
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(layers.Layer):
     """MSA: ``softmax(q k^T / sqrt(d_h)) v`` over ``num_heads`` heads from one fused ``qkv`` projection, then ``out``.
@@ -404,7 +439,7 @@ class MultiHeadSelfAttention(layers.Layer):
         if fused_attention_available() and not needs_probs:
             q, k, v = ops.unstack(qkv, 3, axis=2)  # each (B, N, heads, d_h), the layout it expects
             q, k = self._normed(q, k)
-            context = ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
+            context = fused_attention(q, k, v, bias, scale, training)
         else:
             q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)  # each (B, heads, N, d_h)
             q, k = self._normed(q, k)

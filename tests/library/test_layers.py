@@ -524,3 +524,27 @@ def test_patch_embed_takes_channels_first_and_pads_with_zeros_below_and_right():
     assert first.compute_output_shape((None, 3, 10, 7)) == (None, 6, 8)
     with pytest.raises(ValueError, match="10x7 is not divisible by the patch size 4x4"):
         PatchEmbed(4, 8)(x)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_odd_attention_padding_equals_plain_attention(policy, monkeypatch):
+    # JAX's cuDNN attention trains only on an even token count: 17 tokens padded to 18 with the last key masked
+    # must give the plain path's outputs and gradients (two SGD steps' losses and weights). TensorFlow runs the
+    # head-major matmuls, where the switch changes nothing.
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        images, labels = _images(batch=4), np.array([0, 1, 2, 3])
+        runs = []
+        for padded in (False, True):
+            monkeypatch.setattr(keras_vit.layers, "PAD_ODD_ATTENTION", padded)
+            model = _seeded_vit()
+            losses, out = _two_steps_and_a_forward(model, images, labels)
+            runs.append((losses, keras.ops.convert_to_numpy(ops.cast(out, "float32")), model.get_weights()))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    atol = FLOAT32_ATOL if policy == "float32" else 2e-2  # bfloat16: a few roundings of 2^-9 apart
+    (plain_losses, plain_out, plain_weights), (padded_losses, padded_out, padded_weights) = runs
+    np.testing.assert_allclose(padded_losses, plain_losses, atol=atol, rtol=0)
+    np.testing.assert_allclose(padded_out, plain_out, atol=atol, rtol=0)
+    for a, b in zip(plain_weights, padded_weights):
+        np.testing.assert_allclose(b, a, atol=atol, rtol=0)
