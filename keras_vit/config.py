@@ -446,7 +446,15 @@ class ViTConfig:
         return sum(self.parameter_parts().values())
 
 
-PARTS = ("resnet", "embedding", "tokens", "position", "blocks", "head")  # ViTConfig.parameter_parts' keys
+# ViTConfig.parameter_parts' keys, each with the fields that make it large (what keras_vit.memory's refusals name).
+PARTS: dict[str, tuple[str, ...]] = {
+    "resnet": ("resnet_stages", "resnet_width"),
+    "embedding": ("patch_size", "hidden_size"),
+    "tokens": ("num_register_tokens", "hidden_size"),
+    "position": ("image_size", "patch_size", "hidden_size"),
+    "blocks": ("depth", "hidden_size", "mlp_dim"),
+    "head": ("num_classes", "representation_size", "hidden_size"),
+}
 
 
 def _dense(inputs: int, units: int) -> int:

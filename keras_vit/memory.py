@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any
 
-from keras_vit.config import ViTConfig
+from keras_vit.config import PARTS, ViTConfig
 
 try:
     import resource
@@ -19,17 +19,8 @@ __all__ = ["MAX_TENSOR_VALUES", "available_memory", "check_model_fits", "model_b
 
 MAX_TENSOR_VALUES = 2**31 - 1  # the most values one weight or table of a model may hold (int32 indices)
 
-# The config fields that make each part of ViTConfig.parameter_parts large, named by a refusal; the width of one
-# tensor of the blocks is hidden_size's and mlp_dim's (_TABLE_ARGUMENTS), the memory of all of them depth's too.
-_ARGUMENTS = {
-    "resnet": ("resnet_stages", "resnet_width"),
-    "embedding": ("patch_size", "hidden_size"),
-    "tokens": ("num_register_tokens", "hidden_size"),
-    "position": ("image_size", "patch_size", "hidden_size"),
-    "blocks": ("depth", "hidden_size", "mlp_dim"),
-    "head": ("num_classes", "representation_size", "hidden_size"),
-}
-_TABLE_ARGUMENTS = {**_ARGUMENTS, "blocks": ("hidden_size", "mlp_dim")}
+# The fields that make one tensor of each part large: the blocks' width (their number: the memory of them all).
+_TABLE_FIELDS = {**PARTS, "blocks": ("hidden_size", "mlp_dim")}
 _NAMES = {
     "resnet": "ResNet",
     "embedding": "patch embedding",
@@ -52,6 +43,17 @@ def proc_bytes(path: str, name: str) -> int | None:
     """The bytes of the ``name: N kB`` line of ``path`` (``/proc/meminfo``, ``/proc/self/status``), else None."""
     lines = (_read(path) or "").splitlines()
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(f"{name}:")), None)
+
+
+def _free_memory(swap: bool) -> tuple[int, str] | None:
+    """``/proc/meminfo``'s MemAvailable (with ``swap``, plus SwapFree) and its name, else None."""
+    free = proc_bytes("/proc/meminfo", "MemAvailable")
+    if free is None:
+        return None
+    swapped = proc_bytes("/proc/meminfo", "SwapFree") if swap else None
+    if not swapped:
+        return free, "available memory (MemAvailable)"
+    return free + swapped, "available memory and swap (MemAvailable + SwapFree)"
 
 
 def _cgroup_room() -> int | None:
@@ -86,25 +88,26 @@ def _physical_memory() -> int | None:
         return None
 
 
-def available_memory() -> tuple[int, str] | None:
+def available_memory(swap: bool = False) -> tuple[int, str] | None:
     """The bytes this process may still take, and what limits them: the least of ``/proc/meminfo``'s MemAvailable
-    (else the physical memory), its cgroup's ``memory.max`` (less what the group uses) and ``RLIMIT_AS`` (less the
-    address space in use); None where none of them can be read."""
-    free = proc_bytes("/proc/meminfo", "MemAvailable")
+    (with ``swap``, plus SwapFree; without ``/proc/meminfo``, the physical memory), its cgroup's ``memory.max`` (less
+    what the group uses) and ``RLIMIT_AS`` (less the address space in use); None where none of them can be read."""
+    free = _free_memory(swap)
     rooms = {
-        "available memory (MemAvailable)": free,
         "the physical memory": _physical_memory() if free is None else None,
         "the cgroup's memory.max": _cgroup_room(),
         "the address-space limit (ulimit -v)": _address_space_room(),
     }
-    known = [(room, name) for name, room in rooms.items() if room is not None]
+    known = [(room, name) for name, room in rooms.items() if room is not None] + ([free] if free else [])
     return min(known) if known else None
 
 
 def _bytes_per_parameter(policy: Any) -> tuple[float, str]:
     """What one parameter takes under the Keras dtype ``policy`` (its variable dtype), and the dtype's name; a
     quantized policy (or a ``DTypePolicyMap`` of one) counts half a byte, int4's, a lower bound."""
-    if policy.quantization_mode is not None or type(policy).__name__ == "DTypePolicyMap":
+    from keras.dtype_policies import DTypePolicyMap
+
+    if policy.quantization_mode is not None or isinstance(policy, DTypePolicyMap):
         return 0.5, "quantized weights (int4: half a byte each, at least)"
     dtype = str(policy.variable_dtype)
     bits = re.search(r"\d+", dtype)
@@ -125,7 +128,7 @@ def _tables(config: ViTConfig) -> dict[str, int]:
     }.get(config.position_embedding, 0)
     return {
         "embedding": parts["embedding"] - width,  # the kernel: all but the bias
-        "tokens": config.num_register_tokens * width,
+        "tokens": parts["tokens"],  # the register tokens' table, with the class and distillation tokens
         "position": position,
         "blocks": width * max(3 * width, arch.mlp_dim),
         "head": (config.representation_size or width) * config.num_classes,
@@ -166,7 +169,7 @@ def _size(count: float) -> str:
 def check_model_fits(config: ViTConfig, policy: Any) -> None:
     """Refuse the model of ``config`` under the Keras dtype ``policy`` before any layer is built, where one of its
     tensors would hold more than :data:`MAX_TENSOR_VALUES` values, or its weights need more bytes than
-    :func:`available_memory` leaves (a lower bound: :func:`model_bytes`). Costs microseconds.
+    :func:`available_memory` leaves, swap included (a lower bound: :func:`model_bytes`). Costs microseconds.
 
     Raises:
         ValueError: naming the fields that make the largest part large, the estimate and the limit.
@@ -175,17 +178,17 @@ def check_model_fits(config: ViTConfig, policy: Any) -> None:
     part = max(tables, key=tables.__getitem__)
     if tables[part] > MAX_TENSOR_VALUES:
         raise ValueError(
-            f"ViT {_arguments(config, _TABLE_ARGUMENTS[part])}: one tensor of the model's {_NAMES[part]} would hold "
+            f"ViT {_arguments(config, _TABLE_FIELDS[part])}: one tensor of the model's {_NAMES[part]} would hold "
             f"{tables[part]:,} values, more than the {MAX_TENSOR_VALUES:,} one tensor may hold."
         )
     per_parameter, dtype = _bytes_per_parameter(policy)
     sizes = model_bytes(config, per_parameter)
-    needed, room = sum(sizes.values()), available_memory()
+    needed, room = sum(sizes.values()), available_memory(swap=True)  # what builds today, swapping, still does
     if room is None or needed <= room[0]:
         return
     part = max(sizes, key=sizes.__getitem__)
     raise ValueError(
-        f"ViT {_arguments(config, _ARGUMENTS[part])}: the model's {config.parameter_count():,} parameters need "
+        f"ViT {_arguments(config, PARTS[part])}: the model's {config.parameter_count():,} parameters need "
         f"{_size(needed)} as {dtype} ({_size(sizes[part])} for its {_NAMES[part]}), but {_size(max(room[0], 0))} is "
         f"left under {room[1]}."
     )
