@@ -67,7 +67,8 @@ class VisionTransformer(keras.Model):
         policy = kwargs.pop("dtype", None)
         policy = None if policy is None else keras.dtype_policies.get(policy)
         kwargs["name"] = kwargs.get("name") or config.architecture.model_name
-        check_model_fits(config, policy or keras.mixed_precision.dtype_policy())  # before any layer is built
+        # before any layer is built; a DTypePolicyMap is a mapping: an empty one is falsy, yet the model's policy
+        check_model_fits(config, keras.mixed_precision.dtype_policy() if policy is None else policy)
         with contextlib.nullcontext() if policy is None else global_policy(policy):  # the model's policy too
             inputs, outputs = _graph(config, head_dtype)
             super().__init__(inputs, outputs, **kwargs)
