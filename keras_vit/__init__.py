@@ -107,6 +107,7 @@ _SUBMODULES = (
     "layers",
     "lazy",
     "lora",
+    "memory",
     "models",
     "optional",
     "position",

@@ -29,6 +29,7 @@ __all__ = [
     "GROUPS",
     "INTERPOLATIONS",
     "MLP_TYPES",
+    "PARTS",
     "POOLINGS",
     "POSITION_EMBEDDINGS",
     "RESIZE_METHODS",
@@ -415,6 +416,106 @@ class ViTConfig:
         pads to the next multiple)."""
         (height, width), stride = self.image_size, self.architecture.stride
         return (grid_length(height, stride), grid_length(width, stride))
+
+    def parameter_parts(self) -> dict[str, int]:
+        """The parameters of the model of this config by part (:data:`PARTS`: the ResNet, the patch embedding, the
+        prefix tokens, the position embeddings, the blocks with ``norm_pre``, the final norm and the head), counted from
+        the fields alone: nothing is built, and the sum is what ``build_vit(config).count_params()`` gives."""
+        arch = self.architecture
+        width, (rows, cols), heads = arch.hidden_size, self.grid_size, arch.num_heads
+        resnet, channels = (0, self.channels) if arch.resnet_stages is None else _resnet_parameters(self)
+        embedded = int(self.classifier == "token") + int(self.distillation_token)  # class and distillation tokens
+        prefix = embedded if self.class_position_embedding else 0  # the tokens with position embeddings
+        position = {
+            "learned_1d": (prefix + rows * cols) * width,
+            "learned_2d": (rows + cols) * (width // 2) + prefix * width,
+        }.get(self.position_embedding, 0)  # sincos_2d: fixed; relative: in the blocks
+        relative = (2 * rows - 1) * (2 * cols - 1) * heads + (3 * heads if self.num_prefix_tokens else 0)
+        block = _block_parameters(self) + (relative if self.position_embedding == "relative" else 0)
+        return {
+            "resnet": resnet,
+            "embedding": _dense(arch.patch_size**2 * channels, width),
+            "tokens": (embedded + self.num_register_tokens) * width,
+            "position": position,
+            "blocks": arch.depth * block + (_layer_norm(width) if self.norm_pre else 0),
+            "head": _head_parameters(self),
+        }
+
+    def parameter_count(self) -> int:
+        """The parameters of the model of this config (:meth:`parameter_parts` summed), without building it."""
+        return sum(self.parameter_parts().values())
+
+
+# ViTConfig.parameter_parts' keys, each with the fields that make it large (what keras_vit.memory's refusals name).
+PARTS: dict[str, tuple[str, ...]] = {
+    "resnet": ("resnet_stages", "resnet_width"),
+    "embedding": ("patch_size", "hidden_size"),
+    "tokens": ("num_register_tokens", "hidden_size"),
+    "position": ("image_size", "patch_size", "hidden_size"),
+    "blocks": ("depth", "hidden_size", "mlp_dim"),
+    "head": ("num_classes", "representation_size", "hidden_size"),
+}
+
+
+def _dense(inputs: int, units: int) -> int:
+    """The parameters of a ``Dense(units)`` (kernel and bias) on ``inputs`` features."""
+    return inputs * units + units
+
+
+def _layer_norm(width: int) -> int:
+    """The parameters of a LayerNorm (or GroupNorm) of ``width`` channels: its scale and offset."""
+    return 2 * width
+
+
+def _mlp_parameters(width: int, mlp_dim: int, mlp_type: str = "gelu") -> int:
+    """An :class:`~keras_vit.layers.MlpBlock`'s: ``Dense(mlp_dim)``, then ``Dense(width)`` on its (SwiGLU: half)."""
+    return _dense(width, mlp_dim) + _dense(mlp_dim // 2 if mlp_type == "swiglu" else mlp_dim, width)
+
+
+def _block_parameters(config: ViTConfig) -> int:
+    """A :class:`~keras_vit.layers.TransformerBlock`'s: two LayerNorms, the attention's ``qkv`` and ``out`` (with
+    ``qk_norm``'s two LayerNorms of a head's width), the MLP, layer scale's two ``gamma``."""
+    arch = config.architecture
+    width = arch.hidden_size
+    attention = _dense(width, 3 * width) + _dense(width, width)
+    attention += 2 * _layer_norm(width // arch.num_heads) if config.qk_norm else 0
+    scale = 2 * width if config.layer_scale_init is not None else 0
+    return 2 * _layer_norm(width) + attention + _mlp_parameters(width, arch.mlp_dim, config.mlp_type) + scale
+
+
+def _head_parameters(config: ViTConfig) -> int:
+    """The final LayerNorm (``encoder_norm``, also as ``fc_norm``) and what :func:`keras_vit.models.head` builds: the
+    MAP head (``classifier="map"`` or ``pooling="map"``), ``pre_logits``, the head (and ``head_dist``)."""
+    width = config.architecture.hidden_size
+    if not config.include_top and config.pooling is None:  # the tokens: fc_norm, if set, is never applied
+        return 0 if config.fc_norm else _layer_norm(width)
+    pooling = config.pooling if not config.include_top else {"token": "token", "gap": "avg"}.get(config.classifier)
+    total = _layer_norm(width)
+    if pooling in (None, "map"):  # the probe, query, key_value, out, its LayerNorm and MLP
+        total += (
+            width + 4 * _dense(width, width) + _layer_norm(width) + _mlp_parameters(width, config.architecture.mlp_dim)
+        )
+    if not config.include_top:
+        return total
+    features = config.representation_size or width
+    total += 0 if config.representation_size is None else _dense(width, features)
+    return total + (2 if config.distillation_token else 1) * _dense(features, config.num_classes)
+
+
+def _resnet_parameters(config: ViTConfig) -> tuple[int, int]:
+    """A hybrid's :class:`~keras_vit.resnet.ResNetStem`: its parameters and output channels. The root convolution
+    (7x7, no bias) and GroupNorm; per bottleneck unit 1x1, 3x3 and 1x1 convolutions, each with a GroupNorm, and a
+    projection (1x1 and GroupNorm) where the channels or the stride change."""
+    width, stages = config.resnet_width, config.architecture.resnet_stages or ()
+    total, inputs = 7 * 7 * config.channels * width + _layer_norm(width), width
+    for stage, units in enumerate(stages):
+        features = width * 2**stage
+        for unit in range(units):
+            total += (inputs + 9 * features + 4 * features) * features + _layer_norm(6 * features)
+            if inputs != 4 * features or (stage > 0 and unit == 0):
+                total += inputs * 4 * features + _layer_norm(4 * features)
+            inputs = 4 * features
+    return total, inputs
 
 
 def _own_fields() -> list[dataclasses.Field]:

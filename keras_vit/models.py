@@ -21,6 +21,7 @@ from keras_vit.layers import (
     format_shape,
     layer_norm,
 )
+from keras_vit.memory import check_model_fits
 from keras_vit.position import dynamic_position_embedding_layer, position_embedding_layer, transformer_block
 from keras_vit.precision import global_policy
 from keras_vit.preprocessing import ImagePreprocessor
@@ -48,7 +49,8 @@ class VisionTransformer(keras.Model):
     """The functional ``keras.Model`` of a :class:`~keras_vit.config.ViTConfig` (or its ``to_dict()``):
     ``model.config`` is the record, and a ``.keras`` file builds the model from it again. ``dtype``: the layers'
     policy (a quantized model's config: a ``DTypePolicyMap``, :mod:`keras_vit.quantization`); ``head_dtype``: the
-    head's (default: ``dtype``'s variable dtype, float32 under a mixed policy).
+    head's (default: ``dtype``'s variable dtype, float32 under a mixed policy). A model whose weights would not fit
+    the memory left is a ``ValueError`` before any layer is built (:func:`keras_vit.memory.check_model_fits`).
     """
 
     def __init__(
@@ -65,6 +67,8 @@ class VisionTransformer(keras.Model):
         policy = kwargs.pop("dtype", None)
         policy = None if policy is None else keras.dtype_policies.get(policy)
         kwargs["name"] = kwargs.get("name") or config.architecture.model_name
+        # before any layer is built; a DTypePolicyMap is a mapping: an empty one is falsy, yet the model's policy
+        check_model_fits(config, keras.mixed_precision.dtype_policy() if policy is None else policy)
         with contextlib.nullcontext() if policy is None else global_policy(policy):  # the model's policy too
             inputs, outputs = _graph(config, head_dtype)
             super().__init__(inputs, outputs, **kwargs)

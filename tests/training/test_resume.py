@@ -291,10 +291,11 @@ def test_a_full_disk_is_one_line_naming_the_checkpoint_and_leaves_no_partial_fil
 CAPPED = """
 import resource, sys
 from keras_vit.cli import load_tensorflow
-from keras_vit.training import memory, supervised
+from keras_vit.memory import proc_bytes
+from keras_vit.training import supervised
 from keras_vit.training.finetune import main
 load_tensorflow()  # the command imports these once its checks pass: the cap is above a process that has them
-in_use = memory._kilobytes("/proc/self/status", "VmSize")
+in_use = proc_bytes("/proc/self/status", "VmSize")
 resource.setrlimit(resource.RLIMIT_AS, (in_use + (2 << 30), resource.RLIM_INFINITY))  # 2 GiB more than now
 main(sys.argv[1:])
 """
