@@ -11,6 +11,7 @@ from PIL import Image
 
 from keras_vit import datasets
 from keras_vit.checks import check_choice
+from keras_vit.files import npz_arrays, open_zip
 from keras_vit.optional import require
 
 __all__ = ["SAMPLE_IMAGES", "LabelledImages", "as_rgb", "load_fewshot_dataset", "resize_images", "sample_image"]
@@ -76,12 +77,14 @@ def load_fewshot_dataset(spec: str = "digits") -> LabelledImages:
 def _load_npz(path: str) -> LabelledImages:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No dataset file {path!r}.")
-    with np.load(path) as data:
-        missing = {"images", "labels"} - set(data.files)
-        if missing:
-            raise ValueError(f"{path} lacks the arrays {sorted(missing)} (it has {data.files}).")
-        arrays = {key: data[key] for key in ("images", "labels", "test_images", "test_labels") if key in data.files}
-    return LabelledImages(**arrays)
+    with open_zip(path, what="a readable .npz dataset") as archive:
+        data = npz_arrays(archive)
+    missing = {"images", "labels"} - set(data)
+    if missing:
+        raise ValueError(f"{path} lacks the arrays {sorted(missing)} (it has {sorted(data)}).")
+    return LabelledImages(
+        **{key: data[key] for key in ("images", "labels", "test_images", "test_labels") if key in data}
+    )
 
 
 def _load_tfds(name: str) -> LabelledImages:
