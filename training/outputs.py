@@ -80,6 +80,19 @@ def is_run_folder(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, name)) for name in (MARKER, "run.json"))
 
 
+def check_outside_dataset(path: str, dataset: str | None) -> None:
+    """Refuse an output folder ``path`` inside (or equal to) the image folder ``dataset``: its next listing would
+    take the run folder for a class (``OutputDirError`` naming both). A TFDS name or no dataset passes."""
+    if not dataset or not os.path.isdir(dataset):
+        return
+    root, out = os.path.realpath(dataset), os.path.realpath(path)
+    if os.path.commonpath([root, out]) == root:
+        raise OutputDirError(
+            f"--output-dir {path} is inside --dataset {dataset}: the run's folder would be listed as a class of "
+            "images. Choose an --output-dir outside the dataset."
+        )
+
+
 def has_checkpoint(path: str) -> bool:
     """Whether ``path/checkpoints`` holds a checkpoint (``ckpt-<step>.npz``, or an older keras-vit's tf.train
     ``ckpt-<step>.index``)."""
