@@ -403,9 +403,7 @@ def test_an_empty_class_folder_is_an_error_naming_it(tmp_path):
         load_source(str(tmp_path))
 
 
-def test_an_output_folder_inside_the_dataset_is_refused_and_an_older_run_folder_there_is_not_a_class(
-    tmp_path, capsys
-):
+def test_an_output_folder_inside_the_dataset_is_refused_and_an_older_run_folder_there_is_not_a_class(tmp_path, capsys):
     """``finetune --dataset ds --output-dir ds/run``, run again, found ``ds/run`` a class without images and said to
     remove it (the run). Now a run refuses an output folder inside its image folder before anything is written,
     naming both; a run folder already there (an older keras-vit's, moved in) is left out of the classes with a
