@@ -19,7 +19,7 @@ from keras_vit import datasets
 from keras_vit.images import IMAGE_EXTENSIONS, image_problem, read_image
 from keras_vit.training.distributed.sharding import WHOLE, Shard, part_range
 from keras_vit.training.errors import CorruptDataError, warn
-from keras_vit.training.outputs import MARKER, is_run_folder
+from keras_vit.training.markers import MARKER, is_run_folder
 
 __all__ = [
     "FOLDER_EVAL_NAMES",

@@ -12,7 +12,6 @@ from keras_vit.applications import DEFAULT_VARIANT
 from keras_vit.checkpoints import checkpoint_config, detect_format, read_checkpoint
 from keras_vit.config import ViTConfig, field_names
 from keras_vit.training import config as config_lib
-from keras_vit.training import outputs
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, load_source
 from keras_vit.training.distributed.sharding import Shard, gather_over_workers, input_shard
@@ -25,6 +24,7 @@ from keras_vit.training.distributed.strategy import (
     split_cpu,
     strategy_name,
 )
+from keras_vit.training.markers import check_outside_dataset
 from keras_vit.training.model import policy_name
 from keras_vit.training.pipeline import check_input_shards, eval_part_length
 
@@ -127,7 +127,7 @@ def with_saved_model(config: TrainConfig) -> TrainConfig:
 def prepare(config: TrainConfig, strategy: Strategy | None = None) -> Setup:
     """Load the data and the strategy (unless given), and resolve ``config`` for them (a saved model's architecture
     where ``weights`` is one: :func:`with_saved_model`)."""
-    outputs.check_outside_dataset(config.run.output_dir, config.data.dataset)  # before the classes are listed
+    check_outside_dataset(config.run.output_dir, config.data.dataset)  # before the classes are listed
     config = with_saved_model(config)
     strategy = strategy or make_strategy(config)
     device = accelerator(strategy)
