@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 
 __all__ = [
+    "OUT_OF_MEMORY",
     "REPORTED",
     "TF_LOG_VARIABLE",
     "CommandError",
@@ -41,6 +42,13 @@ class CommandError(Exception):
 REPORTED = (CommandError, ValueError, OSError, ImportError)
 
 
+# A MemoryError without a message (most of Python's): what a command says for it.
+OUT_OF_MEMORY = (
+    "out of memory (MemoryError): the command needs more than this process may allocate; free memory, raise the "
+    "limit (ulimit -v, the container's) or give it less work (a smaller batch, fewer or smaller images)"
+)
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """``--debug``: show the traceback of an error (as ``KERAS_VIT_DEBUG=1`` does)."""
     parser.add_argument(
@@ -64,14 +72,15 @@ def shown(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
-    """Turn :data:`REPORTED` errors into one line ``error: ...`` on stderr and exit status 1 (130 when
-    interrupted), unless :func:`debugging`."""
+    """Turn :data:`REPORTED` errors and a ``MemoryError`` (:data:`OUT_OF_MEMORY` when it has no message) into one
+    line ``error: ...`` on stderr and exit status 1 (130 when interrupted), unless :func:`debugging`."""
     try:
         yield
-    except REPORTED as error:
+    except (*REPORTED, MemoryError) as error:
         if debugging(args):
             raise
-        print(f"error: {' '.join(shown(error).split())}", file=sys.stderr, flush=True)
+        message = shown(error) or (OUT_OF_MEMORY if isinstance(error, MemoryError) else type(error).__name__)
+        print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         if debugging(args):

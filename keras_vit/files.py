@@ -6,27 +6,53 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import lzma
 import math
 import os
 import re
 import shutil
 import stat
+import struct
 import uuid
-from collections.abc import Iterator
-from typing import IO, Any, cast
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "atomic_open",
     "atomic_path",
     "finite_json",
     "naming",
+    "npz_arrays",
     "open_regular",
+    "open_zip",
     "still_linked",
     "temporary_path",
     "temporary_target",
     "write_json",
 ]
 
+# What zipfile (and the zlib, lzma, bz2 and numpy readers under it) raise for a damaged archive: a bit flipped in
+# its directory gives BadZipFile, NotImplementedError ("zip file version 17.3"), ValueError, EOFError,
+# OverflowError, struct.error; a member cut or flipped gives zlib.error, lzma.LZMAError, OSError (bz2), RuntimeError
+# (flagged encrypted). MemoryError is not one: a member's header is checked before numpy allocates it.
+ZIP_FAULTS = (
+    zipfile.BadZipFile,
+    NotImplementedError,
+    ValueError,
+    EOFError,
+    OverflowError,
+    struct.error,
+    zlib.error,
+    lzma.LZMAError,
+    OSError,
+    RuntimeError,
+    IndexError,
+)
 _STEM = r"\.*[^.]*"  # a name up to its extensions, which are all kept: "vit.weights.h5" -> "vit", ".weights.h5"
 _TEMPORARY = re.compile(rf"\.(?P<stem>{_STEM})\.[0-9a-f]{{12}}\.tmp(?P<suffix>(\..*)?)")
 
@@ -148,3 +174,37 @@ def write_json(path: str | os.PathLike, value: Any) -> None:
     atomically. Every JSON file the commands write goes through here."""
     with atomic_open(path, "w") as file:
         json.dump(finite_json(value), file, indent=2, allow_nan=False)
+
+
+@contextlib.contextmanager
+def open_zip(
+    path: str | os.PathLike,
+    error: Callable[[str], Exception] = ValueError,
+    what: str = "a readable zip archive",
+    hint: str = "",
+    keep: tuple[type[Exception], ...] = (),
+) -> Iterator[zipfile.ZipFile]:
+    """The zip archive at ``path`` open for reading in the ``with`` block; every fault zipfile finds in it there,
+    in its directory or a member the block reads (:data:`ZIP_FAULTS`), raised as one ``error`` "PATH is not WHAT
+    (KIND: DETAIL)HINT". ``keep``: exception types the block raises itself, passed as they are. A file
+    that cannot be opened is ``open``'s ``OSError``."""
+    with open(path, "rb") as file:
+        try:
+            with zipfile.ZipFile(file) as archive:
+                yield archive
+        except keep:
+            raise
+        except ZIP_FAULTS as fault:
+            raise error(f"{os.fspath(path)} is not {what} ({type(fault).__name__}: {fault}){hint}") from fault
+
+
+def npz_arrays(archive: zipfile.ZipFile) -> dict[str, np.ndarray]:
+    """Every member of an ``.npz`` archive (:func:`open_zip`'s) as numpy's ``np.load`` reads it, by its name without
+    ``.npy``; a pickled member is a ``ValueError`` (``allow_pickle=False``)."""
+    import numpy as np
+
+    arrays = {}
+    for info in archive.infolist():
+        with archive.open(info) as member:
+            arrays[info.filename.removesuffix(".npy")] = np.lib.format.read_array(member, allow_pickle=False)
+    return arrays

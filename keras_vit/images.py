@@ -28,8 +28,13 @@ def _pixels(image: Image.Image) -> np.ndarray:
     return np.asarray(image.convert("RGB"))
 
 
-def _failure(error: Exception) -> str:
+def _failure(error: BaseException) -> str:
     """Why PIL could not read a file, in words."""
+    if isinstance(error, MemoryError):
+        return (
+            "it does not fit in memory: decoded, it needs more than this process may still allocate (free memory, "
+            "or raise the limit: ulimit -v, the container's)"
+        )
     if isinstance(error, Image.DecompressionBombError):
         return f"too large to decode safely ({error})"
     if isinstance(error, UnidentifiedImageError):
@@ -57,8 +62,9 @@ def _open_regular(path: str | os.PathLike) -> BinaryIO | None:
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-    """An image file as uint8 RGB ``(H, W, 3)``. Raises ``FileNotFoundError``, or ``ValueError`` naming the file
-    (not a regular file, not an image, truncated, over PIL's pixel limit)."""
+    """An image file as uint8 RGB ``(H, W, 3)``. Raises ``FileNotFoundError``, ``ValueError`` naming the file (not a
+    regular file, not an image, truncated, over PIL's pixel limit), or ``MemoryError`` naming it when its pixels do
+    not fit in the memory left (a memory limit)."""
     file = _open_regular(path)
     if file is None:
         raise ValueError(f"{path}: {_NOT_REGULAR}, not an image.")
@@ -68,6 +74,8 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
             return _pixels(image)
     except _ERRORS as error:
         raise ValueError(f"Cannot read image file {str(path)!r}: {_failure(error)}.") from None
+    except MemoryError as error:
+        raise MemoryError(f"Cannot read image file {str(path)!r}: {_failure(error)}.") from None
 
 
 def image_problem(path: str | os.PathLike, formats: tuple[str, ...] | None = None) -> str | None:
@@ -82,7 +90,7 @@ def image_problem(path: str | os.PathLike, formats: tuple[str, ...] | None = Non
                 return f"a {image.format} image, not one of {', '.join(formats)}"
             image.draft("RGB", (1, 1))  # JPEG: decode at the smallest scale, still reading every byte
             image.load()
-    except _ERRORS as error:
+    except (*_ERRORS, MemoryError) as error:
         return _failure(error)
     return None
 

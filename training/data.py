@@ -20,6 +20,7 @@ from keras_vit.images import IMAGE_EXTENSIONS, image_problem, read_image
 from keras_vit.training.config import check_dataset
 from keras_vit.training.distributed.sharding import WHOLE, Shard, part_range
 from keras_vit.training.errors import CorruptDataError, warn
+from keras_vit.training.markers import MARKER, is_run_folder
 
 __all__ = [
     "FOLDER_EVAL_NAMES",
@@ -225,10 +226,16 @@ def _class_images(folder: str, real: str, seen: dict[str, str]) -> list[str]:
 
 
 def _list_classes(root: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The class folders of ``root`` (hidden ones are not classes), their image files and labels. A ``ValueError``
-    naming both when two class folders are one folder, or two files of two classes one file (through symbolic
-    links): their images would train under two labels. A link to a folder or file outside the others is fine."""
+    """The class folders of ``root`` (hidden ones and keras-vit run folders, named in a warning, are not classes),
+    their image files and labels. A ``ValueError`` naming both when two class folders are one folder, or two files
+    of two classes one file (through symbolic links): their images would train under two labels. A link to a folder
+    or file outside the others is fine."""
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+    runs = [name for name in classes if is_run_folder(os.path.join(root, name))]
+    if runs:  # an --output-dir once put inside the dataset (an older keras-vit allowed it)
+        named = ", ".join(os.path.join(root, name) for name in runs)
+        warn(f"leaving out {named}: a keras-vit run folder ({MARKER}), not a class of images")
+        classes = [name for name in classes if name not in runs]
     paths, labels = [], []
     folders: dict[str, str] = {}  # real path -> the class folder listed
     files: dict[str, str] = {}  # the same for the image files

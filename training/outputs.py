@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from keras_vit.config import CLASSIFIERS, POSITION_EMBEDDINGS
 from keras_vit.files import finite_json, still_linked, temporary_target, write_json
 from keras_vit.training.errors import OutputDirError
+from keras_vit.training.markers import MARKER, is_run_folder
 
 if TYPE_CHECKING:
     from keras_vit.training.setup import Setup
@@ -42,7 +43,6 @@ __all__ = [
     "write_json",
 ]
 
-MARKER = ".keras_vit_run"
 LOCK = ".keras_vit_run.lock"  # held (flock) by the run writing the folder; not a run file: --overwrite keeps it
 # The ablation's folder per setting, <position embedding>-<classifier>, each holding a run per seed.
 ABLATION_FOLDERS = tuple(f"{p}-{c}" for p in POSITION_EMBEDDINGS for c in CLASSIFIERS)
@@ -73,11 +73,6 @@ RUN_WRITES = (
     "train_log.jsonl",
     "metrics.json",
 )  # and the model: model.keras or elsewhere
-
-
-def is_run_folder(path: str) -> bool:
-    """Whether ``path`` holds a run's marker (or the ``run.json`` of a run older than the marker)."""
-    return any(os.path.isfile(os.path.join(path, name)) for name in (MARKER, "run.json"))
 
 
 def has_checkpoint(path: str) -> bool:

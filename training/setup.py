@@ -24,6 +24,7 @@ from keras_vit.training.distributed.strategy import (
     split_cpu,
     strategy_name,
 )
+from keras_vit.training.markers import check_outside_dataset
 from keras_vit.training.model import policy_name
 from keras_vit.training.pipeline import check_input_shards, eval_part_length
 
@@ -126,6 +127,7 @@ def with_saved_model(config: TrainConfig) -> TrainConfig:
 def prepare(config: TrainConfig, strategy: Strategy | None = None) -> Setup:
     """Load the data and the strategy (unless given), and resolve ``config`` for them (a saved model's architecture
     where ``weights`` is one: :func:`with_saved_model`)."""
+    check_outside_dataset(config.run.output_dir, config.data.dataset)  # before the classes are listed
     config = with_saved_model(config)
     strategy = strategy or make_strategy(config)
     device = accelerator(strategy)

@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import io
-import lzma
 import math
 import os
 import struct
 import tokenize
 import warnings
 import zipfile
-import zlib
 from typing import TYPE_CHECKING, BinaryIO
+
+from keras_vit.files import ZIP_FAULTS, open_zip
 
 from .errors import CorruptCheckpointError
 
@@ -42,19 +42,7 @@ _UNSUPPORTED_FLAGS = 0x1 | 0x20 | 0x40  # encrypted, compressed patched data, st
 _COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 _BOMB_RATIO, _BOMB_FROM = 20, 64 << 20
 _END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes and a comment
-_BROKEN = (
-    zipfile.BadZipFile,
-    zlib.error,
-    lzma.LZMAError,
-    EOFError,
-    OSError,
-    ValueError,
-    NotImplementedError,
-    RuntimeError,
-    OverflowError,
-    struct.error,
-    KeyError,
-)
+_BROKEN = (*ZIP_FAULTS, KeyError)  # what a damaged archive, or an .npy header in it, raises
 
 
 def _check_ends_with_archive(f: BinaryIO, size: int) -> None:
@@ -215,32 +203,26 @@ def check_npz(source: str | os.PathLike | BinaryIO, required: tuple[str, ...] = 
 
 def check_archive(path: str | os.PathLike) -> None:
     """:func:`check_members` of the zip archive at ``path`` (a ``.keras``, a zip-based ``.pth``), before a loader
-    unpacks it; a ``CorruptCheckpointError`` naming ``path`` and the fault."""
-    try:
-        with zipfile.ZipFile(path) as archive:
+    unpacks it; a ``CorruptCheckpointError`` naming ``path`` and the fault (a damaged zip directory too)."""
+    with open_zip(path, CorruptCheckpointError, "a readable archive", keep=(CorruptCheckpointError,)) as archive:
+        try:
             check_members(archive)
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{os.fspath(path)} is refused: {exc}") from None
-    except _BROKEN as exc:
-        raise CorruptCheckpointError(
-            f"{os.fspath(path)} is not a readable archive ({type(exc).__name__}: {exc})"
-        ) from exc
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{os.fspath(path)} is refused: {exc}") from None
 
 
 def npz_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """``{key: shape}`` of an ``.npz`` from its members' headers, reading no array (keys without ``.npy``); a
     ``CorruptCheckpointError`` naming the file where they cannot be read."""
-    try:
-        with zipfile.ZipFile(path) as archive:
+    shapes = {}
+    with open_zip(path, CorruptCheckpointError, "a valid .npz checkpoint", keep=(CorruptCheckpointError,)) as archive:
+        try:
             check_members(archive)
-            shapes = {}
             for info in archive.infolist():
                 with archive.open(info) as member:
                     shapes[info.filename.removesuffix(".npy")] = tuple(_read_header(member, info.filename)[0])
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{path} is not a valid .npz checkpoint: {exc}") from None
-    except _BROKEN as exc:
-        raise CorruptCheckpointError(f"{path} is not a valid .npz checkpoint ({type(exc).__name__}: {exc})") from exc
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{path} is not a valid .npz checkpoint: {exc}") from None
     return shapes
 
 

@@ -11,6 +11,7 @@ from PIL import Image
 
 from keras_vit import datasets
 from keras_vit.checks import check_choice
+from keras_vit.files import npz_arrays, open_zip
 from keras_vit.optional import require
 
 __all__ = [
@@ -92,12 +93,16 @@ def load_fewshot_dataset(spec: str = "digits") -> LabelledImages:
 
 
 def _load_npz(path: str) -> LabelledImages:
-    with np.load(path) as data:
-        missing = {"images", "labels"} - set(data.files)
-        if missing:
-            raise ValueError(f"{path} lacks the arrays {sorted(missing)} (it has {data.files}).")
-        arrays = {key: data[key] for key in ("images", "labels", "test_images", "test_labels") if key in data.files}
-    return LabelledImages(**arrays)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No dataset file {path!r}.")
+    with open_zip(path, what="a readable .npz dataset") as archive:
+        data = npz_arrays(archive)
+    missing = {"images", "labels"} - set(data)
+    if missing:
+        raise ValueError(f"{path} lacks the arrays {sorted(missing)} (it has {sorted(data)}).")
+    return LabelledImages(
+        **{key: data[key] for key in ("images", "labels", "test_images", "test_labels") if key in data}
+    )
 
 
 def _load_tfds(name: str) -> LabelledImages:

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from keras_vit.checkpoints.source import check_archive, read_json
+from keras_vit.files import npz_arrays, open_zip
+from keras_vit.zoo.errors import CorruptCheckpointError
 
 __all__ = ["CONFIG_FILE", "HEAD_FILE", "POSEMBED", "WEIGHTS_FILE", "read_keras_hub_preset", "weight_slots"]
 
@@ -84,8 +86,8 @@ def read_keras_hub_preset(path: str | Path) -> tuple[dict[str, np.ndarray], dict
     if (path / CONFIG_FILE).is_file():  # written by save_preset: the model's own numerics and its head
         options["gelu"] = read_json(path / CONFIG_FILE)["config"]["gelu"]
         check_archive(path / HEAD_FILE)
-        with np.load(path / HEAD_FILE, allow_pickle=False) as head:
-            arrays.update({key: head[key] for key in head.files})
+        with open_zip(path / HEAD_FILE, CorruptCheckpointError) as head:
+            arrays.update(npz_arrays(head))
     return arrays, options
 
 

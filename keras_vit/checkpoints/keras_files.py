@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,12 @@ import keras
 from keras_vit.checkpoints.keymap import model_arrays, npz_key_map
 from keras_vit.checkpoints.source import CheckpointArrays, check_archive, detect_format
 from keras_vit.config import field_names
+from keras_vit.files import open_zip
 from keras_vit.layers import PatchEmbed, TransformerBlock
 from keras_vit.models import VisionTransformer, model_options
 from keras_vit.position import AddPositionEmbs
 from keras_vit.quantization import is_quantized
+from keras_vit.zoo.errors import CorruptCheckpointError
 
 __all__ = ["keras_weights_file", "load_keras_weights", "load_saved_model", "quantized_saved_model", "read_saved_model"]
 
@@ -110,12 +111,12 @@ def quantized_saved_model(weights) -> Path | None:
     path = Path(weights).expanduser()
     if not path.is_file() or detect_format(path) != "keras":
         return None
-    check_archive(path)  # before any member is unpacked
-    try:
-        with zipfile.ZipFile(path) as archive:
+    check_archive(path)  # before any member is unpacked; a damaged zip is named there
+    with open_zip(path, CorruptCheckpointError) as archive:
+        try:
             config = json.loads(archive.read("config.json"))
-    except (zipfile.BadZipFile, OSError, KeyError, ValueError):
-        return None  # damaged: read_saved_model names the damage
+        except (KeyError, ValueError):
+            return None  # no config, or not JSON: read_saved_model names the damage
     return path if _records_quantization(config) else None
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import zipfile
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,10 @@ import numpy as np
 
 from keras_vit import zoo
 from keras_vit.config import ViTConfig
+from keras_vit.files import npz_arrays, open_zip
 from keras_vit.names import EXPECTED, locate_checkpoint
+from keras_vit.zoo.errors import CorruptCheckpointError
+from keras_vit.zoo.validate import check_members
 
 __all__ = [
     "FORMATS",
@@ -94,20 +95,19 @@ def read_json(path: Path) -> dict:
     return content
 
 
-def check_archive(path: str | os.PathLike) -> None:
+def check_archive(path: str | os.PathLike, what: str = "a readable zip archive", hint: str = "") -> None:
     """:func:`~keras_vit.zoo.validate.check_members` of the zip at ``path`` (``.npz``, ``.keras``, a zip-based
-    ``.pth``) before anything is unpacked; a ``ValueError`` naming ``path`` and the member. A damaged zip passes:
-    its reader names the damage."""
-    from keras_vit.zoo.errors import CorruptCheckpointError
-    from keras_vit.zoo.validate import check_members
-
-    try:
-        with zipfile.ZipFile(path) as archive:
+    ``.pth``) before anything is unpacked: a ``ValueError`` naming ``path`` and the member it refuses; a
+    ``CorruptCheckpointError`` "PATH is not WHAT (...)HINT" where the zip itself is damaged
+    (:func:`~keras_vit.files.open_zip`)."""
+    with open_zip(path, CorruptCheckpointError, what, hint) as archive:
+        try:
             check_members(archive)
-    except CorruptCheckpointError as exc:
-        raise ValueError(f"{path} is refused: {exc}.") from None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
-        return
+        except CorruptCheckpointError as exc:
+            refused = exc
+        else:
+            return
+    raise ValueError(f"{path} is refused: {refused}.")
 
 
 def from_bfloat16(array: np.ndarray) -> np.ndarray:
@@ -138,10 +138,10 @@ def _folder_format(path: Path) -> str:
 
 def _zip_format(path: Path) -> str | None:
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_zip(path) as archive:
             names = archive.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return None  # truncated: the suffix decides, and that reader names the damage
+    except (ValueError, OSError):
+        return None  # truncated or damaged: the suffix decides, and that reader names the damage
     if any(name.endswith("data.pkl") for name in names):
         return "torch"
     if "config.json" in names and any(name.endswith(".weights.h5") or name == "metadata.json" for name in names):
@@ -235,7 +235,9 @@ def read_state_dict(path: str | Path, fmt: str) -> dict[str, np.ndarray]:
             f"{path} is a torch checkpoint (torch.save); reading it needs PyTorch: pip install torch. "
             "Or convert it once to .safetensors (safetensors.torch.save_file), which keras-vit reads without torch."
         ) from None
-    check_archive(path)
+    with open(path, "rb") as file:
+        if file.read(4) == b"PK\x03\x04":  # torch.save's zip format (a legacy .pth is a bare pickle)
+            check_archive(path)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds (UnpicklingError, KeyError, RuntimeError, ...)
@@ -273,22 +275,18 @@ def find_checkpoint(
 
 
 def read_npz(path: str | os.PathLike) -> CheckpointArrays:
-    """All arrays of an ``.npz`` checkpoint; a ``ValueError`` naming the file when it is unreadable."""
+    """All arrays of an ``.npz`` checkpoint. Raises ``CorruptCheckpointError`` naming the file when it is not a
+    readable zip of arrays (truncated, damaged), ``ValueError`` when its members are refused or not a ViT's."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
-    check_archive(path)  # what a member declares, before numpy unpacks it
-    try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("it holds one array, not named arrays")
-        with data:
-            arrays = {key: from_bfloat16(data[key]) for key in data.files}
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
-        raise ValueError(
-            f"{path} is not a readable .npz checkpoint ({type(exc).__name__}: {exc}). The file is truncated "
-            "or corrupt: delete it and download it again."
-        ) from exc
+    with open(path, "rb") as file:
+        if file.read(6) == b"\x93NUMPY":
+            raise ValueError(f"{path} is not a readable .npz checkpoint: it holds one array, not named arrays (.npy).")
+    what, advice = "a readable .npz checkpoint", ". The file is truncated or corrupt: delete it and download it again."
+    check_archive(path, what, advice)  # what a member declares, before numpy unpacks it
+    with open_zip(path, CorruptCheckpointError, what, advice) as archive:
+        arrays = {key: from_bfloat16(array) for key, array in npz_arrays(archive).items()}
     if any(key.startswith(TRAINING_PREFIX) for key in arrays):
         arrays = {key[len(TRAINING_PREFIX) :]: a for key, a in arrays.items() if key.startswith(TRAINING_PREFIX)}
     if "embedding/kernel" not in arrays:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -200,6 +201,11 @@ def test_datasets_load_from_scikit_learn_npz_and_tfds(tmp_path):
     np.savez(str(tmp_path / "bad.npz"), x=np.zeros(3))
     with pytest.raises(ValueError, match=r"lacks the arrays \['images', 'labels'\]"):
         data.load_fewshot_dataset(str(tmp_path / "bad.npz"))
+    flipped = bytearray(Path(path).read_bytes())
+    flipped[flipped.index(b"PK\x01\x02") + 6] ^= 0x80  # zipfile's NotImplementedError ("zip file version 14.8")
+    Path(path).write_bytes(flipped)
+    with pytest.raises(ValueError, match=r"set\.npz is not a readable \.npz dataset \(NotImplementedError: zip file"):
+        data.load_fewshot_dataset(path)
     with pytest.raises(ValueError, match="Unknown few-shot dataset"):
         data.load_fewshot_dataset("imagenet")
     tfds = pytest.importorskip("tensorflow_datasets")

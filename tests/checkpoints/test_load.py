@@ -14,6 +14,7 @@ from keras_vit.checkpoints.keymap import model_arrays, npz_key_map
 from keras_vit.checkpoints.load import load_weights
 from keras_vit.checkpoints.source import read_npz
 from keras_vit.zoo.__main__ import main as zoo_main
+from keras_vit.zoo.errors import CorruptCheckpointError
 
 ARCH = dict(patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64)
 CKPT = dict(patch=8, width=32, depth=2, heads=4, mlp=64, grid=(4, 4))  # the same, as stored; 32 px images
@@ -236,11 +237,12 @@ def test_corrupt_truncated_and_foreign_files_fail_clearly(tmp_path, token_ckpt):
     data = path.read_bytes()
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"truncated\.npz is not a readable \.npz checkpoint \(BadZipFile.*delete it"):
+    corrupt = CorruptCheckpointError  # a damaged zip, since issue 36 (it was a ValueError)
+    with pytest.raises(corrupt, match=r"truncated\.npz is not a readable \.npz checkpoint \(BadZipFile.*delete it"):
         read_npz(truncated)
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 8)
-    with pytest.raises(ValueError, match=r"garbage\.npz is not a readable \.npz checkpoint"):
+    with pytest.raises(corrupt, match=r"garbage\.npz is not a readable \.npz checkpoint"):
         keras_vit.ViT(None, weights=garbage, **ARCH)
     single = tmp_path / "single.npy"
     np.save(single, np.zeros(3))

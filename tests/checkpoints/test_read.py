@@ -265,3 +265,32 @@ def test_mutated_run_folders_give_only_the_projects_errors(run_folder, tmp_path,
     else:
         path.write_bytes(mutate(path.read_bytes(), edits))
     read_within_bound(lambda run: read_run(run, model, config), folder)
+
+
+def test_a_bit_flip_anywhere_in_the_hdf5_superblock_loads_or_is_one_error_naming_the_file(originals, tmp_path):
+    """Every bit of the first 96 bytes of a Keras ``.weights.h5`` (the HDF5 superblock: signature, versions, sizes,
+    addresses) flipped in turn, loaded into its model as ``ViT(weights=F)`` does: it loads, or raises one of
+    :data:`EXPECTED` naming the file in one line (h5py's ``RuntimeError: Object visitation failed`` is not one)."""
+    data, model = originals["keras.weights.h5"].read_bytes(), originals["model"]
+    path, started, refused = tmp_path / "flipped.weights.h5", time.monotonic(), 0
+    for bit in range(96 * 8):
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 1 << bit % 8
+        path.write_bytes(flipped)
+        try:
+            keras_vit.load_weights(model, path)
+        except EXPECTED as error:
+            assert str(path) in str(error) and "\n" not in str(error), error
+            refused += 1
+    assert refused > 100 and time.monotonic() - started < 30
+
+
+def test_a_truncated_weights_file_is_one_error_naming_the_file(originals, tmp_path):
+    """A Keras ``.weights.h5`` cut at 64 places (h5py's error named no file): one error naming it."""
+    data, model = originals["keras.weights.h5"].read_bytes(), originals["model"]
+    path = tmp_path / "cut.weights.h5"
+    for at in np.linspace(1, len(data) - 1, 64).astype(int):
+        path.write_bytes(data[:at])
+        with pytest.raises(EXPECTED) as raised:
+            keras_vit.load_weights(model, path)
+        assert str(path) in str(raised.value) and "\n" not in str(raised.value), raised.value

@@ -171,3 +171,66 @@ def test_a_fifo_named_like_an_image_in_a_class_folder_is_refused_not_waited_on(t
     error = _within(60, fifo, lambda: load_folder(str(tmp_path / "data"), eval_fraction=0.34))
     assert isinstance(error, CorruptDataError)
     assert re.search(r"1 of 7 image files do not decode: .*x\.png \(not a regular", str(error))
+
+
+# In the child: the library's reader under the commands' error handler, so that what it prints is what a command
+# prints; its own address space at the start (VmPeak, in kB) first, so the test can size the limit.
+READ_UNDER_A_LIMIT = """
+import sys
+from keras_vit.cli import command_errors
+from keras_vit.images import read_image
+peak = next(line for line in open("/proc/self/status") if line.startswith("VmPeak"))
+print(peak.split()[1], flush=True)
+if len(sys.argv) > 2:
+    with command_errors():
+        read_image(sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the address space from Linux's /proc")
+def test_a_large_image_under_a_memory_limit_is_one_line_naming_the_file(tmp_path):
+    """The issue's case: a large PNG read under ``ulimit -v`` gave PIL's ``MemoryError`` traceback in ``predict``.
+    A real process under ``RLIMIT_AS`` (its start-up plus 200 MB) reads a 9000 x 9000 PNG (81 MB grey, 243 MB as
+    RGB) with the library's reader: one line naming the file, exit 1; TensorFlow is not loaded."""
+    import resource
+    import subprocess
+    import sys
+
+    path = tmp_path / "large.png"
+    Image.new("L", (9000, 9000)).save(path)  # under PIL's 89-megapixel warning: the one line is the error's
+    environment = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    start = subprocess.run(
+        [sys.executable, "-c", READ_UNDER_A_LIMIT, str(path)], capture_output=True, text=True, env=environment
+    )
+    limit = (int(start.stdout) << 10) + (200 << 20)
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, "-c", READ_UNDER_A_LIMIT, str(path), "read"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        preexec_fn=limited,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: Cannot read image file '{path}'")
+    assert "does not fit in memory" in done.stderr
+
+
+def test_the_commands_report_a_memory_error_in_one_line(capsys):
+    """A ``MemoryError`` in a command, with a message (the image reader's) or without (most of Python's): one line,
+    exit 1; with ``--debug`` the error itself."""
+    import argparse
+
+    from keras_vit.cli import OUT_OF_MEMORY, command_errors
+
+    named = "Cannot read image file 'x.png': it does not fit in memory"
+    for error, line in [(MemoryError(named), named), (MemoryError(), OUT_OF_MEMORY)]:
+        with pytest.raises(SystemExit) as exited, command_errors():
+            raise error
+        assert exited.value.code == 1 and capsys.readouterr().err == f"error: {line}\n"
+    with pytest.raises(MemoryError), command_errors(argparse.Namespace(debug=True)):
+        raise MemoryError()

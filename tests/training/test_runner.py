@@ -403,6 +403,25 @@ def test_an_empty_class_folder_is_an_error_naming_it(tmp_path):
         load_source(str(tmp_path))
 
 
+def test_an_output_folder_inside_the_dataset_is_refused_and_an_older_run_folder_there_is_not_a_class(tmp_path, capsys):
+    """``finetune --dataset ds --output-dir ds/run``, run again, found ``ds/run`` a class without images and said to
+    remove it (the run). Now a run refuses an output folder inside its image folder before anything is written,
+    naming both; a run folder already there (an older keras-vit's, moved in) is left out of the classes with a
+    warning naming it."""
+    dataset = tmp_path / "ds"
+    write_images(str(dataset), per_class=4)
+    inside = dataset / "run"
+    with pytest.raises(OutputDirError, match=f"--output-dir {inside} is inside --dataset {dataset}: .* class"):
+        finetune(dataset=str(dataset), output_dir=str(inside), **{**RUN, "steps": 1})
+    assert not inside.exists()
+    finetune(dataset=str(dataset), output_dir=str(tmp_path / "run"), **{**RUN, "steps": 1})
+    (tmp_path / "run").rename(inside)
+    capsys.readouterr()
+    source = load_source(str(dataset))
+    assert source.class_names == ("cat", "dog", "emu")
+    assert f"warning: leaving out {inside}: a keras-vit run folder (.keras_vit_run)" in capsys.readouterr().err
+
+
 # --- settings and the command line -------------------------------------------------------------------
 
 

@@ -5,6 +5,8 @@ import contextlib
 import io
 import re
 import struct
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -234,6 +236,61 @@ def test_a_bit_flip_anywhere_in_the_zip_directory_is_a_corrupt_checkpoint_naming
                     assert str(path) in str(exc) and "\n" not in str(exc)
                     refused += 1
     assert refused > 100
+
+
+def directory_flips(data: bytes, bits: tuple[int, ...]):
+    """``data`` with one bit flipped, for every byte of its zip directory and end record and each of ``bits``
+    (rotated by the byte's offset, so that every bit position is flipped somewhere)."""
+    for offset in range(data.index(b"PK\x01\x02"), len(data)):
+        for bit in bits:
+            flipped = bytearray(data)
+            flipped[offset] ^= 1 << (bit + offset) % 8
+            yield bytes(flipped)
+
+
+@pytest.mark.parametrize("kind", ["npz", "keras"])
+def test_a_bit_flip_in_the_zip_directory_through_the_loader_is_a_corrupt_checkpoint_or_a_refusal(
+    kind, saved_keras, tmp_path
+):
+    """What ``ViT(weights=F)`` and ``model_from_checkpoint(F)`` read F with (``read_checkpoint``): a flip anywhere in
+    the directory gave ``NotImplementedError`` ("zip file version 17.3") from zipfile. Now a damaged zip is one
+    ``CorruptCheckpointError`` (``keras_vit.files.open_zip``), a file that reads but is not a model's a
+    ``ValueError``, each one line naming the file; or it reads. The ``.keras`` flips load a real model (slower):
+    two bit positions per byte."""
+    from keras_vit.checkpoints import read_checkpoint
+
+    two = {"embedding/kernel": np.ones((2, 2), "float32"), "Transformer/posembed_input/pos_embedding": np.zeros(3)}
+    data = npz_bytes(two) if kind == "npz" else saved_keras
+    path = tmp_path / f"flipped.{kind}"
+    started, corrupt = time.monotonic(), 0
+    for flipped in directory_flips(data, (0, 3, 6) if kind == "npz" else (0, 4)):
+        path.write_bytes(flipped)
+        try:
+            read_checkpoint(path)  # a flip in a date or an attribute: it reads
+        except (CorruptCheckpointError, ValueError) as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc)
+            corrupt += type(exc) is CorruptCheckpointError
+    assert corrupt > 20 and time.monotonic() - started < 10
+
+
+def test_zoo_convert_of_a_flipped_zip_directory_is_one_line_and_exit_1(tmp_path):
+    """The issue's case on a real process: the flip that gave ``NotImplementedError: zip file version`` (the
+    version needed to extract, in the directory entry)."""
+    data = bytearray(npz_bytes({"embedding/kernel": np.ones((2, 2), "float32")}))
+    data[data.index(b"PK\x01\x02") + 6] ^= 0x80  # the version needed to extract: 2.0 -> 14.8
+    path = tmp_path / "flipped.npz"
+    path.write_bytes(data)
+    with pytest.raises(NotImplementedError, match="zip file version"):
+        zipfile.ZipFile(path)
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_vit.zoo", "convert", str(path), str(tmp_path / "out.safetensors")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and str(path) in line and "NotImplementedError: zip file version" in line
 
 
 @FAST
