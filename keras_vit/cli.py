@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 
 __all__ = [
+    "LIBRARY_MEMORY",
     "OUT_OF_MEMORY",
     "REPORTED",
     "TF_LOG_VARIABLE",
@@ -49,6 +50,14 @@ OUT_OF_MEMORY = (
 )
 
 
+# The dynamic loader's words when a shared library (TensorFlow's, 1 GB of address space) does not fit the process.
+_LIBRARY_UNMAPPED = ("failed to map segment", "cannot allocate memory")
+LIBRARY_MEMORY = (
+    "a shared library did not fit in the memory this process may use: raise the limit (ulimit -v, the container's) "
+    "or free memory"
+)
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """``--debug``: show the traceback of an error (as ``KERAS_VIT_DEBUG=1`` does)."""
     parser.add_argument(
@@ -72,14 +81,17 @@ def shown(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
-    """Turn :data:`REPORTED` errors and a ``MemoryError`` (:data:`OUT_OF_MEMORY` when it has no message) into one
-    line ``error: ...`` on stderr and exit status 1 (130 when interrupted), unless :func:`debugging`."""
+    """Turn :data:`REPORTED` errors and a ``MemoryError`` (:data:`OUT_OF_MEMORY` when it has no message; a library
+    the loader could not map gains :data:`LIBRARY_MEMORY`) into one line ``error: ...`` on stderr and exit status 1
+    (130 when interrupted), unless :func:`debugging`."""
     try:
         yield
     except (*REPORTED, MemoryError) as error:
         if debugging(args):
             raise
         message = shown(error) or (OUT_OF_MEMORY if isinstance(error, MemoryError) else type(error).__name__)
+        if isinstance(error, ImportError) and any(words in message.lower() for words in _LIBRARY_UNMAPPED):
+            message = f"{message} ({LIBRARY_MEMORY})"
         print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except KeyboardInterrupt:

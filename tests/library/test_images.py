@@ -5,6 +5,8 @@ import json
 import os
 import re
 import struct
+import subprocess
+import sys
 import threading
 import zlib
 
@@ -234,3 +236,24 @@ def test_the_commands_report_a_memory_error_in_one_line(capsys):
         assert exited.value.code == 1 and capsys.readouterr().err == f"error: {line}\n"
     with pytest.raises(MemoryError), command_errors(argparse.Namespace(debug=True)):
         raise MemoryError()
+
+
+@pytest.mark.backend_independent
+def test_a_command_under_a_memory_limit_too_low_for_tensorflow_says_so_in_one_line():
+    """Under ``ulimit -v`` 500 MB TensorFlow's shared library cannot be mapped: one line naming the library and the
+    memory limit as the likely cause, exit 1 (a real process; it fails at once)."""
+    import resource
+
+    from keras_vit.cli import LIBRARY_MEMORY
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (500 << 20, 500 << 20))
+
+    code = "from keras_vit.cli import command_errors\nwith command_errors():\n    import tensorflow\n"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limit, env=env, timeout=120
+    )
+    assert run.returncode == 1 and run.stdout == "", run.stderr
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert run.stderr.startswith("error: ") and "libtensorflow" in run.stderr and LIBRARY_MEMORY in run.stderr
