@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import http.client
 import json
@@ -37,6 +38,8 @@ __all__ = [
     "redact",
     "sha256sum",
 ]
+# The disk is full, a file-size limit or a quota is reached: no room, not a permission.
+_NO_ROOM = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 CHUNK = 1 << 20
 DEFAULT_TIMEOUT = 30.0
@@ -376,8 +379,15 @@ def download(
     except DownloadError:
         raise
     except OSError as exc:  # network errors are handled above: this is the local disk
+        where = "another cache folder (KERAS_HOME, cache_dir=..., --cache-dir)"
+        if exc.errno in _NO_ROOM:  # our partial file would only hold the disk full: it goes
+            for ours in (dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.json")):
+                ours.unlink(missing_ok=True)
+            raise DownloadError(
+                f"No room in the cache folder {dest.parent} for {dest.name} ({exc.strerror or exc}); the partial "
+                f"download was removed. Free space (or raise the file-size limit), or use {where}."
+            ) from exc
         raise DownloadError(
-            f"Cannot write to the cache folder {dest.parent} ({exc.strerror or exc}). Make it writable or use "
-            "another cache folder (KERAS_HOME, cache_dir=..., --cache-dir)."
+            f"Cannot write to the cache folder {dest.parent} ({exc.strerror or exc}). Make it writable or use {where}."
         ) from exc
     return dest

@@ -7,6 +7,7 @@ Every server is stopped by the ``serve`` fixture; a stalled or trickling handler
 
 import hashlib
 import http.server
+import os
 import re
 import socket
 import subprocess
@@ -277,6 +278,38 @@ def test_zeros_without_a_length_stop_at_the_size_the_parameters_imply(tmp_path, 
     assert "secret" not in message and "partial download" not in message
     assert time.monotonic() - start < 5 and len(server.requests) == 1  # refused, not retried
     folder = zoo.cache_path(entry, tmp_path).parent
+    assert sorted(p.name for p in folder.iterdir()) == []  # no partial file, no resume state, no lock left
+
+
+def test_no_room_in_the_cache_removes_the_partial_download_and_says_so(tmp_path, payload, serve):
+    """A real process whose file-size limit (``ulimit -f``: as a full disk, EFBIG) stops the download half-way: one
+    ``DownloadError`` saying there is no room (not "make it writable"), and no partial file left to hold the disk."""
+    import resource
+
+    entry = zoo.get("Ti_16.augreg_in21k")
+    server = serve({"/" + entry.path: payload})
+
+    def half():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(payload) // 2, len(payload) // 2))
+
+    code = (
+        "import sys\nfrom keras_vit import zoo\ntry:\n    zoo.fetch(zoo.get(sys.argv[1]), sys.argv[2], backoff=0)\n"
+        "except zoo.DownloadError as error:\n    print(error)\n"
+    )
+    env = {**os.environ, zoo.MIRROR_ENV: server.url + "/"}
+    run = subprocess.run(
+        [sys.executable, "-c", code, entry.name, str(tmp_path)],
+        env=env,
+        preexec_fn=half,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    folder = zoo.cache_path(entry, tmp_path).parent
+    assert f"No room in the cache folder {folder} for {entry.path.rsplit('/', 1)[-1]}" in run.stdout, run.stdout
+    assert "File too large" in run.stdout and "the partial download was removed" in run.stdout
+    assert "writable" not in run.stdout
     assert sorted(p.name for p in folder.iterdir()) == []  # no partial file, no resume state, no lock left
 
 
