@@ -71,6 +71,7 @@ def originals(tmp_path_factory):
     model = keras_vit.model_from_checkpoint(write_checkpoint(folder / "google.npz", arrays), gelu="exact")
     keras_vit.save_timm_safetensors(model, folder / "timm.safetensors")
     model.save_weights(folder / "keras.weights.h5")
+    model.save(folder / "saved.keras")
     np.savez(folder / "bfloat16.npz", **{key: value.astype(ml_dtypes.bfloat16) for key, value in arrays.items()})
     files = {path.name: path for path in folder.iterdir()}
     for path in files.values():
@@ -84,6 +85,16 @@ def reader(model):
     ``model``."""
     return lambda path: (
         keras_vit.load_weights(model, path) if path.name.endswith(".weights.h5") else read_checkpoint(path)
+    )
+
+
+def loader(model):
+    """What ``ViT(weights=PATH)`` does with Keras' own files: a ``.keras`` file built as the model it saved, a
+    ``.weights.h5`` loaded into ``model`` (no architecture of its own)."""
+    return lambda path: (
+        keras_vit.load_weights(model, path)
+        if path.name.endswith(".weights.h5")
+        else keras_vit.model_from_checkpoint(path)
     )
 
 
@@ -126,6 +137,16 @@ def test_mutated_checkpoints_give_only_the_projects_errors(originals, tmp_path, 
     path = tmp_path / name
     path.write_bytes(mutate(originals[name].read_bytes(), edits))
     read_within_bound(reader(originals["model"]), path)
+
+
+@fuzz(30)
+@given(name=st.sampled_from(["saved.keras", "keras.weights.h5"]), edits=mutations)
+def test_mutated_keras_files_through_the_loader_give_only_the_projects_errors(originals, tmp_path, name, edits):
+    """Keras' own files (a ``.keras`` archive, a ``.weights.h5``) damaged anywhere, through the loader as
+    ``ViT(weights=...)`` runs it: they load, or fail with the project's errors, within the time and memory bound."""
+    path = tmp_path / name
+    path.write_bytes(mutate(originals[name].read_bytes(), edits))
+    read_within_bound(loader(originals["model"]), path)
 
 
 @fuzz(20)
