@@ -12,7 +12,7 @@ from keras_vit.config import ViTConfig
 from keras_vit.memory import available_memory
 from keras_vit.training.errors import TrainingError
 
-__all__ = ["activation_bytes", "available_memory", "check_batch_fits"]
+__all__ = ["activation_bytes", "check_batch_fits"]
 
 
 def activation_bytes(config: ViTConfig, bytes_per_value: int = 4) -> int:
