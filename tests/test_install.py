@@ -28,42 +28,35 @@ TENSORFLOW_DISTRIBUTIONS = {
 }
 
 
-def install_plan(*requirements: str) -> set[str]:
-    """The normalised names of the distributions ``pip install REQUIREMENTS`` would install into a new environment."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            "-",
-            *list(requirements),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
-    return {item["metadata"]["name"].lower().replace("_", "-") for item in report["install"]}
+PLANS = {
+    "library": (".",),
+    "gpu": (".[gpu]",),
+    "pinned-tensorflow": ("tensorflow==2.21.0", "."),
+    "extras": (".[test,jax,export]",),
+}
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, set[str]]:
+    """For each of PLANS, the normalised names of the distributions ``pip install REQUIREMENTS`` would install into
+    a new environment. The four resolutions run at once: they mostly wait on the registry."""
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-"]
+    running = {
+        name: subprocess.Popen([*command, *requirements], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for name, requirements in PLANS.items()
+    }
+    names = {}
+    for name, process in running.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, f"{name}: {err.decode()[-3000:]}"
+        report = json.loads(out)
+        names[name] = {item["metadata"]["name"].lower().replace("_", "-") for item in report["install"]}
+    return names
 
 
 @pytest.mark.slow  # resolves against the package registry
-@pytest.mark.parametrize(
-    "requirements",
-    [
-        pytest.param((".",), id="library"),
-        pytest.param((".[gpu]",), id="gpu"),
-        pytest.param(("tensorflow==2.21.0", "."), id="pinned-tensorflow"),
-        pytest.param((".[test,jax,export]",), id="extras"),
-    ],
-)
-def test_the_plan_holds_one_tensorflow(requirements):
-    plan = install_plan(*requirements)
+@pytest.mark.parametrize("name", list(PLANS))
+def test_the_plan_holds_one_tensorflow(plans, name):
+    plan = plans[name]
     assert "keras-vit" in plan and "keras" in plan
     assert len(plan & TENSORFLOW_DISTRIBUTIONS) == 1, sorted(plan & TENSORFLOW_DISTRIBUTIONS)

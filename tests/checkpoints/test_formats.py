@@ -2,7 +2,7 @@
 or read correctly; written with numpy, safetensors and Keras themselves in the published layouts.
 
 The timm and Hugging Face cases (files written by timm and transformers) are in ``test_timm.py`` and
-``test_huggingface.py``; a catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
+``test_from_huggingface.py``; a catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
 """
 
 import gzip

@@ -1,5 +1,5 @@
 """Checkpoints from timm (both ways), and the readers' refusals: unsupported variants, unreadable paths, Keras' files.
-(Hugging Face: test_huggingface.py; keras-hub: test_keras_hub.py.)
+(Hugging Face: test_from_huggingface.py; keras-hub: test_keras_hub.py.)
 
 timm and transformers run in subprocesses that never import TensorFlow (torch after TensorFlow in one
 process crashes here): they build small random models, save them with their own libraries and write their

@@ -67,21 +67,27 @@ def test_workers_on_localhost_equal_one_process(tmp_path, workers):
     )
 
 
+KILL_FLAGS = [*TINY_FLAGS, "--steps", "150", "--eval-every", "1000", "--checkpoint-every", "10"]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> str:
+    """An uninterrupted 2-worker run of KILL_FLAGS: the reference, since over 150 steps a single process drifts by
+    ~1e-4 (float sums in another order), while resuming changes nothing."""
+    out = str(tmp_path_factory.mktemp("whole") / "run")
+    status, output = launch(["--workers", "2", "--connect-timeout", "120", "--", *KILL_FLAGS, "--output-dir", out], ENV)
+    assert status == 0, output[-5000:]
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("killed", [1, 0], ids=["worker", "chief"])
-def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, killed):
+def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, whole, killed):
     """SIGKILL one worker mid-run: the launcher fails and stops the other; run again: it resumes from the
     chief's last checkpoint and its per-step losses and final weights equal those of an uninterrupted run."""
-    flags = [*TINY_FLAGS, "--steps", "150", "--eval-every", "1000", "--checkpoint-every", "10"]
-    # the reference is an uninterrupted 2-worker run: over 150 steps a single process drifts by ~1e-4 (float
-    # sums in another order), while resuming changes nothing
-    status, output = launch(
-        ["--workers", "2", "--connect-timeout", "120", "--", *flags, "--output-dir", str(tmp_path / "whole")], ENV
-    )
-    assert status == 0, output[-5000:]
     run = str(tmp_path / "run")
     scratch = set(os.listdir(tempfile.gettempdir()))
-    args = ["--workers", "2", "--connect-timeout", "120", "--", *flags, "--output-dir", run]
+    args = ["--workers", "2", "--connect-timeout", "120", "--", *KILL_FLAGS, "--output-dir", run]
     with launched(args, ENV) as (process, workers):
         pids = running_workers(process, workers, run, 40, 240)
         assert all(pids) and len(read_log(run)) < 150, "the run ended before it could be killed"
@@ -100,17 +106,17 @@ def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, k
     assert status == 0, output[-5000:]
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["resumed_from_step"] == resumed_from
     assert [e["step"] for e in read_log(run)] == list(range(1, 151))
-    whole, resumed = logged_losses(str(tmp_path / "whole")), logged_losses(run)
-    difference = weights_difference(str(tmp_path / "whole"), run)
+    difference = weights_difference(whole, run)
+    resumed, whole_losses = logged_losses(run), logged_losses(whole)
     print(
         f"killed worker {killed} at step >= 40, resumed from {resumed_from}; max loss difference "
-        f"{np.abs(whole - resumed).max():.2e}, max weight difference {difference:.2e}"
+        f"{np.abs(whole_losses - resumed).max():.2e}, max weight difference {difference:.2e}"
     )
     assert difference == 0.0  # the resumed run computes exactly what the uninterrupted one did
     # train_log's per-step loss is a difference of Keras' float32 running epoch means, and the resumed epoch
     # starts at the checkpoint: the logged values differ by rounding (measured 2.5e-5 relative)
-    np.testing.assert_allclose(resumed, whole, rtol=1e-4)
-    assert [p for p in os.listdir(tmp_path) if p not in ("whole", "run")] == []
+    np.testing.assert_allclose(resumed, whole_losses, rtol=1e-4)
+    assert os.listdir(tmp_path) == ["run"]
 
 
 @pytest.mark.slow

@@ -98,3 +98,26 @@ def test_a_lock_file_that_is_a_link_is_refused_naming_the_cache(tmp_path, payloa
         fetch_file(server, tmp_path)
     assert "\n" not in str(failed.value) and server.requests == []
     assert notes.read_bytes() == b"my own notes\n" and not (tmp_path / "cache" / "a.npz").exists()
+
+
+@pytest.mark.backend_independent
+def test_a_record_that_is_a_link_is_replaced_never_written_through(tmp_path, payload, serve):
+    server = serve({"/a.npz": payload})
+    notes = _user_file_linked_from_cache(tmp_path, "a.npz.sha256")
+    path = fetch_file(server, tmp_path)
+    assert notes.read_bytes() == b"my own notes\n" and len(server.requests) == 1
+    record = record_path(path)
+    assert not record.is_symlink() and recorded(path) == hashlib.sha256(payload).hexdigest()
+    assert cache_listing(tmp_path) == ["a.npz", "a.npz.sha256"]
+
+
+@pytest.mark.backend_independent
+def test_a_cached_name_that_links_to_a_users_file_is_checked_not_downloaded_over(tmp_path, payload, serve):
+    """The link is read as a file put in the cache by hand: not a checkpoint, so it is named and kept, its target
+    untouched, nothing downloaded and nothing recorded."""
+    server = serve({"/a.npz": payload})
+    notes = _user_file_linked_from_cache(tmp_path, "a.npz")
+    with pytest.raises(CorruptCheckpointError, match=r"a\.npz is not a valid \.npz checkpoint"):
+        fetch_file(server, tmp_path)
+    assert notes.read_bytes() == b"my own notes\n" and server.requests == []
+    assert (tmp_path / "cache" / "a.npz").is_symlink() and cache_listing(tmp_path) == ["a.npz"]
