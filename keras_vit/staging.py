@@ -41,11 +41,6 @@ def _pid_namespace() -> str | None:
         return None
 
 
-def _owner() -> dict:
-    started = _start_time(os.getpid())
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "pids": _pid_namespace()}
-
-
 def _alive(pid: int, started: str | None) -> bool:
     """Whether the process that wrote a record (``pid``, ``started``) still runs on this host: a live process of
     that id that started at another time took over a freed id."""
@@ -122,7 +117,10 @@ def new_staging(parent: str | os.PathLike, prefix: str) -> Path:
         raise OSError(error.errno, why, os.fspath(parent)) from None
     try:
         with open(path / OWNER, "x") as file:
-            json.dump(_owner(), file)
+            pid = os.getpid()
+            json.dump(
+                {"pid": pid, "host": socket.gethostname(), "started": _start_time(pid), "pids": _pid_namespace()}, file
+            )
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
