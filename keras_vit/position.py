@@ -259,8 +259,7 @@ class DynamicPositionEmbs(AddPositionEmbs):
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AddPositionEmbs2D(AddPositionEmbs):
     """Learned 2-D position embeddings (Appendix D.4): ``E_pos[i, j] = concat(row_i, col_j)``, plus a learned
-    ``prefix_embedding`` for the prefix tokens.
-    """
+    ``prefix_embedding`` for the prefix tokens."""
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -338,8 +337,7 @@ class SinCosPositionEmbs(AddPositionEmbs):
 
 def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens: int = 1) -> np.ndarray:
     """``(N, N)`` int32 indices into the flattened ``(2gh-1) x (2gw-1)`` relative table (``T`` entries), then the
-    prefix biases: prefix query to patch ``T``, patch to prefix key ``T + 1``, prefix to prefix ``T + 2``.
-    """
+    prefix biases: prefix query to patch ``T``, patch to prefix key ``T + 1``, prefix to prefix ``T + 2``."""
     gh, gw = _pair(grid_size, "grid_size")
     grid_y, grid_x = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
     y, x = grid_y.reshape(-1), grid_x.reshape(-1)
@@ -356,8 +354,7 @@ def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens:
 @keras.saving.register_keras_serializable(package="keras_vit")
 class RelativePositionBias(layers.Layer):
     """A learned attention-logit bias per head for every relative offset between patches (``relative_table``), plus
-    ``prefix_bias``; ``call(tokens)`` returns the ``(1, heads, N, N)`` bias.
-    """
+    ``prefix_bias``; ``call(tokens)`` returns the ``(1, heads, N, N)`` bias."""
 
     def __init__(self, num_heads: int, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)

@@ -149,8 +149,7 @@ class _BiTLayer(layers.Layer):
 @keras.saving.register_keras_serializable(package="keras_vit")
 class BottleneckUnit(_BiTLayer):
     """A post-activation bottleneck unit, width ``features``, ``4 * features`` out: ``relu(shortcut(x) + branch(x))``,
-    the shortcut a strided ``conv_proj`` + ``gn_proj`` where the shape changes; ``gn3``'s scale starts at zero.
-    """
+    the shortcut a strided ``conv_proj`` + ``gn_proj`` where the shape changes; ``gn3``'s scale starts at zero."""
 
     def __init__(
         self,

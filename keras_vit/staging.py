@@ -1,8 +1,5 @@
-"""Staging folders that a later run can tell apart from anything else: ``PARENT/<prefix><12 hex>.tmp``, holding the
-record of its owner (``.owner``: process id, host, start time, PID namespace), written first. A run that is killed
-(``kill -9``) leaves its folder; the next run staging in ``PARENT`` under the same prefix removes it once its owner is
-gone from this host. A folder without that name and record, of another user, host or prefix, or of a live process,
-is kept. See docs/faults.md."""
+"""Staging folders ``PARENT/<prefix><12 hex>.tmp`` that hold their owner's record (``.owner``), written first, so
+that a later run can remove those a killed run left; anything else is kept. See docs/faults.md."""
 
 from __future__ import annotations
 
