@@ -72,13 +72,6 @@ def preprocess_input(images, data_format: str | None = None):
     return _to_model_range(images, ops_for(images))
 
 
-def _pair(size) -> tuple[int, int]:
-    size = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
-    if len(size) != 2 or min(size) < 1:
-        raise ValueError(f"image_size must be a positive int or (height, width), got {size!r}.")
-    return size
-
-
 def _central_square(images, fraction: float, xp):
     """The central square of side ``max(1, floor(min(H, W) * fraction))`` (in float32) of ``(B, H, W, C)`` images:
     Python ints when the sizes are known (JAX needs static slice sizes), tensors otherwise."""
@@ -112,7 +105,10 @@ class ImagePreprocessor(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.image_size = _pair(image_size)
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError(f"image_size must be a positive int or (height, width), got {size!r}.")
+        self.image_size = size
         self.data_format = image_data_format(data_format)
         if crop_fraction is not None and not 0.0 < crop_fraction <= 1.0:
             raise ValueError(f"crop_fraction must be None or in (0, 1], got {crop_fraction!r}.")
