@@ -18,7 +18,6 @@ __all__ = ["LABEL_SETS", "SPELLINGS", "class_names", "decode_predictions", "labe
 
 LABEL_SETS = {"imagenet1k": 1000, "imagenet21k": 21843}  # name -> number of classes
 SPELLINGS = ("keras", "wordnet")  # keras.applications' names (great_white_shark), WordNet's (great white shark)
-_FILES = {"imagenet1k": "imagenet1k.tsv.gz", "imagenet21k": "imagenet21k.tsv.gz"}
 
 
 def _check(labels: str) -> str:
@@ -28,7 +27,7 @@ def _check(labels: str) -> str:
 @functools.cache
 def _rows(labels: str) -> tuple[tuple[str, str], ...]:
     """``(wnid, synonyms)`` per class, in head order."""
-    data = resources.files("keras_vit").joinpath("data", _FILES[_check(labels)]).read_bytes()
+    data = resources.files("keras_vit").joinpath("data", f"{_check(labels)}.tsv.gz").read_bytes()
     lines = gzip.decompress(data).decode("utf-8").splitlines()
     return cast("tuple[tuple[str, str], ...]", tuple(tuple(line.split("\t", 1)) for line in lines))
 

@@ -45,17 +45,6 @@ def proc_bytes(path: str, name: str) -> int | None:
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(f"{name}:")), None)
 
 
-def _free_memory(swap: bool) -> tuple[int, str] | None:
-    """``/proc/meminfo``'s MemAvailable (with ``swap``, plus SwapFree) and its name, else None."""
-    free = proc_bytes("/proc/meminfo", "MemAvailable")
-    if free is None:
-        return None
-    swapped = proc_bytes("/proc/meminfo", "SwapFree") if swap else None
-    if not swapped:
-        return free, "available memory (MemAvailable)"
-    return free + swapped, "available memory and swap (MemAvailable + SwapFree)"
-
-
 def _cgroup_room() -> int | None:
     """``memory.max`` less ``memory.current`` of this process's cgroup (v2), or None without a limit."""
     lines = (_read("/proc/self/cgroup") or "").splitlines()
@@ -92,13 +81,18 @@ def available_memory(swap: bool = False) -> tuple[int, str] | None:
     """The bytes this process may still take, and what limits them: the least of ``/proc/meminfo``'s MemAvailable
     (with ``swap``, plus SwapFree; without ``/proc/meminfo``, the physical memory), its cgroup's ``memory.max`` (less
     what the group uses) and ``RLIMIT_AS`` (less the address space in use); None where none of them can be read."""
-    free = _free_memory(swap)
+    free = proc_bytes("/proc/meminfo", "MemAvailable")
+    swapped = proc_bytes("/proc/meminfo", "SwapFree") if swap and free is not None else None
     rooms = {
         "the physical memory": _physical_memory() if free is None else None,
         "the cgroup's memory.max": _cgroup_room(),
         "the address-space limit (ulimit -v)": _address_space_room(),
     }
-    known = [(room, name) for name, room in rooms.items() if room is not None] + ([free] if free else [])
+    if free is not None and swapped:
+        rooms["available memory and swap (MemAvailable + SwapFree)"] = free + swapped
+    else:
+        rooms["available memory (MemAvailable)"] = free
+    known = [(room, name) for name, room in rooms.items() if room is not None]
     return min(known) if known else None
 
 

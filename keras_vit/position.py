@@ -72,10 +72,7 @@ def resize_grid(grid: np.ndarray, new_size: tuple[int, int], method: str = "zoom
         if out.shape[:2] != (nh, nw):  # scipy rounds the output size; guard against float round-off
             raise ValueError(f"scipy.ndimage.zoom returned a {out.shape[:2]} grid, expected {(nh, nw)}.")
         return out
-    resized = ops.image.resize(
-        grid[None], (nh, nw), interpolation=method, antialias=method == "bicubic", data_format="channels_last"
-    )
-    return np.asarray(ops.convert_to_numpy(resized)[0], dtype="float32")
+    return np.asarray(ops.convert_to_numpy(resize_grid_in_graph(grid, (nh, nw), method)), dtype="float32")
 
 
 def _linear_corners(x, length, axis: int):
@@ -138,6 +135,18 @@ def resample_position_embeddings(
 # --- the kinds ------------------------------------------------------------------------------------
 
 
+def _check_tokens(layer, n: int | None, expected: int, built: str) -> None:
+    """A ``ValueError`` when ``n`` tokens (``None``: not known yet) are not the ``expected`` ones ``layer`` was built
+    for; ``built`` says what was built (``"the position embeddings were"``)."""
+    if n is not None and n != expected:
+        gh, gw = layer.grid_size
+        raise ValueError(
+            f"Got {n} tokens but {built} built for {expected} "
+            f"({layer.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
+            "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
+        )
+
+
 def check_position_embedding(name: str) -> str:
     """``name`` if it is one of :data:`POSITION_EMBEDDINGS`; a ``ValueError`` naming the choices otherwise."""
     return check_choice(name, POSITION_EMBEDDINGS, "position_embedding")
@@ -169,14 +178,7 @@ class AddPositionEmbs(layers.Layer):
         )
 
     def call(self, tokens):
-        n = tokens.shape[1]
-        if n is not None and n != self.num_tokens:
-            gh, gw = self.grid_size
-            raise ValueError(
-                f"Got {n} tokens but the position embeddings were built for {self.num_tokens} "
-                f"({self.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
-                "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
-            )
+        _check_tokens(self, tokens.shape[1], self.num_tokens, "the position embeddings were")
         return tokens + ops.cast(self.pos_embedding, tokens.dtype)
 
     def resized_weights(self, grid_size, method: str = "zoom_linear") -> list[np.ndarray]:
@@ -257,8 +259,7 @@ class DynamicPositionEmbs(AddPositionEmbs):
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AddPositionEmbs2D(AddPositionEmbs):
     """Learned 2-D position embeddings (Appendix D.4): ``E_pos[i, j] = concat(row_i, col_j)``, plus a learned
-    ``prefix_embedding`` for the prefix tokens.
-    """
+    ``prefix_embedding`` for the prefix tokens."""
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -336,8 +337,7 @@ class SinCosPositionEmbs(AddPositionEmbs):
 
 def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens: int = 1) -> np.ndarray:
     """``(N, N)`` int32 indices into the flattened ``(2gh-1) x (2gw-1)`` relative table (``T`` entries), then the
-    prefix biases: prefix query to patch ``T``, patch to prefix key ``T + 1``, prefix to prefix ``T + 2``.
-    """
+    prefix biases: prefix query to patch ``T``, patch to prefix key ``T + 1``, prefix to prefix ``T + 2``."""
     gh, gw = _pair(grid_size, "grid_size")
     grid_y, grid_x = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
     y, x = grid_y.reshape(-1), grid_x.reshape(-1)
@@ -354,8 +354,7 @@ def relative_position_index(grid_size: int | tuple[int, int], num_prefix_tokens:
 @keras.saving.register_keras_serializable(package="keras_vit")
 class RelativePositionBias(layers.Layer):
     """A learned attention-logit bias per head for every relative offset between patches (``relative_table``), plus
-    ``prefix_bias``; ``call(tokens)`` returns the ``(1, heads, N, N)`` bias.
-    """
+    ``prefix_bias``; ``call(tokens)`` returns the ``(1, heads, N, N)`` bias."""
 
     def __init__(self, num_heads: int, grid_size: int | tuple[int, int], num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -375,14 +374,7 @@ class RelativePositionBias(layers.Layer):
             self.prefix_bias = self.add_weight(name="prefix_bias", shape=(3, self.num_heads), initializer=init)
 
     def call(self, tokens):
-        n = tokens.shape[1]
-        if n is not None and n != len(self._index):
-            gh, gw = self.grid_size
-            raise ValueError(
-                f"Got {n} tokens but the relative position bias was built for {len(self._index)} "
-                f"({self.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
-                "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
-            )
+        _check_tokens(self, tokens.shape[1], len(self._index), "the relative position bias was")
         entries = ops.reshape(self.relative_table, (-1, self.num_heads))
         if self.prefix_bias is not None:
             entries = ops.concatenate([entries, self.prefix_bias], axis=0)
@@ -432,8 +424,7 @@ class RelativeTransformerBlock(TransformerBlock):
         super().build(input_shape)
         self.relative_bias.build(input_shape)
 
-    # Not the parent's signature on purpose (the checker's override error ignored): the block brings its own
-    # attention bias, so it takes none.
+    # No attention_bias argument, unlike the parent's: the block brings its own.
     def call(self, x, training=None, return_attention_scores: bool = False):  # type: ignore[override]
         return super().call(
             x, training=training, return_attention_scores=return_attention_scores, attention_bias=self.relative_bias(x)
@@ -480,14 +471,7 @@ def dynamic_position_embedding_layer(
             f"dynamic_image_size supports position_embedding 'learned_1d' and 'none', not {position_embedding!r}; "
             "build one model per size with keras_vit.resize_position_embeddings instead."
         )
-    return DynamicPositionEmbs(
-        grid_size,
-        num_prefix_tokens=num_prefix_tokens,
-        stride=stride,
-        method=method,
-        dynamic_img_pad=dynamic_img_pad,
-        name=name,
-    )
+    return DynamicPositionEmbs(grid_size, num_prefix_tokens, stride, method, dynamic_img_pad, name=name)
 
 
 def transformer_block(
@@ -504,16 +488,6 @@ def transformer_block(
 # --- a whole model at another image size ----------------------------------------------------------
 
 
-def _grid_layers(model: keras.Model) -> list:
-    """The layers that know the patch grid (``grid_size`` in their config): position embeddings of
-    every kind, relative-position blocks. Each resizes its own weights (``resized_weights``)."""
-    grid_layers = [layer for layer in model.layers if "grid_size" in layer.get_config()]
-    for layer in grid_layers:
-        if not callable(getattr(layer, "resized_weights", None)):
-            raise ValueError(f"Layer {layer.name!r} has a grid_size but no resized_weights(grid_size, method) method.")
-    return grid_layers
-
-
 def resize_position_embeddings(
     model: keras.Model, image_size: int | tuple[int, int], method: str = "zoom_linear"
 ) -> keras.Model:
@@ -528,7 +502,11 @@ def resize_position_embeddings(
     new_h, new_w = _pair(image_size, "image_size")
     pad = any(isinstance(layer, PatchEmbed) and layer.dynamic_img_pad for layer in model.layers)
     grids = {}
-    for layer in _grid_layers(model):
+    grid_layers = [layer for layer in model.layers if "grid_size" in layer.get_config()]  # each resizes its own
+    for layer in grid_layers:
+        if not callable(getattr(layer, "resized_weights", None)):
+            raise ValueError(f"Layer {layer.name!r} has a grid_size but no resized_weights(grid_size, method) method.")
+    for layer in grid_layers:
         gh, gw = layer.grid_size
         sh, sw = (model_stride(model),) * 2 if pad else (height // gh, width // gw)
         if not pad and (new_h % sh or new_w % sw):

@@ -107,46 +107,29 @@ def detect_device() -> tuple[str, tuple[int, int] | None]:
     import keras
 
     backend = keras.backend.backend()
-    if backend == "jax":
-        return _detect_jax()
-    if backend == "torch":
-        return _detect_torch()
     if backend == "tensorflow":
-        return _detect_tensorflow()
+        import tensorflow as tf
+
+        if tf.config.list_physical_devices("TPU"):
+            return "tpu", None
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            return "gpu", _capability(tf.config.experimental.get_device_details(gpus[0]).get("compute_capability"))
+    elif backend == "jax":
+        import jax
+
+        device = jax.devices()[0]  # the default backend's: TPU, then GPU, then CPU
+        platform = device.platform.lower()
+        if platform == "tpu":
+            return "tpu", None
+        if platform in ("gpu", "cuda", "rocm"):
+            return "gpu", _capability(getattr(device, "compute_capability", None))
+    elif backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return "gpu", _capability(torch.cuda.get_device_capability(0))
     return "cpu", None  # numpy, openvino: CPU execution
-
-
-def _detect_tensorflow() -> tuple[str, tuple[int, int] | None]:
-    import tensorflow as tf
-
-    if tf.config.list_physical_devices("TPU"):
-        return "tpu", None
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        details = tf.config.experimental.get_device_details(gpus[0])
-        return "gpu", _capability(details.get("compute_capability"))
-    return "cpu", None
-
-
-def _detect_jax() -> tuple[str, tuple[int, int] | None]:
-    import jax
-
-    device = jax.devices()[0]  # the default backend's: TPU, then GPU, then CPU
-    platform = device.platform.lower()
-    if platform == "tpu":
-        return "tpu", None
-    if platform in ("gpu", "cuda", "rocm"):
-        return "gpu", _capability(getattr(device, "compute_capability", None))
-    return "cpu", None
-
-
-def _detect_torch() -> tuple[str, tuple[int, int] | None]:
-    import torch
-
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(0)
-        return "gpu", (major, minor)
-    return "cpu", None
 
 
 def auto_policy(

@@ -33,17 +33,12 @@ def _keras_resize(images, size, method):
 KERAS_OPS = _op_table(ops, _keras_resize)
 
 
-def _tensorflow_ops(tf) -> types.SimpleNamespace:
-    """The same operations in TensorFlow's spelling (``keras.ops`` on the TensorFlow backend calls these)."""
-    return _op_table(tf, lambda images, size, method: tf.image.resize(images, size, method=method, antialias=False))
-
-
 def ops_for(images) -> types.SimpleNamespace:
     """The ops for ``x``: :data:`KERAS_OPS`, or TensorFlow's for a ``tf.Tensor`` under another backend (``tf.data``);
     never imports TensorFlow."""
     tf = sys.modules.get("tensorflow")
     if tf is not None and keras.backend.backend() != "tensorflow" and tf.is_tensor(images):
-        return _tensorflow_ops(tf)
+        return _op_table(tf, lambda x, size, method: tf.image.resize(x, size, method=method, antialias=False))
     return KERAS_OPS
 
 
@@ -77,48 +72,17 @@ def preprocess_input(images, data_format: str | None = None):
     return _to_model_range(images, ops_for(images))
 
 
-def _pair(size) -> tuple[int, int]:
-    size = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
-    if len(size) != 2 or min(size) < 1:
-        raise ValueError(f"image_size must be a positive int or (height, width), got {size!r}.")
-    return size
-
-
-def _crop_side(height, width, fraction: float, xp):
-    """``max(1, floor(min(height, width) * fraction))`` in float32: Python ints when the sizes are known (JAX needs
-    static slice sizes), a tensor otherwise."""
-    if isinstance(height, int) and isinstance(width, int):
-        return max(int(np.float32(min(height, width)) * np.float32(fraction)), 1)
-    return xp.maximum(xp.cast(xp.cast(xp.minimum(height, width), "float32") * fraction, "int32"), 1)
-
-
 def _central_square(images, fraction: float, xp):
-    """The central square of side ``fraction * min(H, W)`` of ``(B, H, W, C)`` images."""
+    """The central square of side ``max(1, floor(min(H, W) * fraction))`` (in float32) of ``(B, H, W, C)`` images:
+    Python ints when the sizes are known (JAX needs static slice sizes), tensors otherwise."""
     shape = xp.shape(images)
     height, width = shape[1], shape[2]
-    side = _crop_side(height, width, fraction, xp)
+    if isinstance(height, int) and isinstance(width, int):
+        side = max(int(np.float32(min(height, width)) * np.float32(fraction)), 1)
+    else:
+        side = xp.maximum(xp.cast(xp.cast(xp.minimum(height, width), "float32") * fraction, "int32"), 1)
     top, left = (height - side) // 2, (width - side) // 2
     return xp.slice(images, [0, top, left, 0], [shape[0], side, side, shape[3]])
-
-
-def _preprocess(images, image_size, crop_fraction, interpolation, mean, std, dtype, xp, data_format="channels_last"):
-    """Crop (optionally), resize and scale ``images`` (one image or a batch, in ``data_format``) with the operations
-    ``xp``, channels-last in between."""
-    single = len(images.shape) == 3
-    channels_first = data_format == "channels_first"
-    if single:
-        images = xp.expand_dims(images, 0)
-    images = xp.cast(images, "float32")
-    if channels_first:
-        images = xp.transpose(images, TO_CHANNELS_LAST)
-    if crop_fraction is not None:
-        images = _central_square(images, crop_fraction, xp)
-    images = _to_model_range(xp.resize(images, image_size, interpolation), xp, mean, std)
-    if channels_first:
-        images = xp.transpose(images, TO_CHANNELS_FIRST)
-    if single:
-        images = xp.squeeze(images, 0)
-    return xp.cast(images, dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -141,7 +105,10 @@ class ImagePreprocessor(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.image_size = _pair(image_size)
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError(f"image_size must be a positive int or (height, width), got {size!r}.")
+        self.image_size = size
         self.data_format = image_data_format(data_format)
         if crop_fraction is not None and not 0.0 < crop_fraction <= 1.0:
             raise ValueError(f"crop_fraction must be None or in (0, 1], got {crop_fraction!r}.")
@@ -178,8 +145,22 @@ class ImagePreprocessor(keras.layers.Layer):
         return self._preprocess(images, KERAS_OPS)
 
     def _preprocess(self, images, xp):
-        settings = (self.image_size, self.crop_fraction, self.interpolation, self.mean, self.std, self.compute_dtype)
-        return _preprocess(images, *settings, xp, self.data_format)
+        """Crop (optionally), resize and scale ``images`` (one image or a batch) with the operations ``xp``,
+        channels-last in between."""
+        single, channels_first = len(images.shape) == 3, self.data_format == "channels_first"
+        if single:
+            images = xp.expand_dims(images, 0)
+        images = xp.cast(images, "float32")
+        if channels_first:
+            images = xp.transpose(images, TO_CHANNELS_LAST)
+        if self.crop_fraction is not None:
+            images = _central_square(images, self.crop_fraction, xp)
+        images = _to_model_range(xp.resize(images, self.image_size, self.interpolation), xp, self.mean, self.std)
+        if channels_first:
+            images = xp.transpose(images, TO_CHANNELS_FIRST)
+        if single:
+            images = xp.squeeze(images, 0)
+        return xp.cast(images, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         *batch, first, _, last = input_shape
@@ -188,16 +169,15 @@ class ImagePreprocessor(keras.layers.Layer):
         return (*batch, *self.image_size, last)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            image_size=list(self.image_size),
-            crop_fraction=self.crop_fraction,
-            interpolation=self.interpolation,
-            mean=list(self.mean),
-            std=list(self.std),
-            data_format=self.data_format,
-        )
-        return config
+        return {
+            **super().get_config(),
+            "image_size": list(self.image_size),
+            "crop_fraction": self.crop_fraction,
+            "interpolation": self.interpolation,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "data_format": self.data_format,
+        }
 
     @classmethod
     def from_config(cls, config):

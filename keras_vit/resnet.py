@@ -3,7 +3,7 @@ as in the Flax checkpoints. See docs/hybrids.md."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -13,6 +13,7 @@ from keras_vit.checks import check_choice
 from keras_vit.config import GROUP_NORM_EPSILON, ROOT_WIDTH, STD_CONV_EPSILON, WEIGHT_STANDARDIZATIONS
 from keras_vit.layers import (
     TO_CHANNELS_FIRST,
+    KeyMap,
     _pair,
     add_conv_kernel,
     channels_last_shape,
@@ -112,31 +113,43 @@ def group_norm(name: str, epsilon: float, zero_scale: bool = False, dtype=None) 
     )
 
 
-def _as_is(array: np.ndarray) -> np.ndarray:
-    """Flax and Keras both store conv kernels as (H, W, Cin, Cout)."""
-    return np.asarray(array)
-
-
-def _flatten(array: np.ndarray) -> np.ndarray:
-    """GroupNorm parameters may be stored as (C,) or (1, 1, 1, C)."""
-    return np.reshape(array, (-1,))
-
-
-def _conv_norm_entries(prefix: str, pairs) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
-    """Checkpoint entries of ``(conv, norm)`` pairs: ``{prefix}{conv}/kernel``, ``{prefix}{norm}/{scale,bias}``."""
-    entries: dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]] = {}
+def _conv_norm_entries(prefix: str, pairs) -> KeyMap:
+    """Checkpoint entries of ``(conv, norm)`` pairs: ``{prefix}{conv}/kernel`` (HWIO in Flax and Keras alike),
+    ``{prefix}{norm}/{scale,bias}`` (stored as ``(C,)`` or ``(1, 1, 1, C)``)."""
+    entries: KeyMap = {}
     for conv, norm in pairs:
-        entries[f"{prefix}{conv.name}/kernel"] = (conv.kernel, _as_is)
-        entries[f"{prefix}{norm.name}/scale"] = (norm.gamma, _flatten)
-        entries[f"{prefix}{norm.name}/bias"] = (norm.beta, _flatten)
+        entries[f"{prefix}{conv.name}/kernel"] = (conv.kernel, np.asarray)
+        entries[f"{prefix}{norm.name}/scale"] = (norm.gamma, np.ravel)
+        entries[f"{prefix}{norm.name}/bias"] = (norm.beta, np.ravel)
     return entries
 
 
+_NUMERICS = ("std_conv_epsilon", "group_norm_epsilon", "weight_standardization")
+
+
+class _BiTLayer(layers.Layer):
+    """A layer of :class:`StdConv2D` and GroupNorm sub-layers sharing the numerics of :data:`_NUMERICS`."""
+
+    def _set_numerics(self, std_conv_epsilon, group_norm_epsilon, weight_standardization: str) -> None:
+        self.std_conv_epsilon = float(std_conv_epsilon)
+        self.group_norm_epsilon = float(group_norm_epsilon)
+        self.weight_standardization = weight_standardization  # checked by the StdConv2D layers built
+
+    def _numerics(self) -> dict:
+        return {name: getattr(self, name) for name in _NUMERICS}
+
+    def _conv(self, filters: int, kernel_size: int, name: str, strides: int = 1) -> StdConv2D:
+        standardization, policy = self.weight_standardization, self.dtype_policy
+        return StdConv2D(filters, kernel_size, strides, self.std_conv_epsilon, standardization, name=name, dtype=policy)
+
+    def _norm(self, name: str, zero_scale: bool = False) -> layers.GroupNormalization:
+        return group_norm(name, self.group_norm_epsilon, zero_scale, self.dtype_policy)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
-class BottleneckUnit(layers.Layer):
+class BottleneckUnit(_BiTLayer):
     """A post-activation bottleneck unit, width ``features``, ``4 * features`` out: ``relu(shortcut(x) + branch(x))``,
-    the shortcut a strided ``conv_proj`` + ``gn_proj`` where the shape changes; ``gn3``'s scale starts at zero.
-    """
+    the shortcut a strided ``conv_proj`` + ``gn_proj`` where the shape changes; ``gn3``'s scale starts at zero."""
 
     def __init__(
         self,
@@ -156,33 +169,17 @@ class BottleneckUnit(layers.Layer):
             raise ValueError(f"BottleneckUnit strides must be >= 1, got {strides!r}.")
         self.features = int(features)
         self.strides = int(strides)
-        self.std_conv_epsilon = float(std_conv_epsilon)
-        self.group_norm_epsilon = float(group_norm_epsilon)
-        self.weight_standardization = weight_standardization  # checked by the StdConv2D layers built below
-        conv = dict(epsilon=self.std_conv_epsilon, standardization=self.weight_standardization, dtype=self.dtype_policy)
-        norm = dict(epsilon=self.group_norm_epsilon, dtype=self.dtype_policy)
-        self.conv1 = StdConv2D(self.features, 1, name="conv1", **conv)
-        self.gn1 = group_norm("gn1", **norm)
-        self.conv2 = StdConv2D(self.features, 3, strides=self.strides, name="conv2", **conv)
-        self.gn2 = group_norm("gn2", **norm)
-        self.conv3 = StdConv2D(4 * self.features, 1, name="conv3", **conv)
-        self.gn3 = group_norm("gn3", zero_scale=True, **norm)
+        self._set_numerics(std_conv_epsilon, group_norm_epsilon, weight_standardization)
+        self.conv1, self.gn1 = self._conv(self.features, 1, "conv1"), self._norm("gn1")
+        self.conv2, self.gn2 = self._conv(self.features, 3, "conv2", self.strides), self._norm("gn2")
+        self.conv3, self.gn3 = self._conv(4 * self.features, 1, "conv3"), self._norm("gn3", zero_scale=True)
         self.conv_proj = self.gn_proj = None
 
     def build(self, input_shape):
         out_channels = 4 * self.features
         if input_shape[-1] != out_channels or self.strides != 1:
-            policy = self.dtype_policy
-            self.conv_proj = StdConv2D(
-                out_channels,
-                1,
-                strides=self.strides,
-                epsilon=self.std_conv_epsilon,
-                standardization=self.weight_standardization,
-                name="conv_proj",
-                dtype=policy,
-            )
-            self.gn_proj = group_norm("gn_proj", self.group_norm_epsilon, dtype=policy)
+            self.conv_proj = self._conv(out_channels, 1, "conv_proj", self.strides)
+            self.gn_proj = self._norm("gn_proj")
             self.conv_proj.build(input_shape)
             self.gn_proj.build(self.conv_proj.compute_output_shape(input_shape))
         shape = input_shape
@@ -205,7 +202,7 @@ class BottleneckUnit(layers.Layer):
         b, h, w, _ = input_shape
         return (b, _ceil_div(h, self.strides), _ceil_div(w, self.strides), 4 * self.features)
 
-    def checkpoint_entries(self, prefix: str) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
+    def checkpoint_entries(self, prefix: str) -> KeyMap:
         """This unit's ``.npz`` entries under ``prefix`` (e.g. ``"block1/unit1/"``)."""
         pairs = list(self._pairs())
         if self.conv_proj is not None:
@@ -217,14 +214,12 @@ class BottleneckUnit(layers.Layer):
             **super().get_config(),
             "features": self.features,
             "strides": self.strides,
-            "std_conv_epsilon": self.std_conv_epsilon,
-            "group_norm_epsilon": self.group_norm_epsilon,
-            "weight_standardization": self.weight_standardization,
+            **self._numerics(),
         }
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class ResNetStem(layers.Layer):
+class ResNetStem(_BiTLayer):
     """The hybrids' ResNet: the root block, then ``len(num_layers)`` stages of bottleneck units (stages, stride and
     channels: docs/hybrids.md).
 
@@ -257,35 +252,17 @@ class ResNetStem(layers.Layer):
             )
         self.num_layers = tuple(int(n) for n in num_layers)
         self.width = width
-        self.std_conv_epsilon = float(std_conv_epsilon)
-        self.group_norm_epsilon = float(group_norm_epsilon)
-        self.weight_standardization = weight_standardization  # checked by the StdConv2D layers built below
-        policy = self.dtype_policy
-        self.conv_root = StdConv2D(
-            width,
-            7,
-            strides=2,
-            epsilon=self.std_conv_epsilon,
-            standardization=self.weight_standardization,
-            name="conv_root",
-            dtype=policy,
-        )
-        self.gn_root = group_norm("gn_root", self.group_norm_epsilon, dtype=policy)
+        self._set_numerics(std_conv_epsilon, group_norm_epsilon, weight_standardization)
+        self.conv_root, self.gn_root = self._conv(width, 7, "conv_root", 2), self._norm("gn_root")
         self.unit_prefixes = []
         self.units = []
         for stage, units in enumerate(self.num_layers):
             for unit in range(units):
                 self.unit_prefixes.append(f"block{stage + 1}/unit{unit + 1}/")
+                strides = 2 if stage > 0 and unit == 0 else 1
+                name = f"block{stage + 1}_unit{unit + 1}"
                 self.units.append(
-                    BottleneckUnit(
-                        width * 2**stage,
-                        strides=2 if stage > 0 and unit == 0 else 1,
-                        std_conv_epsilon=self.std_conv_epsilon,
-                        group_norm_epsilon=self.group_norm_epsilon,
-                        weight_standardization=self.weight_standardization,
-                        name=f"block{stage + 1}_unit{unit + 1}",
-                        dtype=policy,
-                    )
+                    BottleneckUnit(width * 2**stage, strides, **self._numerics(), name=name, dtype=self.dtype_policy)
                 )
 
     @property
@@ -319,7 +296,7 @@ class ResNetStem(layers.Layer):
         shape = (b, _ceil_div(h, self.stride), _ceil_div(w, self.stride), self.output_channels)
         return format_shape(shape, self.data_format)
 
-    def npz_key_map(self) -> dict[str, tuple[keras.Variable, Callable[[np.ndarray], np.ndarray]]]:
+    def npz_key_map(self) -> KeyMap:
         """Map each Flax ``.npz`` key of the ResNet (``conv_root/kernel``, ``gn_root/scale``,
         ``block1/unit1/conv1/kernel``, ...) to ``(variable, transform)``, for the weights loader."""
         if not self.built:
@@ -334,8 +311,6 @@ class ResNetStem(layers.Layer):
             **super().get_config(),
             "num_layers": list(self.num_layers),
             "width": self.width,
-            "std_conv_epsilon": self.std_conv_epsilon,
-            "group_norm_epsilon": self.group_norm_epsilon,
-            "weight_standardization": self.weight_standardization,
+            **self._numerics(),
             "data_format": self.data_format,
         }

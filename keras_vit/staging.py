@@ -1,8 +1,5 @@
-"""Staging folders that a later run can tell apart from anything else: ``PARENT/<prefix><12 hex>.tmp``, holding the
-record of its owner (``.owner``: process id, host, start time, PID namespace), written first. A run that is killed
-(``kill -9``) leaves its folder; the next run staging in ``PARENT`` under the same prefix removes it once its owner is
-gone from this host. A folder without that name and record, of another user, host or prefix, or of a live process,
-is kept. See docs/faults.md."""
+"""Staging folders ``PARENT/<prefix><12 hex>.tmp`` that hold their owner's record (``.owner``), written first, so
+that a later run can remove those a killed run left; anything else is kept. See docs/faults.md."""
 
 from __future__ import annotations
 
@@ -39,11 +36,6 @@ def _pid_namespace() -> str | None:
         return os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
-
-
-def _owner() -> dict:
-    started = _start_time(os.getpid())
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "pids": _pid_namespace()}
 
 
 def _alive(pid: int, started: str | None) -> bool:
@@ -122,7 +114,10 @@ def new_staging(parent: str | os.PathLike, prefix: str) -> Path:
         raise OSError(error.errno, why, os.fspath(parent)) from None
     try:
         with open(path / OWNER, "x") as file:
-            json.dump(_owner(), file)
+            pid = os.getpid()
+            json.dump(
+                {"pid": pid, "host": socket.gethostname(), "started": _start_time(pid), "pids": _pid_namespace()}, file
+            )
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
