@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the checkpoint given as --weights, else B/16)",
     )
     parser.add_argument(
-        "--weights", default=None, help="checkpoint path, saved model (.keras) or catalogue name (default: random init)"
+        "--weights", help="checkpoint path, saved model (.keras) or catalogue name (default: random init)"
     )
     add_mixed_precision_flag(parser)
     add_arguments(parser.add_argument_group("model", MODEL_FLAGS.__doc__), MODEL_FLAGS())
@@ -76,13 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--analyses",
         nargs="+",
         choices=ANALYSES,
-        default=None,
         help="which figures (default: all that apply to the model)",
     )
     parser.add_argument(
         "--images",
         nargs="+",
-        default=None,
         help="image files for the attention analyses (default: scikit-learn's china.jpg and flower.jpg)",
     )
     parser.add_argument(
@@ -97,7 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pooling",
         choices=("token", "avg"),
-        default=None,
         help="few-shot features (default: the class token, or the patch mean without one)",
     )
     parser.add_argument("--pool-per-class", type=int, default=50, help="training examples kept per class")
