@@ -86,19 +86,17 @@ def command_errors(args: argparse.Namespace | None = None) -> Iterator[None]:
     (130 when interrupted), unless :func:`debugging`."""
     try:
         yield
-    except (*REPORTED, MemoryError) as error:
+    except (*REPORTED, MemoryError, KeyboardInterrupt) as error:
         if debugging(args):
             raise
+        if isinstance(error, KeyboardInterrupt):
+            print("interrupted", file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
         message = shown(error) or (OUT_OF_MEMORY if isinstance(error, MemoryError) else type(error).__name__)
         if isinstance(error, ImportError) and any(words in message.lower() for words in _LIBRARY_UNMAPPED):
             message = f"{message} ({LIBRARY_MEMORY})"
         print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        if debugging(args):
-            raise
-        print("interrupted", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
 
 
 @contextlib.contextmanager

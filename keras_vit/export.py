@@ -47,7 +47,6 @@ QUANTIZATIONS = (None, "dynamic_int8")
 Runner = Callable[[np.ndarray], np.ndarray]
 # An export's check: float32 outputs within TOLERANCE x max(1, largest |output|) of the float32 Keras model's.
 TOLERANCE = 1e-3
-_HALF_DTYPES = ("bfloat16", "float16")
 OPENVINO_FILE = "model.xml"  # in an OpenVINO folder, beside model.bin
 OPENVINO_PRECISIONS = ("f32", "bf16")
 STAGING = ".export-"  # the command's staging folders in OUT_DIR: .export-<12 hex>.tmp (keras_vit.staging)
@@ -218,7 +217,7 @@ def _in_float32(config):
         return {key: _in_float32(value) for key, value in config.items()} | sources
     if isinstance(config, list):
         return [_in_float32(value) for value in config]
-    return "float32" if config in _HALF_DTYPES else config
+    return "float32" if config in ("bfloat16", "float16") else config
 
 
 def _export(

@@ -103,7 +103,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=5, help="classes per image (default 5)")
     parser.add_argument(
         "--labels",
-        default=None,
         metavar="SET_OR_FILE",
         help="imagenet1k, imagenet21k, or a file of class names, one a line in head order (a run's classes.txt); "
         "default: the model's recorded classes, else ImageNet's by the head's size (1000 or 21843)",

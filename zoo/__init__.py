@@ -194,12 +194,10 @@ def fetch(
     **download_kwargs,
 ) -> Path:
     """The local path of a catalogue checkpoint, downloaded first when it is not cached (saying how it was checked).
-
     ``timeout``, ``deadline`` and other keywords: :func:`~keras_vit.zoo.download.download`'s; ``progress``: a bar on
-    stderr; ``check(path)``: raises ``CorruptCheckpointError`` for a file that is not the entry's (run before a
-    download enters the cache, and on the cached file). Raises ``DownloadError``; a cached file that changed is a
-    ``CorruptCheckpointError`` naming it, kept.
-    """
+    stderr; ``check(path)`` raises ``CorruptCheckpointError`` for a file that is not the entry's (before a download
+    enters the cache, and on a cached file). Raises ``DownloadError``; a cached file that changed is a
+    ``CorruptCheckpointError`` naming it, kept."""
     entry = get(name) if isinstance(name, str) else name
     cached = cache_path(entry, cache_dir).is_file()
 

@@ -1,19 +1,13 @@
 """``python -m keras_vit.zoo`` (or ``keras-vit-zoo``): list, download, inspect and convert the published checkpoints.
 
-python -m keras_vit.zoo list ['B_16*'] [--family augreg|original|clip|siglip|deit|deit3|dinov2] [--json]
-python -m keras_vit.zoo download B_16.augreg_in21k_ft_in1k_384 [--timeout 30] [--deadline 3600]
-python -m keras_vit.zoo verify [NAMES...]      # OK / corrupt / unrecorded per cached file; exit 1 if corrupt
-python -m keras_vit.zoo info B_16.orig_in21k | path/to/file.npz
-python -m keras_vit.zoo convert B_16.orig_in21k_ft_in1k vit_b16_384.keras [--image-size 512] [--num-classes 10]
-python -m keras_vit.zoo convert timm_or_hf_checkpoint.safetensors out.weights.h5 | model.keras out.safetensors
-python -m keras_vit.zoo convert B_16.augreg_in21k_ft_in1k_224 vit.tflite [--quantize dynamic_int8] | vit.onnx
-python -m keras_vit.zoo convert B_16.augreg_in21k_ft_in1k_224 vit_savedmodel --format saved_model
+Usage and examples: docs/weights.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -169,16 +163,13 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
     from keras_vit.files import atomic_path
     from keras_vit.staging import staging_folder
 
-    def atomically(save):
-        def write(target):
-            with atomic_path(target) as temporary:
-                save(temporary)
-
-        return write
+    def atomically(save, target):
+        with atomic_path(target) as temporary:
+            save(temporary)
 
     writers = {
-        "keras": atomically(model.save),
-        "weights_h5": atomically(model.save_weights),
+        "keras": functools.partial(atomically, model.save),
+        "weights_h5": functools.partial(atomically, model.save_weights),
         "timm-safetensors": lambda p: save_timm_safetensors(model, p),
         "saved_model": lambda p: export.export_saved_model(model, p),
         "litert": lambda p: export.export_litert(model, p, quantize=quantize),
@@ -227,16 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--cache-dir", help="cache root (default: $KERAS_HOME or ~/.keras)")
     commands = parser.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("list", help="list the catalogue", formatter_class=HelpFormatter)
+
+    def command(name: str, run, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, formatter_class=HelpFormatter)
+        sub.set_defaults(run=run)
+        return sub
+
+    listing = command("list", _list, "list the catalogue")
     listing.add_argument(
         "pattern", nargs="?", help="names matching a shell-style pattern, e.g. 'B_16*' (quoted; default: every name)"
     )
     listing.add_argument("--family", choices=zoo.families(), help="only this family's checkpoints (default: all)")
     listing.add_argument("--json", action="store_true", help="every field, as JSON")
-    listing.set_defaults(run=_list)
-    download = commands.add_parser(
-        "download", help="download checkpoints into the cache", formatter_class=HelpFormatter
-    )
+    download = command("download", _download, "download checkpoints into the cache")
     download.add_argument("names", nargs="+", help="catalogue names (python -m keras_vit.zoo list)")
     download.add_argument(
         "--timeout",
@@ -249,21 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help=f"seconds for each file, all tries included (default: ${DEADLINE_ENV}, else from the size)",
     )
-    download.set_defaults(run=_download)
-    verify = commands.add_parser(
-        "verify", help="check cached files against their recorded sha256", formatter_class=HelpFormatter
-    )
+    verify = command("verify", _verify, "check cached files against their recorded sha256")
     verify.add_argument("names", nargs="*", help="catalogue names (default: every cached checkpoint)")
-    verify.set_defaults(run=_verify)
-    info = commands.add_parser(
-        "info", help="the architecture a checkpoint's shapes describe", formatter_class=HelpFormatter
+    command("info", _info, "the architecture a checkpoint's shapes describe").add_argument(
+        "source", help="catalogue name or .npz path"
     )
-    info.add_argument("source", help="catalogue name or .npz path")
-    info.set_defaults(run=_info)
-    convert = commands.add_parser(
-        "convert",
-        help="a checkpoint as .keras, .weights.h5, timm .safetensors, SavedModel, .tflite or .onnx",
-        formatter_class=HelpFormatter,
+    convert = command(
+        "convert", _convert, "a checkpoint as .keras, .weights.h5, timm .safetensors, SavedModel, .tflite or .onnx"
     )
     convert.add_argument("source", help="catalogue name, .npz, timm / Hugging Face / keras-hub checkpoint, or .keras")
     convert.add_argument(
@@ -285,7 +271,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="how position embeddings go to another image size (default: %(default)s)",
     )
     add_arguments(convert.add_argument_group("model", CONVERT_FLAGS.__doc__), CONVERT_FLAGS())
-    convert.set_defaults(run=_convert)
     add_debug_flag(parser)
     return parser
 

@@ -1,11 +1,7 @@
-"""The sha256 record of each cached file: a ``<file>.sha256`` sidecar in ``sha256sum`` format, written atomically
-when the file enters the cache, and checked on every later read.
-
-Statuses of a cached file: ``OK`` (matches its record), ``corrupt`` (differs from its record or the catalogue's
-sha256, or fails the structural check) and ``unrecorded`` (no record: put there by hand or by an older version;
-or a damaged record, which says nothing of the file; it passed the structural check, and a fetch records it
-again).
-"""
+"""The sha256 record of each cached file: a ``<file>.sha256`` sidecar (``sha256sum`` format), written atomically
+when the file enters the cache and checked on every later read. A cached file is ``OK`` (matches its record),
+``corrupt`` (differs from its record or the catalogue's sha256, or fails the structural check) or ``unrecorded``
+(no record, or a damaged one, and it passed the structural check; a fetch records it again)."""
 
 from __future__ import annotations
 

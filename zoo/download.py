@@ -118,11 +118,9 @@ def _resumable(part: Path, state: Path, url: str) -> tuple[int, str | None]:
     except (OSError, ValueError):
         return 0, None
     have = info.st_size if stat.S_ISREG(info.st_mode) else 0  # a link or other file: replaced, never followed
-    if not isinstance(saved, dict) or saved.get("url_sha256") != _url_key(url):
-        return 0, None
-    if not saved.get("validator") or not have:
-        return 0, None
-    return have, saved["validator"]
+    if isinstance(saved, dict) and saved.get("url_sha256") == _url_key(url) and saved.get("validator") and have:
+        return have, saved["validator"]
+    return 0, None
 
 
 def _save_state(state: Path, url: str, validator: str | None) -> None:
@@ -173,16 +171,7 @@ class _Deadline:
         return min(timeout, left)
 
 
-def _attempt(
-    url: str,
-    part: Path,
-    state: Path,
-    size: int | None,
-    limit: int | None,
-    timeout: float,
-    end: _Deadline,
-    progress: Progress | None,
-) -> bool:
+def _attempt(url: str, part: Path, state: Path, size, limit, timeout: float, end: _Deadline, progress) -> bool:
     """One request into ``part``; True when its length is proven (``Content-Length`` or ``size``)."""
     have, validator = _resumable(part, state, url)
     headers = {"Range": f"bytes={have}-", "If-Range": validator} if have else {}
@@ -269,20 +258,8 @@ def _accept(
     _discard(state)
 
 
-def _transfer(
-    url: str,
-    dest: Path,
-    *,
-    sha256: str | None,
-    size: int | None,
-    limit: int | None,
-    validate,
-    retries: int,
-    timeout: float,
-    end: _Deadline,
-    backoff: float,
-    progress: Progress | None,
-) -> None:
+def _transfer(url: str, dest: Path, sha256, size, limit, validate, retries, timeout, end: _Deadline, backoff, progress):
+    """Up to ``retries`` tries into ``dest.part``, then :func:`_accept`; else a ``DownloadError`` saying why."""
     part = dest.with_name(dest.name + ".part")
     state = part.with_name(part.name + ".json")
     failures: list[str] = []
@@ -363,19 +340,7 @@ def download(
         with file_lock(dest.with_name(dest.name + ".lock"), end.end):
             if dest.is_file():  # another downloader finished while we waited
                 return ensure_intact(dest, sha256=sha256, validate=validate)
-            _transfer(
-                url,
-                dest,
-                sha256=sha256,
-                size=size,
-                limit=limit,
-                validate=validate,
-                retries=retries,
-                timeout=timeout,
-                end=end,
-                backoff=backoff,
-                progress=progress,
-            )
+            _transfer(url, dest, sha256, size, limit, validate, retries, timeout, end, backoff, progress)
     except DownloadError:
         raise
     except OSError as exc:  # network errors are handled above: this is the local disk

@@ -6,10 +6,8 @@ __all__ = ["CorruptCheckpointError", "DownloadError"]
 
 
 class DownloadError(OSError):
-    """A download that failed (network error, incomplete transfer, hash mismatch) or a cache that cannot be written.
-
-    ``command_line``: the message as a command shows it (:mod:`keras_vit.cli`), where it differs from the Python
-    one: a flag (``--weights PATH``) where Python has an argument (``weights='PATH'``)."""
+    """A download that failed (network error, incomplete transfer, hash mismatch) or a cache that cannot be written;
+    ``command_line``: the message as a command shows it (``--weights PATH``, not ``weights='PATH'``)."""
 
     def __init__(self, message: str, *, command_line: str | None = None):
         super().__init__(message)

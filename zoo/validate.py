@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -164,41 +165,33 @@ def _check_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         )
 
 
-def _check(f: BinaryIO, required: tuple[str, ...]) -> None:
-    size = f.seek(0, io.SEEK_END)
-    _check_ends_with_archive(f, size)
-    f.seek(0)
-    with zipfile.ZipFile(f) as archive:
-        check_members(archive)
-        bad = archive.testzip()
-        if bad is not None:
-            raise CorruptCheckpointError(f"{bad}: CRC-32 or header mismatch")
-        members = {info.filename: info for info in archive.infolist()}
-        missing = [key for key in required if key + ".npy" not in members]
-        if missing:
-            raise CorruptCheckpointError(f"missing the arrays {missing} (has {len(members)} members)")
-
-
-def _verdict(f: BinaryIO, required: tuple[str, ...], label: str) -> None:
-    try:
-        _check(f, required)
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{label} is not a valid .npz checkpoint: {exc}") from None
-    except _BROKEN as exc:
-        raise CorruptCheckpointError(f"{label} is not a valid .npz checkpoint ({type(exc).__name__}: {exc})") from exc
-
-
 def check_npz(source: str | os.PathLike | BinaryIO, required: tuple[str, ...] = REQUIRED_KEYS) -> None:
     """Raise ``CorruptCheckpointError`` (naming ``source`` and the fault) unless it is a whole ``.npz`` checkpoint.
 
     ``source``: a path or a seekable binary file. Reads the data once (the CRC check) and allocates no array;
     a path that cannot be opened is an ``OSError`` as usual, not a verdict on its bytes.
     """
-    if hasattr(source, "read"):
-        _verdict(source, required, str(getattr(source, "name", "the data")))
-    else:
-        with open(source, "rb") as f:
-            _verdict(f, required, os.fspath(source))
+    is_file = hasattr(source, "read")
+    label = str(getattr(source, "name", "the data")) if is_file else os.fspath(source)
+    invalid = f"{label} is not a valid .npz checkpoint"
+    with contextlib.nullcontext(source) if is_file else open(source, "rb") as f:
+        try:
+            _check_ends_with_archive(f, f.seek(0, io.SEEK_END))
+            f.seek(0)
+            with zipfile.ZipFile(f) as archive:
+                check_members(archive)
+                bad = archive.testzip()
+                if bad is not None:
+                    raise CorruptCheckpointError(f"{bad}: CRC-32 or header mismatch")
+                missing = [key for key in required if key + ".npy" not in archive.namelist()]
+                if missing:
+                    raise CorruptCheckpointError(
+                        f"missing the arrays {missing} (has {len(archive.infolist())} members)"
+                    )
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{invalid}: {exc}") from None
+        except _BROKEN as exc:
+            raise CorruptCheckpointError(f"{invalid} ({type(exc).__name__}: {exc})") from exc
 
 
 def check_archive(path: str | os.PathLike) -> None:

@@ -8,7 +8,8 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
-from typing import cast
+from functools import partial
+from typing import Any, cast
 
 import numpy as np
 
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the checkpoint given as --weights, else B/16)",
     )
     parser.add_argument(
-        "--weights", default=None, help="checkpoint path, saved model (.keras) or catalogue name (default: random init)"
+        "--weights", help="checkpoint path, saved model (.keras) or catalogue name (default: random init)"
     )
     add_mixed_precision_flag(parser)
     add_arguments(parser.add_argument_group("model", MODEL_FLAGS.__doc__), MODEL_FLAGS())
@@ -75,13 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--analyses",
         nargs="+",
         choices=ANALYSES,
-        default=None,
         help="which figures (default: all that apply to the model)",
     )
     parser.add_argument(
         "--images",
         nargs="+",
-        default=None,
         help="image files for the attention analyses (default: scikit-learn's china.jpg and flower.jpg)",
     )
     parser.add_argument(
@@ -96,7 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pooling",
         choices=("token", "avg"),
-        default=None,
         help="few-shot features (default: the class token, or the patch mean without one)",
     )
     parser.add_argument("--pool-per-class", type=int, default=50, help="training examples kept per class")
@@ -217,8 +215,7 @@ def model_input(
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    positive = ("seeds", "pool_per_class", "test_examples", "components", "batch_size", "dpi")
-    for name in positive:
+    for name in ("seeds", "pool_per_class", "test_examples", "components", "batch_size", "dpi"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}.")
     if min(args.shots) < 1 or max(args.shots) > args.pool_per_class:
@@ -271,10 +268,7 @@ def run(args: argparse.Namespace) -> dict:
     # Read every input first: a missing or unreadable image, or a dataset too small for --shots, fails here.
     originals = None
     if {"attention", "distance"} & set(chosen):
-        if args.images:
-            originals = [read_image(path) for path in args.images]
-        else:
-            originals = [data.sample_image(name) for name in data.SAMPLE_IMAGES]
+        originals = [*map(read_image, args.images)] if args.images else [*map(data.sample_image, data.SAMPLE_IMAGES)]
         image_names = [os.path.basename(path) for path in args.images or data.SAMPLE_IMAGES]
     split = few_shot_split(args) if "fewshot" in chosen else None
     _check_output_dir(args.output_dir, [*(FIGURES[name] for name in chosen), "results.json"], args.overwrite)
@@ -287,79 +281,44 @@ def run(args: argparse.Namespace) -> dict:
         "figures": [],
     }
     # the figures' titles name the model: its variant and weights (a file's name, or a catalogue name)
-    model_name = f"{results['variant']} ({os.path.basename(args.weights) if args.weights else 'random init'})"
-    drawings: list[tuple[str, Callable[[str], object]]] = []  # (file name, draw(path)), drawn once all is computed
+    style: dict[str, Any] = {
+        "dpi": args.dpi,
+        "model": f"{results['variant']} ({os.path.basename(args.weights) if args.weights else 'random init'})",
+    }
+    drawings: dict[str, Callable[[str], object]] = {}  # analysis -> draw(path), drawn once all is computed
     if originals is not None:
-        pictures = data.resize_images(originals, size)
         found = attention.analyse_attention(
             model, model_input(originals, size, args.weights, model_data_format(model)), batch_size=args.batch_size
         )
         if "attention" in chosen:
-            shown = pictures.astype(np.float32) / 255.0
+            shown = data.resize_images(originals, size).astype(np.float32) / 255.0
             overlays = np.stack([attention.overlay(p, m) for p, m in zip(shown, found.maps)])
-            drawings.append(
-                (
-                    "attention_maps.png",
-                    lambda path: plots.plot_attention_maps(
-                        shown, overlays, path, names=image_names, dpi=args.dpi, model=model_name
-                    ),
-                )
-            )
+            drawings["attention"] = partial(plots.plot_attention_maps, shown, overlays, names=image_names, **style)
         if "distance" in chosen:
-            drawings.append(
-                (
-                    "attention_distance.png",
-                    lambda path: plots.plot_attention_distance(
-                        found.distances, path, names=image_names, dpi=args.dpi, model=model_name
-                    ),
-                )
-            )
+            drawings["distance"] = partial(plots.plot_attention_distance, found.distances, names=image_names, **style)
             results["mean_attention_distance"] = found.distances.round(3).tolist()
     if "position" in chosen:
         similarity = embeddings.model_position_similarity(model)
-        drawings.append(
-            (
-                "position_similarity.png",
-                lambda path: plots.plot_position_similarity(similarity, path, dpi=args.dpi, model=model_name),
-            )
-        )
+        drawings["position"] = partial(plots.plot_position_similarity, similarity, **style)
     if "filters" in chosen:
         kernel_shape = model.get_layer("embedding").kernel.shape
         k = min(args.components, int(np.prod(kernel_shape[:3])), kernel_shape[3] - 1)
         components, explained = embeddings.model_filter_components(model, k)
         tiles = embeddings.to_rgb_tiles(components)
-        drawings.append(
-            (
-                "embedding_filters.png",
-                lambda path: plots.plot_filter_components(
-                    tiles, path, explained=explained, dpi=args.dpi, model=model_name
-                ),
-            )
-        )
+        drawings["filters"] = partial(plots.plot_filter_components, tiles, explained=explained, **style)
         results["filter_variance_explained"] = explained.round(5).tolist()
     if split is not None:
         pooling = args.pooling or ("token" if token_geometry(model).num_prefix_tokens else "avg")
         few_shot, chance = run_few_shot(model, args, size, pooling, split)
-        drawings.append(
-            (
-                "few_shot.png",
-                lambda path: plots.plot_few_shot(
-                    few_shot,
-                    path,
-                    chance=chance,
-                    dataset=os.path.basename(args.dataset),
-                    dpi=args.dpi,
-                    model=model_name,
-                ),
-            )
-        )
+        dataset = os.path.basename(args.dataset)
+        drawings["fewshot"] = partial(plots.plot_few_shot, few_shot, chance=chance, dataset=dataset, **style)
         results["few_shot"] = {
             str(n): {"mean": float(a.mean()), "std": float(a.std()), "per_seed": a.tolist()}
             for n, a in few_shot.items()
         }
         results["few_shot_pooling"] = pooling
-    results["figures"] = [name for name, _ in drawings]
-    _write_outputs(args.output_dir, drawings, results)
+    results["figures"] = [FIGURES[name] for name in drawings]
+    _write_outputs(args.output_dir, [(FIGURES[name], draw) for name, draw in drawings.items()], results)
     return results
 
 

@@ -93,8 +93,6 @@ def load_fewshot_dataset(spec: str = "digits") -> LabelledImages:
 
 
 def _load_npz(path: str) -> LabelledImages:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"No dataset file {path!r}.")
     with open_zip(path, what="a readable .npz dataset") as archive:
         data = npz_arrays(archive)
     missing = {"images", "labels"} - set(data)

@@ -1,7 +1,5 @@
 """The paper's figures from the analyses' arrays, drawn with matplotlib's Agg backend: each function writes a
-``figsize`` inches x ``dpi`` PNG (``figsize * dpi`` pixels) and returns the Figure. Every figure has a title naming
-what it shows and of which model (``model=``) and inputs, a colour bar wherever colour carries a value, and the fonts
-of one style (ticks, legends and labels :data:`FONT_SIZE` points, titles larger), laid out by constrained layout."""
+``figsize`` inches x ``dpi`` PNG and returns the Figure. Titles, colour bars and the shared style: docs/analyses.md."""
 
 from __future__ import annotations
 
@@ -67,8 +65,7 @@ def _inputs(names: Sequence[str]) -> str:
 
 
 def _save(fig: Figure, path: str, dpi: int) -> Figure:
-    """Write ``fig`` to ``path`` atomically (:func:`~keras_vit.files.atomic_open`): a failure leaves no
-    file behind, and ``path``, if it existed, as it was. The figure is closed (pyplot forgets it) and returned."""
+    """Write ``fig`` to ``path`` atomically (:func:`~keras_vit.files.atomic_open`), close it and return it."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with atomic_open(path) as file:
@@ -101,9 +98,8 @@ def plot_attention_maps(
     figsize: tuple[float, float] | None = None,
     dpi: int = 100,
 ) -> Figure:
-    """Figure 6: each input image (in [0, 1]) above its attention-weighted version (:func:`overlay`), the column
-    titled with ``names[i]`` (default ``image i``), a grey colour bar of the rollout that scales the brightness.
-    Returns the saved Figure; a ``ValueError`` when the counts of images, overlays and names differ."""
+    """Figure 6: each input image (in [0, 1]) above its attention-weighted version (:func:`overlay`), titled
+    ``names[i]`` (default ``image i``); a ``ValueError`` when the counts of images, overlays and names differ."""
     n = len(images)
     names = list(names) if names is not None else [f"image {i + 1}" for i in range(n)]
     if len(overlays) != n or len(names) != n or n == 0:
@@ -115,8 +111,7 @@ def plot_attention_maps(
     for i in range(n):
         for row, picture in enumerate((images[i], overlays[i])):
             axes[row, i].imshow(np.clip(picture, 0, 1))
-            axes[row, i].set_xticks([])
-            axes[row, i].set_yticks([])
+            axes[row, i].set(xticks=[], yticks=[])
             axes[row, i].spines[:].set_visible(False)
         axes[0, i].set_title(names[i])
     axes[0, 0].set_ylabel("Input")
@@ -141,8 +136,7 @@ def plot_attention_distance(
     dpi: int = 100,
 ) -> Figure:
     """Figure 7 (right): mean attention distance (pixels) of each head against the block index, the heads coloured
-    by index (a colour bar), averaged over the images ``names`` (named in the title). Returns the saved Figure;
-    a ``ValueError`` when ``distances`` is not ``(blocks, heads)``."""
+    by index, averaged over the images ``names``; a ``ValueError`` when ``distances`` is not ``(blocks, heads)``."""
     distances = np.asarray(distances)
     if distances.ndim != 2:
         raise ValueError(f"distances must be (blocks, heads), got {distances.shape}.")
@@ -169,9 +163,8 @@ def plot_position_similarity(
     figsize: tuple[float, float] = (6, 5),
     dpi: int = 100,
 ) -> Figure:
-    """Figure 7 (centre): a grid of grids, tile (i, j) the cosine similarity of patch (i, j)'s
-    position embedding with every patch's. Returns the saved Figure; a ``ValueError`` when ``similarity`` is not
-    ``(gh, gw, gh, gw)``."""
+    """Figure 7 (centre): a grid of grids, tile (i, j) the cosine similarity of patch (i, j)'s position embedding
+    with every patch's; a ``ValueError`` when ``similarity`` is not ``(gh, gw, gh, gw)``."""
     similarity = np.asarray(similarity)
     if similarity.ndim != 4:
         raise ValueError(f"similarity must be (gh, gw, gh, gw), got {similarity.shape}.")
@@ -202,8 +195,7 @@ def plot_filter_components(
     dpi: int = 100,
 ) -> Figure:
     """Figure 7 (left): the principal components of the embedding filters as RGB tiles in [0, 1], the share of the
-    variance they explain (``explained``) in the title. Returns the saved Figure; a ``ValueError`` when ``tiles`` is
-    not ``(k, P, P, 3)``."""
+    variance they explain (``explained``) in the title; a ``ValueError`` when ``tiles`` is not ``(k, P, P, 3)``."""
     tiles = np.asarray(tiles)
     if tiles.ndim != 4 or tiles.shape[-1] != 3:
         raise ValueError(f"tiles must be RGB (k, P, P, 3), got {tiles.shape}.")
@@ -228,7 +220,7 @@ def plot_few_shot(
     dpi: int = 100,
 ) -> Figure:
     """n-shot linear-probe accuracy on ``dataset`` (mean and standard deviation over the seeds of ``results``)
-    against n, and the ``chance`` level. Returns the saved Figure; a ``ValueError`` when ``results`` is empty."""
+    against n, and the ``chance`` level; a ``ValueError`` when ``results`` is empty."""
     if not results:
         raise ValueError("No few-shot results to plot.")
     shots = sorted(results)
