@@ -5,6 +5,7 @@ concurrent clients) and the sha256 records. The structural check: ``test_validat
 Every server is stopped by the ``serve`` fixture; a stalled or trickling handler waits at most ``HOLD`` seconds.
 """
 
+import base64
 import hashlib
 import http.server
 import os
@@ -508,3 +509,41 @@ def test_credentials_are_not_sent_to_the_host_a_redirect_names(tmp_path, payload
         mirror.server_close()
     assert dest.read_bytes() == payload
     assert target.authorizations == [None]  # another port (or host) than the URL's: no Authorization header
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("same_origin", [True, False], ids=["same-host-and-port", "other-host-same-port"])
+def test_credentials_follow_a_redirect_only_on_the_urls_own_host_and_port(tmp_path, payload, same_origin):
+    """One server: ``/a.npz`` redirects to ``/b.npz`` on itself, by path (the header is kept, as ``requests`` and
+    ``curl`` keep it) or by the name ``localhost`` and the same port (another host: the header is dropped)."""
+    seen = []
+
+    class Mirror(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/a.npz":
+                here = f"http://localhost:{self.server.server_address[1]}" if not same_origin else ""
+                self.send_response(302)
+                self.send_header("Location", f"{here}/b.npz")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    mirror = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Mirror)
+    threading.Thread(target=mirror.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        url = f"http://reader:s3cret@127.0.0.1:{mirror.server_address[1]}/a.npz"
+        dest = download(url, tmp_path / "cache" / "a.npz", backoff=0, timeout=5, deadline=20, validate=check_npz)
+    finally:
+        mirror.shutdown()
+        mirror.server_close()
+    assert dest.read_bytes() == payload
+    expected = "Basic " + base64.b64encode(b"reader:s3cret").decode()
+    assert seen == ([expected] if same_origin else [None])
