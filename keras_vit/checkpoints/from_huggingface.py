@@ -121,13 +121,6 @@ _GENERIC = (
 )
 
 
-def _positive_int(config: Mapping, name: str, source: str) -> int | None:
-    value = config.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{source}: config.json's {name} must be a positive integer, got {value!r}.")
-    return value
-
-
 def _shapes(state: Mapping[str, np.ndarray]) -> dict[str, int | None]:
     """The ViTConfig shape fields as the weights show them."""
     kernel = state["embeddings.patch_embeddings.projection.weight"]  # (O, I, kh, kw)
@@ -170,7 +163,9 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str,
         for name in _SHAPES
         if config.get(name) is not None and shapes[name] is not None and config[name] != shapes[name]
     ]
-    heads = _positive_int(config, "num_attention_heads", source)
+    heads = config.get("num_attention_heads")
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise ValueError(f"{source}: config.json's num_attention_heads must be a positive integer, got {heads!r}.")
     if heads is not None and cast(int, shapes["hidden_size"]) % heads:  # the patch kernel's width, never None
         differ.append(f"num_attention_heads={heads} (does not divide the weights' width {shapes['hidden_size']})")
     pooler = state.get("pooler.dense.weight")
@@ -219,7 +214,7 @@ def huggingface_to_npz(
         arrays["Transformer/posembed_input/pos_embedding"] = take("embeddings.position_embeddings")
     for i in block_indices(rest, _QUERY):
         prefix = f"encoder.layer.{i}."
-        part = {
+        parts = {
             part: prefix + next((n for n in names if f"{prefix}{n}.weight" in rest), names[0])
             for part, names in _BLOCK_PARTS.items()
         }
@@ -231,14 +226,14 @@ def huggingface_to_npz(
             block_arrays(
                 i,
                 num_heads=heads,
-                norm1=_norm(take, part["norm1"]),
+                norm1=_norm(take, parts["norm1"]),
                 query=_dense(take, f"{attention}query", None),
                 key=_dense(take, f"{attention}key", None),
                 value=_dense(take, f"{attention}value", None),
                 out=_dense(take, f"{prefix}attention.output.dense", None),
-                norm2=_norm(take, part["norm2"]),
-                fc1=_dense(take, part["fc1"], None),
-                fc2=_dense(take, part["fc2"], None),
+                norm2=_norm(take, parts["norm2"]),
+                fc1=_dense(take, parts["fc1"], None),
+                fc2=_dense(take, parts["fc2"], None),
             )
         )
     arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = _norm(take, "layernorm")

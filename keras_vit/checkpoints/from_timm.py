@@ -161,20 +161,6 @@ def _resnet_key_to_npz(key: str) -> str | None:
     return None
 
 
-def _check_position_layout(state: Mapping[str, np.ndarray], source: str) -> None:
-    """Register tokens with position embeddings (timm's ``reg_tokens`` without ``no_embed_class``) are refused:
-    keras-vit's registers have none, as DINOv2's."""
-    if "reg_token" not in state or "pos_embed" not in state:
-        return
-    tokens = state["pos_embed"].shape[1]
-    if math.isqrt(tokens) ** 2 != tokens:
-        reject_unsupported(
-            ["pos_embed"],
-            {"pos_embed": "register tokens with position embeddings (reg_tokens without no_embed_class)"},
-            source,
-        )
-
-
 def timm_to_npz(
     state: Mapping[str, np.ndarray], *, num_heads: int | None = None, source: str = "the state dict"
 ) -> tuple[dict[str, np.ndarray], dict]:
@@ -182,7 +168,10 @@ def timm_to_npz(
     reproduce timm's model (``gelu="exact"``, the norm after pooling, timm's ResNet numerics). Unknown keys pass
     through (the loader lists them); a known unsupported variant (:data:`TIMM_UNSUPPORTED`) is a ``ValueError``."""
     reject_unsupported(state, TIMM_UNSUPPORTED, source)
-    _check_position_layout(state, source)
+    tokens = state["pos_embed"].shape[1] if "reg_token" in state and "pos_embed" in state else 0
+    if math.isqrt(tokens) ** 2 != tokens:  # registers with position embeddings: keras-vit's have none, as DINOv2's
+        feature = "register tokens with position embeddings (reg_tokens without no_embed_class)"
+        reject_unsupported(["pos_embed"], {"pos_embed": feature}, source)
     rest = {key: np.asarray(value) for key, value in state.items()}
     take = rest.pop
     width = rest["patch_embed.proj.weight"].shape[0]

@@ -134,11 +134,9 @@ def load_saved_model(path: str | os.PathLike) -> keras.Model:
 
 
 def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
-    """A saved keras-vit model (``.keras``) as its weights in the ``.npz`` layout and its
-    :class:`~keras_vit.config.ViTConfig`; a plain model made of keras-vit layers brings the options its layers
-    show, and its architecture is read from the shapes as a checkpoint's. A quantized model is a ``ValueError``:
-    its integer weights are not a checkpoint's (:func:`~keras_vit.checkpoints.load.model_from_checkpoint` loads it
-    whole)."""
+    """A saved keras-vit model (``.keras``) as its weights in the ``.npz`` layout and its ``ViTConfig`` (a plain
+    model of keras-vit layers: the options its layers show). A quantized model is a ``ValueError``: its integer
+    weights are not a checkpoint's (:func:`~keras_vit.checkpoints.load.model_from_checkpoint` loads it whole)."""
     model = load_saved_model(path)
     if is_quantized(model):
         raise ValueError(
