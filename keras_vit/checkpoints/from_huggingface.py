@@ -15,6 +15,7 @@ from keras_vit.checkpoints.from_timm import (
     conv_kernel,
     guess_num_heads,
     linear_kernel,
+    map_head_arrays,
     reject_unsupported,
 )
 from keras_vit.checks import check_fraction, check_positive_number
@@ -51,17 +52,27 @@ HIDDEN_ACTS = {
     "quick_gelu": "quick",
 }
 _TOKENS = (("cls_token", "cls"), ("distillation_token", "distillation_token"), ("register_tokens", "register_tokens"))
-_HEADS: tuple[tuple[str, str], ...] = (
+_HEADS = (
     ("pooler.dense", "pre_logits"),
     ("classifier", "head"),
     ("cls_classifier", "head"),
+    ("distillation_classifier", "head_dist"),
 )
-_HEADS += (("distillation_classifier", "head_dist"),)
 
 
 def looks_like_huggingface(keys) -> bool:
     """Whether a state dict's keys are the ``transformers`` ViT layout."""
     return any(_unprefixed(key).startswith("embeddings.patch_embeddings.") for key in keys)
+
+
+def _dense(take, name: str, *default) -> tuple:
+    """``name``'s torch ``Linear`` taken out of a state dict as ``(kernel (in, out), bias)``; ``default``: the bias
+    where there is none (else a ``KeyError``)."""
+    return linear_kernel(take(f"{name}.weight")), take(f"{name}.bias", *default)
+
+
+def _norm(take, name: str) -> tuple:
+    return take(f"{name}.weight"), take(f"{name}.bias")
 
 
 def _unprefixed(key: str) -> str:
@@ -110,13 +121,6 @@ _GENERIC = (
 )
 
 
-def _positive_int(config: Mapping, name: str, source: str) -> int | None:
-    value = config.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{source}: config.json's {name} must be a positive integer, got {value!r}.")
-    return value
-
-
 def _shapes(state: Mapping[str, np.ndarray]) -> dict[str, int | None]:
     """The ViTConfig shape fields as the weights show them."""
     kernel = state["embeddings.patch_embeddings.projection.weight"]  # (O, I, kh, kw)
@@ -159,7 +163,9 @@ def _check_config(config: Mapping, state: Mapping[str, np.ndarray], source: str,
         for name in _SHAPES
         if config.get(name) is not None and shapes[name] is not None and config[name] != shapes[name]
     ]
-    heads = _positive_int(config, "num_attention_heads", source)
+    heads = config.get("num_attention_heads")
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise ValueError(f"{source}: config.json's num_attention_heads must be a positive integer, got {heads!r}.")
     if heads is not None and cast(int, shapes["hidden_size"]) % heads:  # the patch kernel's width, never None
         differ.append(f"num_attention_heads={heads} (does not divide the weights' width {shapes['hidden_size']})")
     pooler = state.get("pooler.dense.weight")
@@ -208,36 +214,29 @@ def huggingface_to_npz(
         arrays["Transformer/posembed_input/pos_embedding"] = take("embeddings.position_embeddings")
     for i in block_indices(rest, _QUERY):
         prefix = f"encoder.layer.{i}."
-
-        def dense(name, prefix=prefix):
-            return linear_kernel(take(f"{prefix}{name}.weight")), take(f"{prefix}{name}.bias", None)
-
-        def norm(name, prefix=prefix):
-            return take(f"{prefix}{name}.weight"), take(f"{prefix}{name}.bias")
-
-        def part(name, read, prefix=prefix):
-            names = _BLOCK_PARTS[name]
-            return read(next((n for n in names if f"{prefix}{n}.weight" in rest), names[0]))
-
+        parts = {
+            part: prefix + next((n for n in names if f"{prefix}{n}.weight" in rest), names[0])
+            for part, names in _BLOCK_PARTS.items()
+        }
         for scale, name in (("layer_scale1", "ls1"), ("layer_scale2", "ls2")):
             if f"{prefix}{scale}.lambda1" in rest:
                 arrays[f"Transformer/encoderblock_{i}/{name}/gamma"] = take(f"{prefix}{scale}.lambda1")
+        attention = f"{prefix}attention.attention."
         arrays.update(
             block_arrays(
                 i,
                 num_heads=heads,
-                norm1=part("norm1", norm),
-                query=dense("attention.attention.query"),
-                key=dense("attention.attention.key"),
-                value=dense("attention.attention.value"),
-                out=dense("attention.output.dense"),
-                norm2=part("norm2", norm),
-                fc1=part("fc1", dense),
-                fc2=part("fc2", dense),
+                norm1=_norm(take, parts["norm1"]),
+                query=_dense(take, f"{attention}query", None),
+                key=_dense(take, f"{attention}key", None),
+                value=_dense(take, f"{attention}value", None),
+                out=_dense(take, f"{prefix}attention.output.dense", None),
+                norm2=_norm(take, parts["norm2"]),
+                fc1=_dense(take, parts["fc1"], None),
+                fc2=_dense(take, parts["fc2"], None),
             )
         )
-    for hf_name, name in (("layernorm", "Transformer/encoder_norm"),):
-        arrays[f"{name}/scale"], arrays[f"{name}/bias"] = take(f"{hf_name}.weight"), take(f"{hf_name}.bias")
+    arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = _norm(take, "layernorm")
     for hf_name, name in _HEADS:
         if f"{hf_name}.weight" in rest:
             arrays[f"{name}/kernel"] = linear_kernel(take(f"{hf_name}.weight"))
@@ -274,21 +273,6 @@ def _options(config: Mapping, source: str) -> dict:
     return {"gelu": HIDDEN_ACTS[act], "layer_norm_epsilon": epsilon}
 
 
-def _attention(take, prefix: str, width: int, heads: int) -> dict[str, np.ndarray]:
-    """nn.MultiheadAttention's fused ``in_proj`` and ``out_proj`` as ``MAPHead_0``'s q/k/v/out arrays."""
-    kernels = np.split(linear_kernel(take(f"{prefix}.in_proj_weight")), 3, axis=1)
-    biases = np.split(take(f"{prefix}.in_proj_bias"), 3)
-    arrays: dict[str, np.ndarray] = {}
-    attention = f"{_MAP}/MultiHeadDotProductAttention_0"
-    for name, kernel, bias in zip(("query", "key", "value"), kernels, biases):
-        arrays[f"{attention}/{name}/kernel"] = kernel.reshape(width, heads, -1)
-        arrays[f"{attention}/{name}/bias"] = bias.reshape(heads, -1)
-    out = linear_kernel(take(f"{prefix}.out_proj.weight"))
-    arrays[f"{attention}/out/kernel"] = out.reshape(heads, -1, width)
-    arrays[f"{attention}/out/bias"] = take(f"{prefix}.out_proj.bias")
-    return arrays
-
-
 def tower_to_npz(
     state: Mapping[str, np.ndarray], config: Mapping | None = None, *, source: str = "the state dict"
 ) -> tuple[dict[str, np.ndarray], dict, bool]:
@@ -299,13 +283,6 @@ def tower_to_npz(
     take = rest.pop
     width = rest[_PATCH].shape[0]
     heads = (config or {}).get("num_attention_heads") or guess_num_heads(width)
-
-    def dense(name):
-        return linear_kernel(take(f"{name}.weight")), take(f"{name}.bias", None)
-
-    def norm(name):
-        return take(f"{name}.weight"), take(f"{name}.bias")
-
     arrays = {
         "embedding/kernel": conv_kernel(take(_PATCH)),
         "embedding/bias": take("embeddings.patch_embedding.bias", np.zeros(width, "float32")),
@@ -314,7 +291,7 @@ def tower_to_npz(
     if "embeddings.class_embedding" in rest:
         arrays["cls"] = take("embeddings.class_embedding").reshape(1, 1, width)
     if "pre_layrnorm.weight" in rest:
-        arrays["Transformer/norm_pre/scale"], arrays["Transformer/norm_pre/bias"] = norm("pre_layrnorm")
+        arrays["Transformer/norm_pre/scale"], arrays["Transformer/norm_pre/bias"] = _norm(take, "pre_layrnorm")
     rest.pop("embeddings.position_ids", None)  # a buffer of older files: 0 ... N-1
     depth = len({key.split(".")[2] for key in rest if key.startswith("encoder.layers.")})
     for i in range(depth):
@@ -323,24 +300,24 @@ def tower_to_npz(
             block_arrays(
                 i,
                 num_heads=heads,
-                norm1=norm(f"{layer}layer_norm1"),
-                query=dense(f"{layer}self_attn.q_proj"),
-                key=dense(f"{layer}self_attn.k_proj"),
-                value=dense(f"{layer}self_attn.v_proj"),
-                out=dense(f"{layer}self_attn.out_proj"),
-                norm2=norm(f"{layer}layer_norm2"),
-                fc1=dense(f"{layer}mlp.fc1"),
-                fc2=dense(f"{layer}mlp.fc2"),
+                norm1=_norm(take, f"{layer}layer_norm1"),
+                query=_dense(take, f"{layer}self_attn.q_proj", None),
+                key=_dense(take, f"{layer}self_attn.k_proj", None),
+                value=_dense(take, f"{layer}self_attn.v_proj", None),
+                out=_dense(take, f"{layer}self_attn.out_proj", None),
+                norm2=_norm(take, f"{layer}layer_norm2"),
+                fc1=_dense(take, f"{layer}mlp.fc1", None),
+                fc2=_dense(take, f"{layer}mlp.fc2", None),
             )
         )
-    arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = norm("post_layernorm")
-    if "head.probe" in rest:
-        arrays[f"{_MAP}/probe"] = take("head.probe")
-        arrays.update(_attention(take, "head.attention", width, heads))
-        arrays[f"{_MAP}/LayerNorm_0/scale"], arrays[f"{_MAP}/LayerNorm_0/bias"] = norm("head.layernorm")
-        for hf_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
-            kernel, bias = dense(f"head.mlp.{hf_name}")
-            arrays[f"{_MAP}/MlpBlock_0/{name}/kernel"], arrays[f"{_MAP}/MlpBlock_0/{name}/bias"] = kernel, bias
+    arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = _norm(take, "post_layernorm")
+    if "head.probe" in rest:  # nn.MultiheadAttention's fused in_proj
+        probe = take("head.probe")
+        in_proj = linear_kernel(take("head.attention.in_proj_weight"))
+        query, key, value = zip(np.split(in_proj, 3, axis=1), np.split(take("head.attention.in_proj_bias"), 3))
+        out, norm = _dense(take, "head.attention.out_proj"), _norm(take, "head.layernorm")
+        fc1, fc2 = _dense(take, "head.mlp.fc1", None), _dense(take, "head.mlp.fc2", None)
+        arrays.update(map_head_arrays(heads, probe, query, key, value, out, norm, fc1, fc2))
     if "visual_projection.weight" in rest:
         projection = linear_kernel(take("visual_projection.weight"))
         arrays["head/kernel"], arrays["head/bias"] = projection, np.zeros(projection.shape[1], projection.dtype)

@@ -20,6 +20,7 @@ __all__ = [
     "guess_num_heads",
     "linear_kernel",
     "looks_like_timm",
+    "map_head_arrays",
     "reject_unsupported",
     "timm_to_npz",
 ]
@@ -160,20 +161,6 @@ def _resnet_key_to_npz(key: str) -> str | None:
     return None
 
 
-def _check_position_layout(state: Mapping[str, np.ndarray], source: str) -> None:
-    """Register tokens with position embeddings (timm's ``reg_tokens`` without ``no_embed_class``) are refused:
-    keras-vit's registers have none, as DINOv2's."""
-    if "reg_token" not in state or "pos_embed" not in state:
-        return
-    tokens = state["pos_embed"].shape[1]
-    if math.isqrt(tokens) ** 2 != tokens:
-        reject_unsupported(
-            ["pos_embed"],
-            {"pos_embed": "register tokens with position embeddings (reg_tokens without no_embed_class)"},
-            source,
-        )
-
-
 def timm_to_npz(
     state: Mapping[str, np.ndarray], *, num_heads: int | None = None, source: str = "the state dict"
 ) -> tuple[dict[str, np.ndarray], dict]:
@@ -181,7 +168,10 @@ def timm_to_npz(
     reproduce timm's model (``gelu="exact"``, the norm after pooling, timm's ResNet numerics). Unknown keys pass
     through (the loader lists them); a known unsupported variant (:data:`TIMM_UNSUPPORTED`) is a ``ValueError``."""
     reject_unsupported(state, TIMM_UNSUPPORTED, source)
-    _check_position_layout(state, source)
+    tokens = state["pos_embed"].shape[1] if "reg_token" in state and "pos_embed" in state else 0
+    if math.isqrt(tokens) ** 2 != tokens:  # registers with position embeddings: keras-vit's have none, as DINOv2's
+        feature = "register tokens with position embeddings (reg_tokens without no_embed_class)"
+        reject_unsupported(["pos_embed"], {"pos_embed": feature}, source)
     rest = {key: np.asarray(value) for key, value in state.items()}
     take = rest.pop
     width = rest["patch_embed.proj.weight"].shape[0]
@@ -222,26 +212,34 @@ def timm_to_npz(
     return arrays, options
 
 
+def map_head_arrays(num_heads: int, probe, query, key, value, out, norm, fc1, fc2) -> dict[str, np.ndarray]:
+    """big_vision's ``MAPHead_0`` arrays from its ``probe`` ``(1, 1, D)``, ``(kernel (in, out), bias)`` pairs and
+    the ``(scale, bias)`` of its norm (shared by the timm and Hugging Face readers)."""
+    width = query[0].shape[0]
+    arrays = {f"{_MAP}/probe": probe}
+    for name, (kernel, bias) in (("query", query), ("key", key), ("value", value)):
+        arrays[f"{_MAP_ATTENTION}/{name}/kernel"] = kernel.reshape(width, num_heads, -1)
+        arrays[f"{_MAP_ATTENTION}/{name}/bias"] = bias.reshape(num_heads, -1)
+    arrays[f"{_MAP_ATTENTION}/out/kernel"] = out[0].reshape(num_heads, -1, out[0].shape[-1])
+    arrays[f"{_MAP_ATTENTION}/out/bias"] = out[1]
+    arrays[f"{_MAP}/LayerNorm_0/scale"], arrays[f"{_MAP}/LayerNorm_0/bias"] = norm
+    for name, (kernel, bias) in (("Dense_0", fc1), ("Dense_1", fc2)):
+        arrays[f"{_MAP}/MlpBlock_0/{name}/kernel"], arrays[f"{_MAP}/MlpBlock_0/{name}/bias"] = kernel, bias
+    return arrays
+
+
 def _map_head_from_timm(rest: dict, heads: int) -> dict[str, np.ndarray]:
     """timm's ``attn_pool`` (``AttentionPoolLatent``) as big_vision's ``MAPHead_0`` arrays."""
     take = rest.pop
-    width = rest["attn_pool.latent"].shape[-1]
-    query = linear_kernel(take("attn_pool.q.weight")), take("attn_pool.q.bias")
-    key, value = np.split(linear_kernel(take("attn_pool.kv.weight")), 2, axis=1)
-    key_bias, value_bias = np.split(take("attn_pool.kv.bias"), 2)
-    out = linear_kernel(take("attn_pool.proj.weight"))
-    arrays = {f"{_MAP}/probe": take("attn_pool.latent").reshape(1, 1, width)}
-    for name, (kernel, bias) in (("query", query), ("key", (key, key_bias)), ("value", (value, value_bias))):
-        arrays[f"{_MAP_ATTENTION}/{name}/kernel"] = kernel.reshape(width, heads, -1)
-        arrays[f"{_MAP_ATTENTION}/{name}/bias"] = bias.reshape(heads, -1)
-    arrays[f"{_MAP_ATTENTION}/out/kernel"] = out.reshape(heads, -1, out.shape[-1])
-    arrays[f"{_MAP_ATTENTION}/out/bias"] = take("attn_pool.proj.bias")
-    arrays[f"{_MAP}/LayerNorm_0/scale"] = take("attn_pool.norm.weight")
-    arrays[f"{_MAP}/LayerNorm_0/bias"] = take("attn_pool.norm.bias")
-    for timm_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
-        arrays[f"{_MAP}/MlpBlock_0/{name}/kernel"] = linear_kernel(take(f"attn_pool.mlp.{timm_name}.weight"))
-        arrays[f"{_MAP}/MlpBlock_0/{name}/bias"] = take(f"attn_pool.mlp.{timm_name}.bias")
-    return arrays
+
+    def dense(name):
+        return linear_kernel(take(f"attn_pool.{name}.weight")), take(f"attn_pool.{name}.bias")
+
+    query, (kv, kv_bias), out = dense("q"), dense("kv"), dense("proj")
+    key, value = zip(np.split(kv, 2, axis=1), np.split(kv_bias, 2))
+    probe, norm = take("attn_pool.latent"), (take("attn_pool.norm.weight"), take("attn_pool.norm.bias"))
+    fc1, fc2 = dense("mlp.fc1"), dense("mlp.fc2")
+    return map_head_arrays(heads, probe.reshape(1, 1, probe.shape[-1]), query, key, value, out, norm, fc1, fc2)
 
 
 def _block_from_timm(rest: dict, prefix: str, index: int, heads: int) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from keras_vit.checkpoints.keymap import model_arrays, npz_key_map
+from keras_vit.checkpoints.keymap import layers_of, model_arrays, npz_key_map
 from keras_vit.checkpoints.source import CheckpointArrays, check_archive, detect_format
 from keras_vit.config import field_names
 from keras_vit.files import open_zip
@@ -32,10 +32,6 @@ def keras_weights_file(weights) -> Path | None:
         return None
     path = Path(weights).expanduser()
     return path if path.is_file() and detect_format(path) == "keras_weights" else None
-
-
-def _layers_of(model: keras.Model, cls) -> list:
-    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, cls)]
 
 
 def _weights_h5_shape(path) -> dict[str, object]:
@@ -59,9 +55,9 @@ def _weights_h5_shape(path) -> dict[str, object]:
 
 def _model_shape(model: keras.Model) -> dict[str, object]:
     """:func:`_weights_h5_shape` of a model."""
-    blocks = _layers_of(model, TransformerBlock)
-    kernels = [tuple(layer.kernel.shape) for layer in _layers_of(model, PatchEmbed)]
-    learned = [layer for layer in _layers_of(model, AddPositionEmbs) if type(layer) is AddPositionEmbs]
+    blocks = layers_of(model, TransformerBlock)
+    kernels = [tuple(layer.kernel.shape) for layer in layers_of(model, PatchEmbed)]
+    learned = [layer for layer in layers_of(model, AddPositionEmbs) if type(layer) is AddPositionEmbs]
     return _shape(
         kernels[0] if kernels else None,
         tuple(learned[0].pos_embedding.shape) if learned else None,
@@ -106,10 +102,8 @@ def load_keras_weights(model: keras.Model, path: Path) -> None:
 def quantized_saved_model(weights) -> Path | None:
     """``weights`` as a path where it names a saved ``.keras`` model whose config records quantized layers
     (``model.quantize``, :mod:`keras_vit.quantization`); None for anything else. Reads only the config."""
-    if isinstance(weights, Mapping):
-        return None
-    path = Path(weights).expanduser()
-    if not path.is_file() or detect_format(path) != "keras":
+    path = None if isinstance(weights, Mapping) else Path(weights).expanduser()
+    if path is None or not path.is_file() or detect_format(path) != "keras":
         return None
     check_archive(path)  # before any member is unpacked; a damaged zip is named there
     with open_zip(path, CorruptCheckpointError) as archive:
@@ -140,11 +134,9 @@ def load_saved_model(path: str | os.PathLike) -> keras.Model:
 
 
 def read_saved_model(path: str | os.PathLike) -> CheckpointArrays:
-    """A saved keras-vit model (``.keras``) as its weights in the ``.npz`` layout and its
-    :class:`~keras_vit.config.ViTConfig`; a plain model made of keras-vit layers brings the options its layers
-    show, and its architecture is read from the shapes as a checkpoint's. A quantized model is a ``ValueError``:
-    its integer weights are not a checkpoint's (:func:`~keras_vit.checkpoints.load.model_from_checkpoint` loads it
-    whole)."""
+    """A saved keras-vit model (``.keras``) as its weights in the ``.npz`` layout and its ``ViTConfig`` (a plain
+    model of keras-vit layers: the options its layers show). A quantized model is a ``ValueError``: its integer
+    weights are not a checkpoint's (:func:`~keras_vit.checkpoints.load.model_from_checkpoint` loads it whole)."""
     model = load_saved_model(path)
     if is_quantized(model):
         raise ValueError(

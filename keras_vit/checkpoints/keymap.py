@@ -9,9 +9,14 @@ import numpy as np
 from keras_vit.layers import KeyMap, Transform, TransformerBlock, dense_entries, entries_of, identity
 from keras_vit.position import AddPositionEmbs, check_method
 
-__all__ = ["HEAD_LAYERS", "KeyMap", "Transform", "model_arrays", "npz_key_map"]
+__all__ = ["HEAD_LAYERS", "KeyMap", "Transform", "layers_of", "model_arrays", "npz_key_map"]
 
 HEAD_LAYERS = ("pre_logits", "head", "head_dist")
+
+
+def layers_of(model: keras.Model, cls) -> list:
+    """Every layer of ``model`` (nested ones too) that is a ``cls``."""
+    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, cls)]
 
 
 def _walk(model: keras.Model):

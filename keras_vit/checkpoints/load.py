@@ -39,7 +39,7 @@ from keras_vit.checkpoints.keras_files import (
     quantized_saved_model,
     read_saved_model,
 )
-from keras_vit.checkpoints.keymap import KeyMap, model_arrays, npz_key_map
+from keras_vit.checkpoints.keymap import KeyMap, layers_of, model_arrays, npz_key_map
 from keras_vit.checkpoints.read import resolve_weights
 from keras_vit.checkpoints.source import CheckpointArrays, detect_format, read_npz, read_state_file
 from keras_vit.config import ViTConfig, field_names, resnet_fields
@@ -212,21 +212,10 @@ def _check_values(arrays: CheckpointArrays, keys: list[str]) -> None:
         )
 
 
-def _skipped_map_head(key_map: KeyMap, arrays: Mapping) -> set[str]:
-    """The checkpoint's MAP head keys where the model has no MAP head (``pooling=None`` or ``"avg"`` on SigLIP)."""
-    if f"{MAP_PREFIX}/probe" in key_map:
-        return set()
-    return {key for key in arrays if key.startswith(f"{MAP_PREFIX}/")}
-
-
 def _listing(title: str, items: list[str]) -> str:
     shown = items[:_MAX_LISTED]
     more = f"\n    ... and {len(items) - len(shown)} more" if len(items) > len(shown) else ""
     return f"  {title} ({len(items)}):\n" + "\n".join(f"    {item}" for item in shown) + more
-
-
-def _layers_of(model: keras.Model, cls) -> list:
-    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, cls)]
 
 
 def _check_model_options(model: keras.Model, arrays: CheckpointArrays) -> None:
@@ -274,13 +263,14 @@ def load_weights(
         load_keras_weights(model, keras_file)
         return LoadResult(loaded=tuple(variable.path for variable in model.weights), skipped=())
     arrays = read_checkpoint(weights)
-    blocks = _layers_of(model, TransformerBlock)
+    blocks = layers_of(model, TransformerBlock)
     if blocks:
         arrays = with_num_heads(arrays, blocks[0].num_heads)
     _check_model_options(model, arrays)
     key_map = npz_key_map(model, resize_method=resize_method)
     skipped, reason = _skipped_head(key_map, arrays, new_head)
-    unused_pool = _skipped_map_head(key_map, arrays)
+    # the checkpoint's MAP head where the model has none (pooling=None or "avg" on SigLIP)
+    unused_pool = set() if f"{MAP_PREFIX}/probe" in key_map else set(_head_keys(arrays, MAP_PREFIX))
     if unused_pool:
         skipped |= unused_pool
         why = "the model pools otherwise (the MAP head is classifier='map' with pooling='map' or a head)"
@@ -396,17 +386,6 @@ def checkpoint_defaults(
     return image_size, num_classes, representation_size
 
 
-def _warn_heads_guessed(arrays: CheckpointArrays) -> None:
-    """Say the head count read from a file that does not record it (a timm state dict), and how to give it."""
-    info = checkpoint_info(arrays)
-    warnings.warn(
-        f"{arrays.source} does not record its number of attention heads ({arrays.format} state dict): read as "
-        f"{info.architecture.num_heads} heads, the usual for width {info.architecture.hidden_size}. If the model had "
-        "another number, say it: num_heads=N (the commands' --num-heads N).",
-        stacklevel=4,
-    )
-
-
 def _check_saved_model(arrays: CheckpointArrays, variant: str | None, fields: Mapping[str, Any]) -> None:
     """A ``ValueError`` naming what differs where ``variant`` or the architecture and structure ``fields`` ask for
     another model than the saved keras-vit model ``arrays`` holds."""
@@ -434,7 +413,13 @@ def checkpoint_model_config(arrays: CheckpointArrays, variant: str | None = None
         _check_saved_model(arrays, variant, fields)
         variant = None
     elif variant is None and not arrays.heads_known and "num_heads" not in fields:
-        _warn_heads_guessed(arrays)
+        guessed = checkpoint_info(arrays).architecture
+        warnings.warn(
+            f"{arrays.source} does not record its number of attention heads ({arrays.format} state dict): read as "
+            f"{guessed.num_heads} heads, the usual for width {guessed.hidden_size}. If the model had another "
+            "number, say it: num_heads=N (the commands' --num-heads N).",
+            stacklevel=3,
+        )
     image_size, num_classes, representation_size = checkpoint_defaults(
         arrays, fields.pop("image_size", None), fields.pop("num_classes", None), fields.pop("representation_size", None)
     )

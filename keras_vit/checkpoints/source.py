@@ -199,13 +199,6 @@ def detect_format(path: str | Path) -> str:
     return found
 
 
-def _torch_to_numpy(value):
-    if hasattr(value, "detach"):  # a torch tensor: bfloat16 has no numpy dtype
-        value = value.detach().cpu()
-        return (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
-    return value
-
-
 def _state_dict_of(loaded, path: Path) -> dict[str, np.ndarray]:
     """The tensors of a torch checkpoint, unwrapping the usual ``{"state_dict": ...}`` / ``{"model": ...}``."""
     for key in ("state_dict", "model", "module"):
@@ -213,8 +206,14 @@ def _state_dict_of(loaded, path: Path) -> dict[str, np.ndarray]:
             loaded = loaded[key]
     if not isinstance(loaded, Mapping):
         raise ValueError(f"{path} holds a {type(loaded).__name__}, not a state dict (a mapping of name -> tensor).")
-    arrays = {str(k): _torch_to_numpy(v) for k, v in loaded.items()}
-    return {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)}
+    arrays = {}
+    for key, value in loaded.items():
+        if hasattr(value, "detach"):  # a torch tensor: bfloat16 has no numpy dtype
+            value = value.detach().cpu()
+            value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+        if isinstance(value, np.ndarray):
+            arrays[str(key)] = value
+    return arrays
 
 
 def read_state_dict(path: str | Path, fmt: str) -> dict[str, np.ndarray]:

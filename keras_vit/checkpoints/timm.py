@@ -27,7 +27,7 @@ from keras_vit.checkpoints.from_timm import (
     linear_kernel,
 )
 from keras_vit.checkpoints.infer import REGISTER_TOKENS, prefix_token_fields
-from keras_vit.checkpoints.keymap import model_arrays
+from keras_vit.checkpoints.keymap import layers_of, model_arrays
 from keras_vit.config import grid_length
 from keras_vit.features import model_stride
 from keras_vit.files import atomic_path
@@ -67,31 +67,33 @@ def _resnet_key_to_timm(key: str) -> str | None:
     return None
 
 
+def _fused(arrays: Mapping[str, np.ndarray], attention: str, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """The ``names`` projections of ``attention`` (kernels ``(in, heads, dim)``) as one torch ``Linear``'s weight
+    and bias, side by side (timm's fused ``qkv``)."""
+    kernels = [arrays[f"{attention}/{name}/kernel"] for name in names]
+    weight = linear_kernel(np.concatenate([k.reshape(k.shape[0], -1) for k in kernels], axis=1))
+    return weight, np.concatenate([arrays[f"{attention}/{name}/bias"].reshape(-1) for name in names])
+
+
+def _out_proj(arrays: Mapping[str, np.ndarray], attention: str) -> tuple[np.ndarray, ...]:
+    """The ``out`` projection of ``attention`` (kernel ``(heads, dim, out)``) as a torch ``Linear``'s weight, bias."""
+    kernel = arrays[f"{attention}/out/kernel"]
+    return linear_kernel(kernel.reshape(-1, kernel.shape[-1])), arrays[f"{attention}/out/bias"]
+
+
 def _map_head_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inverse of :func:`_map_head_from_timm`."""
-    kernels = {n: arrays[f"{_MAP_ATTENTION}/{n}/kernel"] for n in ("query", "key", "value", "out")}
-    width = kernels["query"].shape[0]
+    width = arrays[f"{_MAP_ATTENTION}/query/kernel"].shape[0]
     state: dict[str, np.ndarray] = {"attn_pool.latent": arrays[f"{_MAP}/probe"].reshape(1, 1, width)}
-    state["attn_pool.q.weight"] = linear_kernel(kernels["query"].reshape(width, -1))
-    state["attn_pool.q.bias"] = arrays[f"{_MAP_ATTENTION}/query/bias"].reshape(-1)
-    state["attn_pool.kv.weight"] = linear_kernel(
-        np.concatenate([kernels[n].reshape(width, -1) for n in ("key", "value")], axis=1)
-    )
-    state["attn_pool.kv.bias"] = np.concatenate(
-        [arrays[f"{_MAP_ATTENTION}/{n}/bias"].reshape(-1) for n in ("key", "value")]
-    )
-    state["attn_pool.proj.weight"] = linear_kernel(kernels["out"].reshape(-1, kernels["out"].shape[-1]))
-    state["attn_pool.proj.bias"] = arrays[f"{_MAP_ATTENTION}/out/bias"]
+    state["attn_pool.q.weight"], state["attn_pool.q.bias"] = _fused(arrays, _MAP_ATTENTION, ("query",))
+    state["attn_pool.kv.weight"], state["attn_pool.kv.bias"] = _fused(arrays, _MAP_ATTENTION, ("key", "value"))
+    state["attn_pool.proj.weight"], state["attn_pool.proj.bias"] = _out_proj(arrays, _MAP_ATTENTION)
     state["attn_pool.norm.weight"] = arrays[f"{_MAP}/LayerNorm_0/scale"]
     state["attn_pool.norm.bias"] = arrays[f"{_MAP}/LayerNorm_0/bias"]
     for timm_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
         state[f"attn_pool.mlp.{timm_name}.weight"] = linear_kernel(arrays[f"{_MAP}/MlpBlock_0/{name}/kernel"])
         state[f"attn_pool.mlp.{timm_name}.bias"] = arrays[f"{_MAP}/MlpBlock_0/{name}/bias"]
     return state
-
-
-def _blocks(model: keras.Model) -> list[TransformerBlock]:
-    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, TransformerBlock)]
 
 
 def npz_to_timm(arrays: Mapping[str, np.ndarray], *, fc_norm: bool = False) -> dict[str, np.ndarray]:
@@ -109,14 +111,9 @@ def npz_to_timm(arrays: Mapping[str, np.ndarray], *, fc_norm: bool = False) -> d
         for timm_name, name in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_2")):
             state[f"{prefix}{timm_name}.weight"] = arrays[f"{block}/{name}/scale"]
             state[f"{prefix}{timm_name}.bias"] = arrays[f"{block}/{name}/bias"]
-        qkv = [arrays[f"{attention}/{name}/kernel"] for name in ("query", "key", "value")]
-        state[f"{prefix}attn.qkv.weight"] = linear_kernel(np.concatenate([k.reshape(k.shape[0], -1) for k in qkv], 1))
-        state[f"{prefix}attn.qkv.bias"] = np.concatenate(
-            [arrays[f"{attention}/{name}/bias"].reshape(-1) for name in ("query", "key", "value")]
-        )
-        out = arrays[f"{attention}/out/kernel"]
-        state[f"{prefix}attn.proj.weight"] = linear_kernel(out.reshape(-1, out.shape[-1]))
-        state[f"{prefix}attn.proj.bias"] = arrays[f"{attention}/out/bias"]
+        qkv = _fused(arrays, attention, ("query", "key", "value"))
+        state[f"{prefix}attn.qkv.weight"], state[f"{prefix}attn.qkv.bias"] = qkv
+        state[f"{prefix}attn.proj.weight"], state[f"{prefix}attn.proj.bias"] = _out_proj(arrays, attention)
         for timm_name, name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
             state[f"{prefix}mlp.{timm_name}.weight"] = linear_kernel(arrays[f"{block}/MlpBlock_3/{name}/kernel"])
             state[f"{prefix}mlp.{timm_name}.bias"] = arrays[f"{block}/MlpBlock_3/{name}/bias"]
@@ -168,10 +165,10 @@ def to_timm_state_dict(model: keras.Model) -> dict[str, np.ndarray]:
 def timm_model_kwargs(model: keras.Model) -> dict:
     """``timm.create_model`` arguments that build ``model``'s architecture in timm (``pretrained=False``)."""
     arrays = model_arrays(model)
-    blocks = _blocks(model)
+    blocks = layers_of(model, TransformerBlock)
     height, width, _ = model_image_shape(model)
     patch, _, _, hidden = arrays["embedding/kernel"].shape
-    stems = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, ResNetStem)]
+    stems = layers_of(model, ResNetStem)
     kwargs = dict(
         model_name="vit_base_patch16_224",
         img_size=None if height is None else (int(height), int(width)),
