@@ -266,10 +266,5 @@ def constructor_name(variant: str) -> str:
     ``"CLIP-B/16"`` -> ``"CLIP_B16"``, ``"SigLIP-B/16-384"`` -> ``"SigLIP_B16_384"``, ``"DINOv2-S/14-Reg4"`` ->
     ``"DINOv2_S14_Reg4"``."""
     family = family_variant(variant)
-    if family is not None:
-        return family[0].replace("/", "").replace("-", "_")
-    arch = parse_variant(variant)
-    size = arch.size or "custom"
-    if arch.resnet_stages is None:
-        return f"ViT_{size}{arch.patch_size}"
-    return f"ViT_R{resnet_depth(arch.resnet_stages)}_{size}{arch.stride}"
+    name = family[0] if family is not None else f"ViT_{parse_variant(variant).variant}"
+    return name.replace("/", "").replace("-", "_").replace("+", "_")
