@@ -317,10 +317,6 @@ class ViTConfig:
                 check_choice(value, meta["choices"], field.name)
             if meta["check"]:
                 object.__setattr__(self, field.name, meta["check"](value, field.name))
-        self._check_together()
-
-    def _check_together(self) -> None:
-        """The checks of several fields at once."""
         if self.pooling == "token" and self.classifier != "token":
             raise ValueError(
                 f"pooling='token' needs classifier='token' (a {self.classifier!r} model has no class token)."

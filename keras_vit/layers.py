@@ -579,12 +579,8 @@ class TransformerBlock(layers.Layer):
         self.mlp = MlpBlock(mlp_dim, dropout, gelu, mlp_type, name="MlpBlock_3", dtype=policy)  # checks those
         attn, mlp = self.attn, self.mlp
         self.num_heads, self.attention_dropout, self.qk_norm = attn.num_heads, attn.attention_dropout, attn.qk_norm
-        self.mlp_dim, self.dropout_rate, self.gelu, self.mlp_type = (
-            mlp.mlp_dim,
-            mlp.dropout_rate,
-            mlp.gelu,
-            mlp.mlp_type,
-        )
+        self.mlp_dim, self.dropout_rate = mlp.mlp_dim, mlp.dropout_rate
+        self.gelu, self.mlp_type = mlp.gelu, mlp.mlp_type
         self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, name="drop_path", dtype=policy)
         self.ls1: LayerScale | None = None
