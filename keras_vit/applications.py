@@ -194,7 +194,6 @@ def from_preset(preset: str | os.PathLike, **overrides: Any) -> keras.Model:
 
 _VIT_PARAMETERS = frozenset(inspect.signature(ViT).parameters)  # ViT's own keywords, beside the config fields
 
-# the ignore: the checker takes no attributes set on a function
 ViT.from_preset = from_preset  # type: ignore[attr-defined]
 
 
@@ -239,8 +238,7 @@ def _named_signature() -> inspect.Signature:
     return inspect.signature(ViT).replace(parameters=[first, *parameters.values()])
 
 
-# The named constructors: ViT(variant, ...) with the keras.applications signature, image_size first; each one's
-# signature (help, inspect.signature) is ViT's, set below.
+# The named constructors: ViT(variant, ...) with image_size first; each one's signature is ViT's, set below.
 
 
 def ViT_Ti16(image_size: int | tuple[int, int] | None = None, **kwargs: Unpack[ViTArguments]) -> keras.Model:

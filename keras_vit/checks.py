@@ -71,16 +71,11 @@ def optional(check: Callable[[Any, str], T]) -> Callable[[Any, str], T | None]:
     return check_or_none
 
 
-def check_fraction(value, name: str, low: float = 0.0, high: float = 1.0) -> float:
-    """``value`` as a ``float`` if it is a real number in ``[low, high)`` (not a bool, not NaN); a
-    ``ValueError`` naming ``name`` otherwise. Rates (dropout, drop path) use the default ``[0, 1)``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or math.isnan(value)
-        or not low <= cast(float, value) < high
-    ):
-        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}), got {value!r}.")
+def check_fraction(value, name: str) -> float:
+    """``value`` as a ``float`` if it is a real number in ``[0, 1)`` (a rate; not a bool, not NaN); a ``ValueError``
+    naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= cast(float, value) < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}.")  # NaN fails the comparison too
     return float(value)
 
 

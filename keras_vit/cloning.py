@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import keras
 
-__all__ = ["clone_with_weights", "copy_weights"]
+__all__ = ["clone_with_weights", "copy_layer_weights", "copy_weights"]
 
 
 def clone_with_weights(model: keras.Model, clone_function=None) -> keras.Model:
@@ -23,8 +23,13 @@ def copy_weights(model: keras.Model, clone: keras.Model) -> keras.Model:
     if len(old_layers) != len(new_layers):
         raise ValueError(f"Cannot copy {model.name!r}: its clone has another layer structure.")
     for old, new in zip(old_layers, new_layers):
-        store: dict = {}
-        old.save_own_variables(store)
-        # numpy copies: on JAX the clone must not share arrays that Keras may free when it syncs the other model
-        new.load_own_variables({key: keras.ops.convert_to_numpy(value) for key, value in store.items()})
+        copy_layer_weights(old, new)
     return clone
+
+
+def copy_layer_weights(old: keras.Layer, new: keras.Layer) -> None:
+    """``new``'s own variables set to copies of ``old``'s (``save_own_variables`` / ``load_own_variables``)."""
+    store: dict = {}
+    old.save_own_variables(store)
+    # numpy copies: on JAX the clone must not share arrays that Keras may free when it syncs the other model
+    new.load_own_variables({key: keras.ops.convert_to_numpy(value) for key, value in store.items()})

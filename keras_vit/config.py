@@ -85,8 +85,9 @@ def _field(
     argument: str | None = None,
     **settings,
 ):
-    """A :class:`ViTConfig` field: ``check(value, name)`` validates (and normalises) it; ``layer`` names the layer
-    that takes it as ``argument`` (default: the field's name)."""
+    """A :class:`ViTConfig` field: ``check(value, name)`` validates (and normalises) it (a bool default:
+    ``check_bool``); ``layer`` names the layer that takes it as ``argument`` (default: the field's name)."""
+    check = check_bool if check is None and isinstance(default, bool) else check
     return option(help, default, group=group, check=check, layer=layer, argument=argument, **settings)
 
 
@@ -110,7 +111,6 @@ class ViTConfig:
         "(learned for image_size) interpolated in the graph",
         False,
         "input",
-        check=check_bool,
     )
     data_format: str = _field(
         "the images' layout: channels_last (batch, height, width, channels) or channels_first (batch, channels, "
@@ -125,13 +125,11 @@ class ViTConfig:
         "dynamic_img_pad): any image_size, the patch grid rounded up; off: a size that is not a multiple is an error",
         False,
         "input",
-        check=check_bool,
     )
     include_preprocessing: bool = _field(
         "an ImagePreprocessor in front (resize to image_size, scale to [-1, 1]): images in [0, 255] of any size in",
         False,
         "input",
-        check=check_bool,
     )
     crop_fraction: float | None = _field(
         "with include_preprocessing: first cut the central square of this fraction of the short side (timm's "
@@ -149,9 +147,7 @@ class ViTConfig:
         choices=INTERPOLATIONS,
         layer="preprocessing",
     )
-    include_top: bool = _field(
-        "end in the classification head; else the features (see pooling)", True, "output", check=check_bool
-    )
+    include_top: bool = _field("end in the classification head; else the features (see pooling)", True, "output")
     num_classes: int = _field("classes of the head", DEFAULT_NUM_CLASSES, "output", check=check_positive_int)
     pooling: str | None = _field(
         "features without the head: none (all tokens), token (the class token), avg or max (the patch tokens' mean "
@@ -192,7 +188,6 @@ class ViTConfig:
         "the final LayerNorm after the pooling (timm's fc_norm, of its GAP models)",
         False,
         "structure",
-        check=check_bool,
     )
     layer_scale_init: float | None = _field(
         "layer scale (timm's ls1/ls2, CaiT, DeiT III): every block scales its attention and MLP outputs by learned "
@@ -215,19 +210,16 @@ class ViTConfig:
         "of both heads (keras_vit.distillation_model gives both, for distillation training)",
         False,
         "structure",
-        check=check_bool,
     )
     norm_pre: bool = _field(
         "a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre, timm's norm_pre)",
         False,
         "structure",
-        check=check_bool,
     )
     qk_norm: bool = _field(
         "LayerNorm on every head's queries and keys before their product (timm's qk_norm)",
         False,
         "structure",
-        check=check_bool,
         layer="block",
     )
     class_position_embedding: bool = _field(
@@ -235,7 +227,6 @@ class ViTConfig:
         "(timm's no_embed_class: DeiT III, DINOv2 with registers)",
         True,
         "structure",
-        check=check_bool,
     )
     mlp_type: str = _field(
         "gelu: Dense(mlp_dim), GELU, Dense (the paper's); swiglu: Dense(mlp_dim) split in halves a, b, "
@@ -314,7 +305,6 @@ class ViTConfig:
         "about 1.3x the step time; the same results",
         False,
         "training",
-        check=check_bool,
         layer="block",
     )
 
@@ -327,10 +317,6 @@ class ViTConfig:
                 check_choice(value, meta["choices"], field.name)
             if meta["check"]:
                 object.__setattr__(self, field.name, meta["check"](value, field.name))
-        self._check_together()
-
-    def _check_together(self) -> None:
-        """The checks of several fields at once."""
         if self.pooling == "token" and self.classifier != "token":
             raise ValueError(
                 f"pooling='token' needs classifier='token' (a {self.classifier!r} model has no class token)."
@@ -412,15 +398,13 @@ class ViTConfig:
 
     @property
     def grid_size(self) -> tuple[int, int]:
-        """The patch grid of ``image_size``: ``(height, width)`` divided by the stride (rounded up: ``dynamic_img_pad``
-        pads to the next multiple)."""
+        """The patch grid of ``image_size``: ``(height, width)`` divided by the stride, rounded up."""
         (height, width), stride = self.image_size, self.architecture.stride
         return (grid_length(height, stride), grid_length(width, stride))
 
     def parameter_parts(self) -> dict[str, int]:
-        """The parameters of the model of this config by part (:data:`PARTS`: the ResNet, the patch embedding, the
-        prefix tokens, the position embeddings, the blocks with ``norm_pre``, the final norm and the head), counted from
-        the fields alone: nothing is built, and the sum is what ``build_vit(config).count_params()`` gives."""
+        """The parameters of the model of this config by part (:data:`PARTS`), counted from the fields without
+        building anything: the sum is what ``build_vit(config).count_params()`` gives."""
         arch = self.architecture
         width, (rows, cols), heads = arch.hidden_size, self.grid_size, arch.num_heads
         resnet, channels = (0, self.channels) if arch.resnet_stages is None else _resnet_parameters(self)
@@ -473,8 +457,8 @@ def _mlp_parameters(width: int, mlp_dim: int, mlp_type: str = "gelu") -> int:
 
 
 def _block_parameters(config: ViTConfig) -> int:
-    """A :class:`~keras_vit.layers.TransformerBlock`'s: two LayerNorms, the attention's ``qkv`` and ``out`` (with
-    ``qk_norm``'s two LayerNorms of a head's width), the MLP, layer scale's two ``gamma``."""
+    """A :class:`~keras_vit.layers.TransformerBlock`'s: two LayerNorms, the attention (and ``qk_norm``), the MLP, and
+    layer scale."""
     arch = config.architecture
     width = arch.hidden_size
     attention = _dense(width, 3 * width) + _dense(width, width)
@@ -484,8 +468,7 @@ def _block_parameters(config: ViTConfig) -> int:
 
 
 def _head_parameters(config: ViTConfig) -> int:
-    """The final LayerNorm (``encoder_norm``, also as ``fc_norm``) and what :func:`keras_vit.models.head` builds: the
-    MAP head (``classifier="map"`` or ``pooling="map"``), ``pre_logits``, the head (and ``head_dist``)."""
+    """The final LayerNorm (``encoder_norm``, also as ``fc_norm``) and what :func:`keras_vit.models.head` builds."""
     width = config.architecture.hidden_size
     if not config.include_top and config.pooling is None:  # the tokens: fc_norm, if set, is never applied
         return 0 if config.fc_norm else _layer_norm(width)
@@ -503,9 +486,8 @@ def _head_parameters(config: ViTConfig) -> int:
 
 
 def _resnet_parameters(config: ViTConfig) -> tuple[int, int]:
-    """A hybrid's :class:`~keras_vit.resnet.ResNetStem`: its parameters and output channels. The root convolution
-    (7x7, no bias) and GroupNorm; per bottleneck unit 1x1, 3x3 and 1x1 convolutions, each with a GroupNorm, and a
-    projection (1x1 and GroupNorm) where the channels or the stride change."""
+    """A hybrid's :class:`~keras_vit.resnet.ResNetStem`: its parameters and output channels (the root convolution and
+    GroupNorm; per unit three convolutions and GroupNorms, and a projection where the channels or stride change)."""
     width, stages = config.resnet_width, config.architecture.resnet_stages or ()
     total, inputs = 7 * 7 * config.channels * width + _layer_norm(width), width
     for stage, units in enumerate(stages):

@@ -10,6 +10,7 @@ from keras import layers, ops
 
 from keras_vit.config import grid_length
 from keras_vit.layers import PatchEmbed, TransformerBlock
+from keras_vit.quantization import arguments_config
 from keras_vit.resnet import ResNetStem
 from keras_vit.tokens import num_prefix_tokens
 
@@ -40,12 +41,7 @@ class PatchTokenMap(layers.Layer):
         return (tokens_shape[0], height, width, tokens_shape[-1])
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "num_prefix_tokens": self.num_prefix_tokens,
-            "stride": self.stride,
-            "dynamic_img_pad": self.dynamic_img_pad,
-        }
+        return {**super().get_config(), **arguments_config(self, PatchTokenMap)}
 
 
 def _embedding(model: keras.Model) -> tuple[PatchEmbed, ResNetStem | None]:

@@ -11,7 +11,7 @@ from keras import layers, ops
 from keras_vit.checks import check_positive_int, check_positive_number
 from keras_vit.config import LAYER_NORM_EPSILON
 from keras_vit.layers import KeyMap, MlpBlock, attention_entries, entries_of, identity, layer_norm, rows, unrows
-from keras_vit.quantization import dtype_config, sublayer_policy
+from keras_vit.quantization import arguments_config, dtype_config, sublayer_policy
 
 __all__ = ["MAP_PREFIX", "MAPHead"]
 
@@ -76,12 +76,5 @@ class MAPHead(layers.Layer):
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            **dtype_config(self),  # with its quantized layers' policies
-            "num_heads": self.num_heads,
-            "mlp_dim": self.mlp_dim,
-            "gelu": self.gelu,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-        }
+    def get_config(self):  # dtype_config: with its quantized layers' policies
+        return {**super().get_config(), **dtype_config(self), **arguments_config(self, MAPHead)}

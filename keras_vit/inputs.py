@@ -66,8 +66,8 @@ def input_size(
             dynamic = True
         else:
             size = height if height == width else (height, width)
-            known = None if image_size is None else pair(image_size)
-            if known is not None and known != (height, width):
+            known = tuple(image_size) if isinstance(image_size, (tuple, list)) else (image_size, image_size)
+            if image_size is not None and known != (height, width):
                 raise ValueError(f"image_size={image_size!r} and {what} {shape} disagree; pass one of them.")
             image_size = image_size if image_size is not None else size
         if depth is not None:
@@ -75,10 +75,6 @@ def input_size(
                 raise ValueError(f"channels={channels} and {what} {shape} disagree; pass one of them.")
             channels = depth
     return image_size, channels, dynamic
-
-
-def pair(size) -> tuple:
-    return tuple(size) if isinstance(size, (tuple, list)) else (size, size)
 
 
 def on_tensor(model: keras.Model, input_tensor) -> keras.Model:

@@ -20,7 +20,7 @@ from keras_vit.checks import (
 from keras_vit.checks import check_pair as _pair
 from keras_vit.config import DATA_FORMATS, LAYER_NORM_EPSILON, MLP_TYPES, grid_length
 from keras_vit.config import GELUS as GELU_VARIANTS
-from keras_vit.quantization import dtype_config, sublayer_policy
+from keras_vit.quantization import arguments_config, dtype_config, sublayer_policy
 
 __all__ = [
     "GELU_VARIANTS",
@@ -143,11 +143,16 @@ def conv_nhwc(x, kernel, strides: tuple[int, int], padding: str):
     """``ops.conv`` of NHWC ``x`` with an HWIO ``kernel``, reshaped to its shape (NHWC whatever
     ``keras.config.image_data_format()`` says: the op's default layout is the global one)."""
     y = ops.conv(x, kernel, strides=strides, padding=padding, data_format="channels_last")
-    sizes = []
-    for axis, (k, s) in enumerate(zip(kernel.shape[:2], strides), start=1):
-        size = x.shape[axis] if x.shape[axis] is not None else ops.shape(x)[axis]
-        sizes.append((size + s - 1) // s if padding == "same" else (size - k) // s + 1)
+    sizes = [
+        (n + s - 1) // s if padding == "same" else (n - k) // s + 1
+        for n, k, s in zip(_sizes(x), kernel.shape[:2], strides)
+    ]
     return ops.reshape(y, (ops.shape(x)[0], *sizes, kernel.shape[-1]))
+
+
+def _sizes(images) -> list:
+    """The height and width of NHWC ``images``: ints where static, else tensors."""
+    return [images.shape[axis] if images.shape[axis] is not None else ops.shape(images)[axis] for axis in (1, 2)]
 
 
 def activation(x, gelu: str):
@@ -185,8 +190,7 @@ def dense_rows(dense: layers.Layer, x):
 
 def project(dense: layers.Layer, x, training=None):
     """``dense`` (bias, no activation) on the last axis of ``x`` ``(B, N, D)``: a batched matmul in bfloat16
-    inference on TensorFlow (oneDNN's AMX kernel; docs/performance.md), else :func:`dense_rows` on rows.
-    """
+    inference on TensorFlow (oneDNN's AMX kernel; docs/performance.md), else :func:`dense_rows` on rows."""
     bfloat16 = keras.backend.standardize_dtype(x.dtype) == "bfloat16"
     if training or not (_plain(dense) and bfloat16) or keras.backend.backend() != "tensorflow":
         return unrows(dense_rows(dense, rows(x)), x)
@@ -231,11 +235,9 @@ class ChannelsLast(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class PatchEmbed(layers.Layer):
-    """Cuts images (or feature maps) into PxP patches, each projected linearly (``x_p E``): ``(B, H/P * W/P,
-    hidden_size)``. ``data_format``: the input's layout (the kernel is always ``(P, P, C, hidden_size)``);
-    ``dynamic_img_pad``: pad the bottom and right with zeros to a multiple of P first (timm's), else such a size is
-    an error.
-    """
+    """Cuts images (or feature maps) into PxP patches, each projected linearly (``x_p E``): ``(B, H/P * W/P, D)``.
+    ``data_format``: the input's layout (the kernel is ``(P, P, C, D)`` either way); ``dynamic_img_pad``: pad the
+    bottom and right with zeros to a multiple of P first (timm's), else such a size is an error."""
 
     def __init__(
         self,
@@ -259,8 +261,10 @@ class PatchEmbed(layers.Layer):
         images = to_channels_last(images, self.data_format)
         height, width = images.shape[1], images.shape[2]
         ph, pw = self.patch_size
-        if self.dynamic_img_pad:
-            images = self._pad(images)
+        if self.dynamic_img_pad:  # zeros below and to the right, up to the next multiple of the patch size
+            pads = [-size % patch for size, patch in zip(_sizes(images), self.patch_size)]
+            if not all(isinstance(pad, int) and pad == 0 for pad in pads):
+                images = ops.pad(images, [[0, 0], [0, pads[0]], [0, pads[1]], [0, 0]])
         elif height is not None and width is not None and (height % ph or width % pw):
             raise ValueError(
                 f"Image size {height}x{width} is not divisible by the patch size {ph}x{pw}; resize the images or "
@@ -268,14 +272,6 @@ class PatchEmbed(layers.Layer):
             )
         x = conv_nhwc(images, self.kernel, self.patch_size, "valid") + self.bias  # (B, H/P, W/P, D), also for B = 0
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1] * ops.shape(x)[2], self.hidden_size))
-
-    def _pad(self, images):
-        """NHWC ``images`` with zeros below and to the right up to the next multiple of the patch size."""
-        sizes = [images.shape[axis] if images.shape[axis] is not None else ops.shape(images)[axis] for axis in (1, 2)]
-        pads = [-size % patch for size, patch in zip(sizes, self.patch_size)]
-        if all(isinstance(pad, int) and pad == 0 for pad in pads):
-            return images
-        return ops.pad(images, [[0, 0], [0, pads[0]], [0, pads[1]], [0, 0]])
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = channels_last_shape(input_shape, self.data_format)
@@ -288,13 +284,7 @@ class PatchEmbed(layers.Layer):
         return dense_entries(prefix, self)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "patch_size": list(self.patch_size),
-            "hidden_size": self.hidden_size,
-            "data_format": self.data_format,
-            "dynamic_img_pad": self.dynamic_img_pad,
-        }
+        return {**super().get_config(), **arguments_config(self, PatchEmbed)}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -326,10 +316,9 @@ class TokenPooling(layers.Layer):
 
     def __init__(self, mode: str = "token", num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
-        check_choice(mode, self.MODES, "pooling")
+        self.mode = check_choice(mode, self.MODES, "pooling")
         if mode == "token" and num_prefix_tokens < 1:
             raise ValueError("Token pooling needs a class token (num_prefix_tokens >= 1).")
-        self.mode = mode
         self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, tokens):
@@ -357,12 +346,8 @@ PAD_ODD_ATTENTION: bool | None = False
 
 
 def pads_odd_attention() -> bool:
-    """Whether a training step's fused attention pads an odd token count to an even one (one masked key).
-
-    JAX's cuDNN attention refuses an odd length in training (its check counts the absent bias as one), and Keras
-    then runs the unfused einsum-softmax-einsum: for ViTs' 197 tokens on a GPU, the whole training step.
-    :data:`PAD_ODD_ATTENTION`: ``True``, ``False`` (the default, until measured on a GPU) or ``None`` (JAX on a GPU).
-    """
+    """Whether a training step's fused attention pads an odd token count to an even one (one masked key), which JAX's
+    cuDNN attention needs in training: :data:`PAD_ODD_ATTENTION`; ``None``: JAX on a GPU (docs/performance.md)."""
     if PAD_ODD_ATTENTION is not None:
         return PAD_ODD_ATTENTION
     if keras.backend.backend() != "jax":
@@ -402,15 +387,12 @@ class MultiHeadSelfAttention(layers.Layer):
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.attention_dropout = check_fraction(attention_dropout, "attention_dropout")
         self.qk_norm = check_bool(qk_norm, "qk_norm")
-        self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
+        self.layer_norm_epsilon = epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         self.dropout = layers.Dropout(self.attention_dropout, name="dropout", dtype=self.dtype_policy)
-        self.q_norm: layers.LayerNormalization | None
-        self.k_norm: layers.LayerNormalization | None
-        self.q_norm, self.k_norm = (
-            [layer_norm(name, self.dtype_policy, self.layer_norm_epsilon) for name in ("q_norm", "k_norm")]
-            if self.qk_norm
-            else (None, None)
-        )
+        self.q_norm: layers.LayerNormalization | None = None
+        self.k_norm: layers.LayerNormalization | None = None
+        if self.qk_norm:
+            self.q_norm, self.k_norm = (layer_norm(n, self.dtype_policy, epsilon) for n in ("q_norm", "k_norm"))
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -457,15 +439,8 @@ class MultiHeadSelfAttention(layers.Layer):
         qkv = [(name, self.qkv) for name in ("query", "key", "value")]
         return attention_entries(prefix, self.num_heads, qkv, self.out) | entries_of(prefix, self.q_norm, self.k_norm)
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            **dtype_config(self),  # with its quantized layers' policies
-            "num_heads": self.num_heads,
-            "attention_dropout": self.attention_dropout,
-            "qk_norm": self.qk_norm,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-        }
+    def get_config(self):  # dtype_config: with its quantized layers' policies
+        return {**super().get_config(), **dtype_config(self), **arguments_config(self, MultiHeadSelfAttention)}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -512,14 +487,8 @@ class MlpBlock(layers.Layer):
         return entries_of(prefix, self.fc1, self.fc2)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            **dtype_config(self),  # with its quantized layers' policies
-            "mlp_dim": self.mlp_dim,
-            "dropout": self.dropout_rate,
-            "gelu": self.gelu,
-            "mlp_type": self.mlp_type,
-        }
+        arguments = arguments_config(self, MlpBlock, dropout="dropout_rate")
+        return {**super().get_config(), **dtype_config(self), **arguments}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -570,11 +539,6 @@ class LayerScale(layers.Layer):
         return {**super().get_config(), "init_value": self.init_value}
 
 
-def _scaled(scale: LayerScale | None, x):
-    """``scale(x)``, or ``x`` for a block without layer scale."""
-    return x if scale is None else scale(x)
-
-
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(layers.Layer):
     """One pre-LN encoder block (Eq. 2-3): ``z' = z + MSA(LN(z))``, ``z'' = z' + MLP(LN(z'))``; ``remat`` recomputes
@@ -597,14 +561,11 @@ class TransformerBlock(layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.mlp_type = mlp_type
         self.layer_norm_epsilon = check_positive_number(layer_norm_epsilon, "layer_norm_epsilon")
         self.remat = check_bool(remat, "remat")
         self.layer_scale_init = optional(check_positive_number)(layer_scale_init, "layer_scale_init")
         self.drop_path_rate = check_fraction(drop_path, "drop_path")
-        self.gelu = gelu
-        policy = self.dtype_policy
-        epsilon = self.layer_norm_epsilon
+        policy, epsilon = self.dtype_policy, self.layer_norm_epsilon
         self.norm1 = layer_norm("LayerNorm_0", policy, epsilon)
         self.attn = MultiHeadSelfAttention(  # checks num_heads, attention_dropout and qk_norm
             num_heads,
@@ -616,21 +577,16 @@ class TransformerBlock(layers.Layer):
         )
         self.norm2 = layer_norm("LayerNorm_2", policy, epsilon)
         self.mlp = MlpBlock(mlp_dim, dropout, gelu, mlp_type, name="MlpBlock_3", dtype=policy)  # checks those
-        self.num_heads, self.attention_dropout, self.qk_norm = (
-            self.attn.num_heads,
-            self.attn.attention_dropout,
-            self.attn.qk_norm,
-        )
-        self.mlp_dim, self.dropout_rate = self.mlp.mlp_dim, self.mlp.dropout_rate
+        attn, mlp = self.attn, self.mlp
+        self.num_heads, self.attention_dropout, self.qk_norm = attn.num_heads, attn.attention_dropout, attn.qk_norm
+        self.mlp_dim, self.dropout_rate = mlp.mlp_dim, mlp.dropout_rate
+        self.gelu, self.mlp_type = mlp.gelu, mlp.mlp_type
         self.dropout = layers.Dropout(self.dropout_rate, name="dropout", dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, name="drop_path", dtype=policy)
-        self.ls1: LayerScale | None
-        self.ls2: LayerScale | None
-        self.ls1, self.ls2 = (
-            [LayerScale(self.layer_scale_init, name=name, dtype=policy) for name in ("ls1", "ls2")]
-            if self.layer_scale_init is not None
-            else [None, None]
-        )
+        self.ls1: LayerScale | None = None
+        self.ls2: LayerScale | None = None
+        if self.layer_scale_init is not None:
+            self.ls1, self.ls2 = (LayerScale(self.layer_scale_init, name=n, dtype=policy) for n in ("ls1", "ls2"))
 
     def build(self, input_shape):
         for sublayer in (self.norm1, self.attn, self.norm2, self.mlp, self.ls1, self.ls2):
@@ -659,10 +615,10 @@ class TransformerBlock(layers.Layer):
         )
         if return_attention_scores:
             y, probs = y
-        y = _scaled(self.ls1, _dropped(self.dropout, y, training, keep.get("attention_out")))
-        x = x + _dropped(self.drop_path, y, training, keep.get("attention_path"))
-        y = _scaled(self.ls2, self.mlp(self.norm2(x), training=training, dropout_keep=keep.get("mlp")))
-        x = x + _dropped(self.drop_path, y, training, keep.get("mlp_path"))
+        y = _dropped(self.dropout, y, training, keep.get("attention_out"))
+        x = x + _dropped(self.drop_path, y if self.ls1 is None else self.ls1(y), training, keep.get("attention_path"))
+        y = self.mlp(self.norm2(x), training=training, dropout_keep=keep.get("mlp"))
+        x = x + _dropped(self.drop_path, y if self.ls2 is None else self.ls2(y), training, keep.get("mlp_path"))
         return (x, probs) if return_attention_scores else x
 
     def _draw_keep_masks(self, x) -> dict:
@@ -685,18 +641,5 @@ class TransformerBlock(layers.Layer):
         return entries_of(prefix, self.norm1, self.attn, self.norm2, self.mlp, self.ls1, self.ls2)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            **dtype_config(self),  # with its quantized layers' policies
-            "num_heads": self.num_heads,
-            "mlp_dim": self.mlp_dim,
-            "dropout": self.dropout_rate,
-            "attention_dropout": self.attention_dropout,
-            "drop_path": self.drop_path_rate,
-            "gelu": self.gelu,
-            "remat": self.remat,
-            "layer_scale_init": self.layer_scale_init,
-            "qk_norm": self.qk_norm,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "mlp_type": self.mlp_type,
-        }
+        arguments = arguments_config(self, TransformerBlock, dropout="dropout_rate", drop_path="drop_path_rate")
+        return {**super().get_config(), **dtype_config(self), **arguments}

@@ -10,6 +10,7 @@ from typing import Any
 import keras
 from keras import layers
 
+from keras_vit.cloning import copy_layer_weights
 from keras_vit.config import ViTConfig, options_of_layer
 from keras_vit.heads import MAPHead
 from keras_vit.layers import (
@@ -46,12 +47,9 @@ __all__ = [
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class VisionTransformer(keras.Model):
-    """The functional ``keras.Model`` of a :class:`~keras_vit.config.ViTConfig` (or its ``to_dict()``):
-    ``model.config`` is the record, and a ``.keras`` file builds the model from it again. ``dtype``: the layers'
-    policy (a quantized model's config: a ``DTypePolicyMap``, :mod:`keras_vit.quantization`); ``head_dtype``: the
-    head's (default: ``dtype``'s variable dtype, float32 under a mixed policy). A model whose weights would not fit
-    the memory left is a ``ValueError`` before any layer is built (:func:`keras_vit.memory.check_model_fits`).
-    """
+    """The functional ``keras.Model`` of a :class:`~keras_vit.config.ViTConfig` (or its ``to_dict()``), kept as
+    ``model.config``. ``dtype``: the layers' policy (a quantized model's: a ``DTypePolicyMap``); ``head_dtype``: the
+    head's (default: ``dtype``'s variable dtype). Weights that would not fit the memory left: a ``ValueError``."""
 
     def __init__(
         self,
@@ -120,8 +118,7 @@ def set_trainable_layers(model: keras.Layer, flags: Mapping[str, bool]) -> None:
 
 def with_new_head(model: keras.Model, classes: int, *, classifier_activation: str | None = None) -> keras.Model:
     """``model`` (with a head or not) with a fresh zero-initialised head of ``classes``, as the paper fine-tunes: a new
-    :class:`VisionTransformer` of the same config and policy with a copy of the backbone's weights and flags.
-    """
+    :class:`VisionTransformer` of the same config and policy with a copy of the backbone's weights and flags."""
     if not isinstance(model, VisionTransformer):
         raise ValueError(
             f"with_new_head needs a keras_vit model (VisionTransformer); {model.name!r} is a "
@@ -138,9 +135,7 @@ def with_new_head(model: keras.Model, classes: int, *, classifier_activation: st
     old_layers = {path: layer for path, layer, _ in _layer_paths(model)}
     kept = {path: layer for path, layer, _ in _layer_paths(new) if path in old_layers and path != "head"}
     for path, layer in kept.items():
-        store: dict = {}
-        old_layers[path].save_own_variables(store)
-        layer.load_own_variables({key: keras.ops.convert_to_numpy(value) for key, value in store.items()})
+        copy_layer_weights(old_layers[path], layer)
     new.trainable = model.trainable
     set_trainable_layers(new, {path: flag for path, flag in trainable_layers(model).items() if path in kept})
     return new
@@ -181,8 +176,7 @@ def embed(images, config: ViTConfig):
 
 def encode(x, config: ViTConfig, images=None):
     """Tokens ``(B, N, D)`` -> encoded tokens: prefix tokens, position embeddings (interpolated to ``images``' grid
-    when given), [``norm_pre``], the blocks, the final LN (unless ``fc_norm``).
-    """
+    when given), [``norm_pre``], the blocks, the final LN (unless ``fc_norm``)."""
     architecture, prefix = config.architecture, config.num_prefix_tokens
     embedded = int(config.classifier == "token") + int(config.distillation_token)  # class and distillation tokens
     if config.class_position_embedding:

@@ -1,13 +1,10 @@
-"""Keras quantization (``model.quantize(mode)``) kept in a model's config, so that a quantized ``.keras`` file loads.
-
-``quantize`` gives each quantized ``Dense`` a policy of its own (``"int8_from_float32"``). A layer's config records
-them, as keras-hub's backbones do, in a ``keras.dtype_policies.DTypePolicyMap`` over its own policy, keyed by each
-quantized layer's path (``encoderblock_0/MlpBlock_3/Dense_0``); a model built from that config hands the map down,
-and each ``Dense`` looks its path up when it is built, so it builds its quantized variables. Modes and the head:
-docs/models.md ("Quantization")."""
+"""What a layer's config records: its arguments (:func:`arguments_config`), and Keras quantization
+(``model.quantize(mode)``) as a ``DTypePolicyMap`` of the quantized layers' policies by path, so that a quantized
+``.keras`` file loads: docs/models.md ("Quantization")."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import keras
@@ -15,6 +12,7 @@ from keras.dtype_policies import DTypePolicyMap
 
 __all__ = [
     "QUANTIZATION_MODES",
+    "arguments_config",
     "check_head_dtype",
     "dtype_config",
     "is_quantized",
@@ -24,9 +22,16 @@ __all__ = [
     "sublayer_policy",
 ]
 
-# The modes of keras.Model.quantize a keras-vit model takes without calibration data (Keras 3.15: Dense and
-# EinsumDense). "gptq" and "awq" calibrate on text through a tokenizer, for language models.
+# keras.Model.quantize's modes that need no calibration data ("gptq" and "awq" calibrate on text).
 QUANTIZATION_MODES = ("int8", "float8", "int4")
+
+
+def arguments_config(layer: keras.Layer, cls: type[keras.Layer], **attributes: str) -> dict:
+    """The arguments of ``cls.__init__`` but ``**kwargs`` as ``layer`` holds them (for ``get_config``): each from the
+    attribute of its name, or of the name ``attributes`` gives; tuples as lists."""
+    names = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")]
+    values = {name: getattr(layer, attributes.get(name, name)) for name in names}
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
 
 
 def own_policy(layer: keras.Layer) -> keras.DTypePolicy:
@@ -64,9 +69,8 @@ def layer_policy(
     policy: keras.DTypePolicy, path: str, default: str | keras.DTypePolicy | None = None
 ) -> keras.DTypePolicy:
     """The policy the layer at ``path`` is built under, given its parent's (or the model's) ``policy``: its entry
-    where ``policy`` is a ``DTypePolicyMap`` recording one (a quantized model's config), else ``default``, else
-    ``policy`` (a map's default). A ``Dense`` built under a map of its own would save its quantized variables
-    wrongly (Keras 3.15 reads its mode from the map's default there), so each gets its entry."""
+    where ``policy`` is a ``DTypePolicyMap`` recording one, else ``default``, else ``policy`` (a map's default). Each
+    ``Dense`` gets its entry: under a whole map Keras 3.15 would save its quantized variables wrongly."""
     if isinstance(policy, DTypePolicyMap):
         if path in policy:
             return policy[path]

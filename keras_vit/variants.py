@@ -46,20 +46,14 @@ NAMED_VARIANTS = (
     "R50+B/16", "R50+L/32", "R26+S/32", "R26+B/32",
 )  # fmt: skip
 
-# The ViT family (docs/family.md): the variant each builds on and the ViTConfig fields it sets (architecture fields
-# among them replace the variant's).
-# CLIP (Radford et al., 2021; openai/CLIP model.py): ln_pre, QuickGELU, LayerNorm epsilon 1e-5, the image
-# projection to the joint embedding as the head (512 wide for B, 768 for L/14; timm's num_classes). SigLIP (Zhai et
-# al., 2023; big_vision): no class token, the MAP head, no projection.
-# DeiT, DeiT III, DINOv2 (timm's deit.py and vision_transformer.py, which agree with facebookresearch/deit and
-# facebookresearch/dinov2): every one uses the exact GELU.
+# The ViT family (docs/family.md, with the sources): the variant each builds on and the ViTConfig fields it sets
+# (architecture fields among them replace the variant's).
 _CLIP = dict(norm_pre=True, gelu="quick", layer_norm_epsilon=1e-5)
 _DEIT = dict(gelu="exact")
 _DEIT3 = dict(gelu="exact", class_position_embedding=False, layer_scale_init=1e-6)  # timm's deit3_*: no_embed_class
 _DINOV2 = dict(gelu="exact", layer_scale_init=1e-5, image_size=518, position_interpolation="bicubic")
 _REG4 = dict(num_register_tokens=4, class_position_embedding=False)  # timm's reg4 layout (no_embed_class)
-# DINOv2's ViT-g/14: 1536 wide, 40 blocks of 24 heads, a SwiGLU MLP of 2 x 4096 (timm: mlp_ratio 2.66667 * 2); the
-# architecture fields replace those of the L/14 it is listed under.
+# DINOv2's ViT-g/14, listed under L/14: a SwiGLU MLP of 2 x 4096 (timm: mlp_ratio 2.66667 * 2).
 _DINOV2_G = dict(hidden_size=1536, depth=40, num_heads=24, mlp_dim=8192, mlp_type="swiglu")
 FAMILY_VARIANTS: dict[str, tuple[str, dict]] = {
     "CLIP-B/32": ("B/32", dict(_CLIP, num_classes=512)),
@@ -266,10 +260,5 @@ def constructor_name(variant: str) -> str:
     ``"CLIP-B/16"`` -> ``"CLIP_B16"``, ``"SigLIP-B/16-384"`` -> ``"SigLIP_B16_384"``, ``"DINOv2-S/14-Reg4"`` ->
     ``"DINOv2_S14_Reg4"``."""
     family = family_variant(variant)
-    if family is not None:
-        return family[0].replace("/", "").replace("-", "_")
-    arch = parse_variant(variant)
-    size = arch.size or "custom"
-    if arch.resnet_stages is None:
-        return f"ViT_{size}{arch.patch_size}"
-    return f"ViT_R{resnet_depth(arch.resnet_stages)}_{size}{arch.stride}"
+    name = family[0] if family is not None else f"ViT_{parse_variant(variant).variant}"
+    return name.replace("/", "").replace("-", "_").replace("+", "_")
