@@ -12,6 +12,7 @@ ZEN3 = {"fpu", "avx2", "fma"}
 SAPPHIRE_RAPIDS = {"avx512f", "amx_tile", "amx_bf16", "amx_int8"}
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize(
     ("device", "features", "capability", "expected"),
     [
@@ -56,6 +57,7 @@ def test_openvino_keeps_keras_in_float32_and_its_runtime_follows_the_bfloat16_un
     assert precision.openvino_precision() == "f32"
 
 
+@pytest.mark.backend_independent
 def test_cpu_probe_is_used_and_mockable(monkeypatch):
     monkeypatch.setattr(precision, "cpu_features", lambda: frozenset(ZEN4))
     assert precision.auto_policy("cpu", backend="tensorflow") == "mixed_bfloat16"
@@ -65,6 +67,7 @@ def test_cpu_probe_is_used_and_mockable(monkeypatch):
     assert precision.auto_policy("cpu") == "float32"
 
 
+@pytest.mark.backend_independent
 def test_detected_device_feeds_the_rule(monkeypatch):
     monkeypatch.setattr(precision, "detect_device", lambda: ("gpu", (7, 5)))
     assert precision.auto_policy() == "mixed_float16"
@@ -74,16 +77,19 @@ def test_detected_device_feeds_the_rule(monkeypatch):
     assert precision.auto_policy() == "float32"
 
 
+@pytest.mark.backend_independent
 def test_gpu_of_unknown_capability_stays_float32(monkeypatch):
     monkeypatch.setattr(precision, "detect_device", lambda: ("cpu", None))  # asked "gpu", none visible
     assert precision.auto_policy("gpu") == "float32"
 
 
+@pytest.mark.backend_independent
 def test_unknown_device_is_an_error():
     with pytest.raises(ValueError, match="Unknown device"):
         precision.auto_policy("npu")
 
 
+@pytest.mark.backend_independent
 def test_cpu_features_reads_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512_bf16 avx512_vnni\n\n")
@@ -161,6 +167,7 @@ def _pretend_cpu(monkeypatch, features):
     monkeypatch.setattr("keras_vit.precision.detect_device", lambda: ("cpu", None))
 
 
+@pytest.mark.backend_independent
 def test_the_commands_choices_name_their_policies(monkeypatch):
     _pretend_cpu(monkeypatch, {"avx512f", "avx512_bf16"})
     auto = "float32" if keras.backend.backend() == "jax" else "mixed_bfloat16"
@@ -174,6 +181,7 @@ def test_the_commands_choices_name_their_policies(monkeypatch):
         precision.policy_of_choice("half")
 
 
+@pytest.mark.backend_independent
 def test_global_policy_is_restored_even_after_an_error():
     before = keras.mixed_precision.dtype_policy().name
     with pytest.raises(RuntimeError), precision.global_policy("mixed_bfloat16"):

@@ -27,6 +27,7 @@ DIGITS_HELD_OUT = "ef74cf7408b16ebc5c0dbab65af78704cafa3e7bd13212cc1d0ae7e2a3ec6
 DIGITS_TRAIN = "1c03aaba7a606b1d7d85fd65b122ac89d0f9863d066cd10ded39757a2bbf0799"
 
 
+@pytest.mark.backend_independent
 def test_digits_split_is_held_out_and_stratified():
     source = load_digits()
     assert (source.num_classes, source.train.num_examples + source.eval.num_examples) == (10, 1797)
@@ -42,6 +43,7 @@ def test_digits_split_is_held_out_and_stratified():
     assert overlap < 5  # only accidental duplicates in the 8x8 data itself
 
 
+@pytest.mark.backend_independent
 def test_image_folder_with_a_held_out_fraction(tmp_path):
     write_images(tmp_path)
     source = load_source(str(tmp_path), eval_fraction=0.25)
@@ -52,6 +54,7 @@ def test_image_folder_with_a_held_out_fraction(tmp_path):
         assert int(tf.argmax(tf.reduce_mean(tf.cast(image, tf.float32), axis=(0, 1)))) == int(label)
 
 
+@pytest.mark.backend_independent
 def test_image_folder_with_train_and_val_folders(tmp_path):
     write_images(tmp_path / "train", per_class=3)
     write_images(tmp_path / "val", per_class=2, first=10)
@@ -61,6 +64,7 @@ def test_image_folder_with_train_and_val_folders(tmp_path):
     assert labels == [0, 0, 1, 1, 2, 2]
 
 
+@pytest.mark.backend_independent
 def test_image_folder_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_source(str(tmp_path / "missing"))
@@ -153,6 +157,7 @@ def test_an_offline_tfds_download_fails_at_once_in_one_line(tmp_path, monkeypatc
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.backend_independent
 def test_unresolvable_host_is_none_where_every_host_resolves():
     assert data_lib.unresolvable_host(["http://127.0.0.1:8000/a.tar", "http://localhost/b"]) is None
     assert data_lib.unresolvable_host([]) is None
@@ -202,6 +207,7 @@ def test_the_pipelines_scale_pixels_with_preprocess_input_on_every_backend():
         np.testing.assert_allclose(images, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.backend_independent
 def test_inception_crop_and_flip_change_images_but_eval_does_not():
     image = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(1, 16, 16, 3)
     split = Split(1, image, np.array([0]))
@@ -251,6 +257,7 @@ def test_augmentation_is_channels_last_under_a_global_channels_first():
     assert not np.array_equal(moved, np.broadcast_to(grey[0], moved.shape))
 
 
+@pytest.mark.backend_independent
 def test_bad_augment_settings_are_refused_by_the_data_section():
     with pytest.raises(ValueError, match=re.escape("--crop-area must be in (0, 1], got 0.5,1.5.")):
         DataConfig(crop_area=(0.5, 1.5))

@@ -50,6 +50,7 @@ def strict_json(path):
 # --- --overwrite -------------------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent
 def test_overwrite_refuses_a_folder_that_holds_no_run_and_deletes_nothing(tmp_path):
     (tmp_path / "photo.jpg").write_bytes(b"the user's")
     (tmp_path / "album").mkdir()
@@ -59,6 +60,7 @@ def test_overwrite_refuses_a_folder_that_holds_no_run_and_deletes_nothing(tmp_pa
     assert (tmp_path / "photo.jpg").read_bytes() == b"the user's"
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("command", ["finetune", "pretrain"])
 def test_a_first_run_into_a_users_folder_is_refused_and_touches_nothing(tmp_path, command, capsys):
     """A folder holding the user's own model.keras, metrics.json and tensorboard/ (no run marker): the run would
@@ -141,6 +143,7 @@ def test_a_run_folder_deleted_while_the_run_trains_ends_the_process_in_one_line(
     ]
 
 
+@pytest.mark.backend_independent
 def test_a_run_refused_by_its_checks_leaves_no_folder_it_made_and_keeps_the_users(tmp_path):
     """An image size the patch does not divide is refused when the model is built, inside the run's folder lock."""
     bad = {**TINY, "image_size": 10, "steps": 2}
@@ -240,6 +243,7 @@ def test_a_diverged_run_stops_at_the_first_non_finite_loss_and_keeps_the_last_go
     assert [e["step"] for e in read_log(out)] == list(range(1, nan_step))  # every logged loss is finite
 
 
+@pytest.mark.backend_independent
 def test_json_outputs_are_strict_with_non_finite_values_as_null(tmp_path):
     path = str(tmp_path / "m.json")
     outputs.write_json(path, {"loss": float("nan"), "history": [1.0, float("inf")], "n": 3})
@@ -351,6 +355,7 @@ def test_a_checkpoint_of_another_model_or_an_older_format_is_refused(tmp_path):
 # --- a run that fails before its first step ----------------------------------------------------------
 
 
+@pytest.mark.backend_independent
 def test_a_run_that_fails_before_its_first_step_does_not_bind_the_corrected_rerun(tmp_path):
     out = str(tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="No checkpoint file"):
@@ -363,6 +368,7 @@ def test_a_run_that_fails_before_its_first_step_does_not_bind_the_corrected_reru
 # --- image folders -----------------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent
 def test_corrupt_images_are_named_before_training(tmp_path):
     truncated, text = damaged_folder(str(tmp_path / "images"))
     out = str(tmp_path / "run")
@@ -394,6 +400,7 @@ def test_skip_corrupt_leaves_them_out_and_webp_images_train(tmp_path, capsys):
     assert result.config.data.skip_corrupt and os.path.exists(tmp_path / "run" / "model.keras")
 
 
+@pytest.mark.backend_independent
 def test_an_empty_class_folder_is_an_error_naming_it(tmp_path):
     write_images(str(tmp_path), per_class=2)
     (tmp_path / "fox").mkdir()
@@ -403,6 +410,7 @@ def test_an_empty_class_folder_is_an_error_naming_it(tmp_path):
         load_source(str(tmp_path))
 
 
+@pytest.mark.backend_independent
 def test_an_output_folder_inside_the_dataset_is_refused_and_an_older_run_folder_there_is_not_a_class(tmp_path, capsys):
     """``finetune --dataset ds --output-dir ds/run``, run again, found ``ds/run`` a class without images and said to
     remove it (the run). Now a run refuses an output folder inside its image folder before anything is written,
@@ -425,6 +433,7 @@ def test_an_output_folder_inside_the_dataset_is_refused_and_an_older_run_folder_
 # --- settings and the command line -------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize(
     "flat, message",
     [
@@ -446,6 +455,7 @@ def test_bad_settings_are_errors_naming_the_option_and_the_value_as_given(flat, 
         resolve(TrainConfig.from_flat(flat), train_examples=1438, accelerator="cpu")
 
 
+@pytest.mark.backend_independent
 def test_a_command_line_error_is_one_line_unless_debugging(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("KERAS_VIT_DEBUG", raising=False)
     args = ["--warmup", "-3", "--output-dir", str(tmp_path / "run")]
