@@ -57,7 +57,6 @@ def test_openvino_keeps_keras_in_float32_and_its_runtime_follows_the_bfloat16_un
     assert precision.openvino_precision() == "f32"
 
 
-@pytest.mark.backend_independent
 def test_cpu_probe_is_used_and_mockable(monkeypatch):
     monkeypatch.setattr(precision, "cpu_features", lambda: frozenset(ZEN4))
     assert precision.auto_policy("cpu", backend="tensorflow") == "mixed_bfloat16"
