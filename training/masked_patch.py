@@ -16,7 +16,7 @@ from keras import layers, ops
 
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, Split
-from keras_vit.training.distributed.sharding import WHOLE, Shard, distribute_input
+from keras_vit.training.distributed.sharding import WHOLE, Shard
 from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 from keras_vit.training.pretrain_options import check_bits, check_fractions
@@ -268,43 +268,24 @@ class MaskedPatches:
     def datasets(
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
-        config, source = setup.config, setup.source
-        augment, patch = Augment.of(config), patch_grid(model)[1]
+        source, augment, patch = setup.source, Augment.of(setup.config), patch_grid(model)[1]
         settings = dict(
-            seed=config.optim.seed,
-            bits=self.bits,
-            rate=self.rate,
-            mask_fraction=self.mask_fraction,
-            random_fraction=self.random_fraction,
+            bits=self.bits, rate=self.rate, mask_fraction=self.mask_fraction, random_fraction=self.random_fraction
         )
-
-        def data_fn(step: int) -> tf.data.Dataset:
-            return distribute_input(
-                setup.strategy,
-                lambda shard: masked_patch_dataset(
-                    source.train,
-                    batch,
-                    augment,
-                    patch,
-                    start_step=step,
-                    shuffle_buffer=config.data.shuffle_buffer,
-                    shard=shard,
-                    input_shards=config.data.input_shards,
-                    **settings,
-                ),
-            )
-
-        held_out = distribute_input(
-            setup.strategy,
+        options = setup.stream_options()
+        return setup.inputs(
+            lambda step, shard: masked_patch_dataset(
+                source.train, batch, augment, patch, start_step=step, shard=shard, **options, **settings
+            ),
             lambda shard: masked_patch_dataset(
                 source.eval,
                 batch,
                 augment,
                 patch,
+                seed=options["seed"],
                 training=False,
                 whole_batches=setup.whole_batches,
                 shard=shard,
                 **settings,
             ),
         )
-        return data_fn, held_out

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Callable
 
 import keras
+import tensorflow as tf
 
 from keras_vit.applications import DEFAULT_VARIANT
 from keras_vit.checkpoints import checkpoint_config, detect_format, read_checkpoint
@@ -14,7 +16,7 @@ from keras_vit.config import ViTConfig, field_names
 from keras_vit.training import config as config_lib
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, load_source
-from keras_vit.training.distributed.sharding import Shard, gather_over_workers, input_shard
+from keras_vit.training.distributed.sharding import Shard, distribute_input, gather_over_workers, input_shard
 from keras_vit.training.distributed.strategy import (
     KerasDistribution,
     Strategy,
@@ -63,6 +65,21 @@ class Setup:
         stays as resolved: change only what resolving does not derive from (run settings, the seed), or give
         every field that it does."""
         return dataclasses.replace(self, config=self.config.replace(**fields))
+
+    def inputs(
+        self, train: Callable[[int, Shard], tf.data.Dataset], held_out: Callable[[Shard], tf.data.Dataset]
+    ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
+        """``data_fn(step)`` of ``train(step, shard)`` and the held-out input of ``held_out(shard)``, each made of
+        this worker's part (:func:`~keras_vit.training.distributed.sharding.distribute_input`)."""
+        return (
+            lambda step: distribute_input(self.strategy, functools.partial(train, step)),
+            distribute_input(self.strategy, held_out),
+        )
+
+    def stream_options(self) -> dict:
+        """The keywords of :func:`~keras_vit.training.pipeline.train_dataset` that the config sets."""
+        data = self.config.data
+        return dict(seed=self.config.optim.seed, shuffle_buffer=data.shuffle_buffer, input_shards=data.input_shards)
 
     def blanks(self, batch_size: int) -> int:
         """How many blank examples fill the held-out set up to whole batches of ``batch_size``, over all workers
