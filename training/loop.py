@@ -1,8 +1,5 @@
 """``model.fit`` that resumes: checkpoints every N steps, step logs, TensorBoard, final outputs (docs/training.md).
-
-A restarted run restores its newest checkpoint and goes on from its step: the data stream, the schedule and the
-epoch history carry on, and ``train_log.jsonl`` is cut back to that step. An "epoch" is an evaluation interval.
-"""
+An "epoch" is an evaluation interval."""
 
 from __future__ import annotations
 
@@ -99,10 +96,8 @@ class StepCallback(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.ProgbarLogger):
-    """The run's progress in its steps, never "Epoch" (an epoch here is an evaluation interval): on a terminal
-    (``bar``), Keras' progress bar under ``steps 1-40 of 400``; else one line an interval, ``step 40/400: loss
-    2.104 - accuracy 0.31 - ... (12 s)``. ``total_steps`` and the segments count optimizer steps times
-    ``accumulation_steps``, as ``model.fit`` batches."""
+    """The run's progress in optimizer steps, never "Epoch": Keras' progress bar under ``steps 1-40 of 400`` (``bar``),
+    else one line an interval, ``step 40/400: loss 2.104 - accuracy 0.31 - ... (12 s)``."""
 
     def __init__(self, bar: bool, total_steps: int, accumulation_steps: int = 1):
         super().__init__()
@@ -191,9 +186,8 @@ class TorchStepSeed(StepCallback):
 
 
 class StopOnNonFinite(StepCallback):
-    """Stops the run at the first batch whose loss is NaN or infinite with a :class:`DivergedError`. It comes
-    before :class:`CheckpointEvery`, so no checkpoint is saved at or after that batch. (Keras reports the mean
-    loss of the epoch so far: it turns non-finite at the first non-finite batch.)"""
+    """Stops the run at the first batch whose loss (Keras' mean of the epoch so far) is NaN or infinite with a
+    :class:`DivergedError`; before :class:`CheckpointEvery`, so no checkpoint is saved at or after that batch."""
 
     def __init__(self, checkpointer: Checkpointer, accumulation_steps: int = 1):
         super().__init__()

@@ -1,9 +1,5 @@
-"""Masked patch prediction, the paper's self-supervised pre-training (Section 4.6, App. B.1.2; docs/training.md).
-
-A plan (:func:`sample_corruption`) corrupts 50% of the patch embeddings (80% ``[mask]``, 10% another patch, 10%
-kept, :class:`PatchCorruption`); each corrupted patch's output token predicts its 3-bit mean colour
-(:func:`colour_targets`, 512 classes). :class:`MaskedPatches` is the task a run trains.
-"""
+"""Masked patch prediction, the paper's self-supervised pre-training (Section 4.6, App. B.1.2; docs/training.md):
+corrupted patch embeddings (:func:`sample_corruption`) predict their mean colour (:func:`colour_targets`)."""
 
 from __future__ import annotations
 
@@ -186,12 +182,10 @@ def masked_patch_dataset(
     input_shards: int | None = None,
     **corruption,
 ) -> tf.data.Dataset:
-    """Batches ``({images, corruption, sources}, targets (B, N), sample_weight (B, N))`` of ``split``'s images.
-
-    ``training``: the endless stream from ``start_step``, each batch corrupted with seed ``(seed, step)`` (a resumed
-    run sees the same batches); otherwise the split once with fixed corruption, in whole batches when
-    ``whole_batches`` (blanks weigh 0). ``corruption``: keywords of :func:`sample_corruption`; ``shard``,
-    ``input_shards``: this worker's part (corrupted independently)."""
+    """Batches ``({images, corruption, sources}, targets (B, N), sample_weight (B, N))`` of ``split``'s images:
+    ``training``, the endless stream from ``start_step``, each batch corrupted with seed ``(seed, step)``; else the
+    split once (in whole batches when ``whole_batches``, blanks weighing 0). ``corruption``: keywords of
+    :func:`sample_corruption`."""
     size = augment.image_size
     if size % patch_size:
         raise ValueError(f"image_size {size} is not divisible by the patch size {patch_size}.")

@@ -1,8 +1,5 @@
-"""The one training run every command goes through: :func:`train` of a prepared :class:`Setup` and a :class:`Task`.
-
-It checks the output folder, builds and compiles the task's model, marks the folder, trains with
-:func:`keras_vit.training.loop.fit`, evaluates and writes ``model.keras`` and ``metrics.json`` (docs/design.md).
-"""
+"""The one training run every command goes through: :func:`train` of a prepared :class:`Setup` and a :class:`Task`
+(docs/design.md)."""
 
 from __future__ import annotations
 

@@ -53,17 +53,14 @@ class Setup:
 
     @property
     def whole_batches(self) -> bool:
-        """Whether every batch, held-out ones too, must be whole: on a TPU (static shapes), under a
-        keras.distribution that splits the batch (JAX shards a batch only into equal parts), and on several workers
-        (each evaluates its part). The held-out set is then filled up with blank examples of weight 0
-        (pipeline.eval_dataset)."""
+        """Whether every batch, held-out ones too, must be whole (filled up with blanks of weight 0): on a TPU, under
+        a keras.distribution that splits the batch, and on several workers."""
         split = isinstance(self.strategy, KerasDistribution) and self.strategy.num_replicas_in_sync > 1
         return self.device == "tpu" or split or self.shard.count > 1
 
     def replace(self, **fields) -> Setup:
-        """This setup with fields of its config changed by flat name (:meth:`TrainConfig.replace`). The config
-        stays as resolved: change only what resolving does not derive from (run settings, the seed), or give
-        every field that it does."""
+        """This setup with fields of its config changed by flat name, not resolved again: change only what resolving
+        does not derive from (run settings, the seed), or every field that it does."""
         return dataclasses.replace(self, config=self.config.replace(**fields))
 
     def inputs(
@@ -121,9 +118,7 @@ def load_data(config: TrainConfig, strategy: Strategy | None = None) -> Source:
 
 def with_saved_model(config: TrainConfig) -> TrainConfig:
     """``config`` with the variant, architecture, image size, structure and numerics of the saved keras-vit model
-    that ``weights`` names (a run's ``model.keras``, pretrain's ``encoder.keras``) where unset: the run goes on from
-    that model as it is. An architecture asked for (``--model``, ``--depth``) that differs from the file's is
-    refused when the model is built (:func:`keras_vit.ViT`), naming what differs."""
+    that ``weights`` names (a run's ``model.keras``) where unset; one asked for that differs is refused when built."""
     weights = config.model.weights
     if weights is None or not os.path.isfile(weights) or detect_format(weights) != "keras":
         return config

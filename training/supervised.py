@@ -1,7 +1,5 @@
-"""Image classification: the task of fine-tuning, of pre-training's fine-tuning half and of the ablation.
-
-:class:`Classification` is the :class:`~keras_vit.training.runner.Task`; :func:`train_classifier` one run of it.
-"""
+"""Image classification (:class:`Classification`): the task of fine-tuning, of pre-training's second half and of the
+ablation; :func:`train_classifier` is one run of it."""
 
 from __future__ import annotations
 
