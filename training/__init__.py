@@ -1,8 +1,7 @@
-"""Training ViTs with ``model.fit`` on every Keras backend, resumable from checkpoints (docs/training.md).
+"""Training ViTs with ``model.fit`` on every Keras backend, resumable from checkpoints (docs/training.md). The names
+below and the modules load on first use (``python -m keras_vit.training.finetune`` imports its module once)."""
 
-The commands are ``finetune``, ``pretrain``, ``ablation`` and ``launch``; the names below and the modules load on
-first use, so ``python -m keras_vit.training.finetune`` does not import its own module twice.
-"""
+import pkgutil
 
 import keras_vit  # noqa: F401  (first: it picks TensorFlow's CPU kernels before TensorFlow loads)
 from keras_vit.lazy import lazy_attributes
@@ -25,32 +24,7 @@ _EXPORTS = {
     "fit": "keras_vit.training.loop",
     "Checkpointer": "keras_vit.training.checkpoint",
 }
-_SUBMODULES = (
-    "ablation",
-    "checkpoint",
-    "command",
-    "config",
-    "data",
-    "distributed",
-    "errors",
-    "finetune",
-    "launch",
-    "loop",
-    "masked_patch",
-    "memory",
-    "model",
-    "optimizers",
-    "outputs",
-    "pipeline",
-    "pretrain",
-    "pretrain_options",
-    "pretraining",
-    "resume",
-    "runner",
-    "schedules",
-    "setup",
-    "supervised",
-)
+_SUBMODULES = tuple(module.name for module in pkgutil.iter_modules(__path__))
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, _SUBMODULES)

@@ -1,8 +1,7 @@
 """The paper's position-embedding ablation (App. D.4) and token vs GAP: ``python -m keras_vit.training.ablation``.
 
-One run per position embedding, classifier and seed under the same budget, into
-``OUT/<position>-<classifier>/seed-<seed>/``; the table of held-out accuracy goes to ``OUT/ablation.md`` and
-``OUT/ablation.json`` (docs/ablations.md).
+One run per setting and seed into ``OUT/<position>-<classifier>/seed-<seed>/``, the table into ``OUT/ablation.md``
+and ``OUT/ablation.json`` (docs/ablations.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""A run's checkpoints: every model and optimizer variable, the step and the epoch history, one ``.npz`` each.
-
-The same format on every backend (docs/training.md): written atomically, the oldest beyond ``keep`` pruned;
-restored newest first, passing over one that does not read whole, refusing one that does not fit the model.
-"""
+"""A run's checkpoints: every model and optimizer variable, the step and the epoch history, one ``.npz`` each, the
+same on every backend (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -130,9 +127,15 @@ class Checkpointer:
 
     def restore(self, model: keras.Model) -> int:
         """Load the newest checkpoint that reads whole into ``model``; return its step (0 without one)."""
-        self._refuse_tensorflow_checkpoints()
+        folder = self.directory
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        if not checkpoint_steps(folder) and any(n.startswith("ckpt-") and n.endswith(".index") for n in names):
+            raise TrainingError(
+                f"{folder} holds tf.train checkpoints (ckpt-N.index) of an older keras-vit, which this version "
+                "does not resume. Finish that run with the version that started it, or start over with --overwrite."
+            )
         if self.write:  # a save that was killed mid-way leaves its temporary file
-            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+            for name in names:
                 if _NAME.fullmatch(temporary_target(name) or "") or _OLD_TEMPORARY.fullmatch(name):
                     os.remove(os.path.join(self.directory, name))
         failures = []
@@ -183,28 +186,13 @@ class Checkpointer:
         if self.write:
             manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step, "history": self.history}
             manifest.update({part: _entries(variables) for part, variables in parts.items()})
-            self._write(step, manifest, arrays)
-            self._prune()
+            os.makedirs(self.directory, exist_ok=True)
+            named = {f"{part}/{i}": a for part, values in arrays.items() for i, a in enumerate(values)}
+            with atomic_open(checkpoint_path(self.directory, step), durable=True) as file:
+                np.savez(file, step=np.int64(step), manifest=np.array(json.dumps(manifest)), **named)
+            for old in checkpoint_steps(self.directory)[: -self.keep]:
+                os.remove(checkpoint_path(self.directory, old))
         self.saved = step
-
-    def _write(self, step: int, manifest: dict, arrays: dict[str, list[np.ndarray]]) -> None:
-        os.makedirs(self.directory, exist_ok=True)
-        named = {f"{part}/{i}": a for part, values in arrays.items() for i, a in enumerate(values)}
-        with atomic_open(checkpoint_path(self.directory, step), durable=True) as file:
-            np.savez(file, step=np.int64(step), manifest=np.array(json.dumps(manifest)), **named)
-
-    def _prune(self) -> None:
-        for step in checkpoint_steps(self.directory)[: -self.keep]:
-            os.remove(checkpoint_path(self.directory, step))
-
-    def _refuse_tensorflow_checkpoints(self) -> None:
-        folder = self.directory
-        names = os.listdir(folder) if os.path.isdir(folder) else []
-        if not checkpoint_steps(folder) and any(n.startswith("ckpt-") and n.endswith(".index") for n in names):
-            raise TrainingError(
-                f"{folder} holds tf.train checkpoints (ckpt-N.index) of an older keras-vit, which this version "
-                "does not resume. Finish that run with the version that started it, or start over with --overwrite."
-            )
 
 
 def _first_line(error: BaseException) -> str:
@@ -216,21 +204,16 @@ def _parts(model: keras.Model) -> dict[str, list]:
     return {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
 
 
-def _unnumbered(path: str) -> str:
-    """A variable path without the numbers Keras appends to make names unique in a process (``seed_generator_3``)."""
-    return _NUMBER.sub("", path)
-
-
 def _check_fits(path: str, part: str, saved: list[list], variables: Sequence) -> None:
-    """A ``ValueError`` naming the first variable of ``part`` whose path (:func:`_unnumbered`) or shape differs from
-    the checkpoint's at the same position."""
+    """A ``ValueError`` naming the first variable of ``part`` whose path (without the numbers Keras appends to make
+    names unique in a process: ``seed_generator_3``) or shape differs from the checkpoint's at the same position."""
     ours = _entries(variables)
     problem = None
     if len(saved) != len(ours):
         problem = f"{len(saved)} {part} variables in the checkpoint, {len(ours)} here"
     else:
         for (saved_path, saved_shape, _), (path_here, shape_here, _) in zip(saved, ours):
-            if (_unnumbered(saved_path), saved_shape) != (_unnumbered(path_here), shape_here):
+            if (_NUMBER.sub("", saved_path), saved_shape) != (_NUMBER.sub("", path_here), shape_here):
                 problem = f"{part} variable {saved_path} {tuple(saved_shape)} vs {path_here} {tuple(shape_here)} here"
                 break
     if problem:

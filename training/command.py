@@ -15,10 +15,9 @@ __all__ = ["start"]
 
 
 def start(config: TrainConfig) -> None:
-    """Refuse an output folder no run may use (a file, a folder of other files: :func:`outputs.check_usable`) in a
-    run of one process (a worker of several leaves it to the chief), a ``--dataset`` that is a file or a missing
-    folder, and ``--weights`` found nowhere (:func:`keras_vit.names.check_weights`, unless the folder holds a run to go
-    on with: a finished one needs none), then :func:`keras_vit.cli.load_tensorflow`."""
+    """Refuse an output folder no run may use (one process only: a worker leaves it to the chief), a ``--dataset``
+    that is a file or a missing folder, ``--weights`` found nowhere (unless the folder holds a run to go on with);
+    then :func:`keras_vit.cli.load_tensorflow`."""
     run = config.run
     if not any(name in os.environ for name in ("TF_CONFIG", JOB_ADDRESSES)):
         outputs.check_usable(run.output_dir, run.overwrite)

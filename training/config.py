@@ -1,8 +1,7 @@
 """A training run's settings (:class:`TrainConfig`), its presets, and how the defaults are chosen (docs/training.md).
 
-Four sections, each checking its own fields when made: ``model``, ``data``, ``optim`` and ``run`` (what a resumed
-run may change). ``None`` fields come from the preset (:func:`resolve`). The flat names (``lr``, ``model``) are
-the command-line options, the keywords of :meth:`TrainConfig.replace` and the keys of ``run.json``.
+Four sections check their own fields when made; ``None`` fields come from the preset (:func:`resolve`). The flat
+names (``lr``, ``model``) are the command-line options, the keywords of :meth:`TrainConfig.replace` and ``run.json``.
 """
 
 from __future__ import annotations
@@ -203,10 +202,6 @@ class OptimConfig(_Checked):
     seed: int = option("random seed (initialisation, data order, augmentation)", 0)
 
 
-def _verbosity(text: str) -> int | str:
-    return int(text) if text.isdigit() else text
-
-
 @dataclasses.dataclass(frozen=True)
 class RunConfig(_Checked):
     """How a run runs: devices, outputs, checkpoints, logs (a resumed run may change these)."""
@@ -237,7 +232,7 @@ class RunConfig(_Checked):
         "0 silent, 1 progress bars, 2 one line per epoch, auto: Keras' choice",
         "auto",
         choices=(0, 1, 2, "auto"),
-        parse=_verbosity,
+        parse=lambda text: int(text) if text.isdigit() else text,
     )
     overwrite: bool = option("delete output-dir first instead of resuming from it", False)
 

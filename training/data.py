@@ -1,7 +1,4 @@
-"""Labelled image sources: scikit-learn's digits (offline), an image folder, or any TFDS dataset.
-
-In-memory and file splits have random access (the stream restarts at any step exactly); TFDS splits are streams.
-"""
+"""Labelled image sources: scikit-learn's digits (offline), an image folder, or any TFDS dataset (a stream)."""
 
 from __future__ import annotations
 
@@ -226,10 +223,8 @@ def _class_images(folder: str, real: str, seen: dict[str, str]) -> list[str]:
 
 
 def _list_classes(root: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The class folders of ``root`` (hidden ones and keras-vit run folders, named in a warning, are not classes),
-    their image files and labels. A ``ValueError`` naming both when two class folders are one folder, or two files
-    of two classes one file (through symbolic links): their images would train under two labels. A link to a folder
-    or file outside the others is fine."""
+    """The class folders of ``root`` (not hidden ones nor keras-vit run folders, named in a warning), their image
+    files and labels. A ``ValueError`` when two class folders, or two files of two classes, are one (linked)."""
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
     runs = [name for name in classes if is_run_folder(os.path.join(root, name))]
     if runs:  # an --output-dir once put inside the dataset (an older keras-vit allowed it)

@@ -1,9 +1,5 @@
-"""The training commands' error types and warnings.
-
-Every failure the user can fix (a diverged run, corrupt data, an output folder that is not a run's,
-no intact checkpoint) is a :class:`TrainingError`, a :class:`keras_vit.cli.CommandError`: the commands report
-it, as every keras-vit command reports its errors, in one line with exit status 1 (:mod:`keras_vit.cli`).
-"""
+"""The training commands' error types and warnings: every failure the user can fix is a :class:`TrainingError`, a
+:class:`keras_vit.cli.CommandError` (one line on stderr, exit status 1)."""
 
 from __future__ import annotations
 

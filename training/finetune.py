@@ -1,12 +1,7 @@
 """Fine-tune a (pre-trained) ViT on a dataset, or train one from scratch: ``python -m keras_vit.training.finetune``.
 
-The command and :func:`finetune` run the same code (:func:`keras_vit.training.supervised.train_classifier`, one
-run of :func:`keras_vit.training.runner.train`, as every command's training is):
-load the data, build the strategy, the model, the optimizer and the schedule, ``model.fit`` with
-checkpoints (resuming from ``output_dir`` when it holds one), evaluate on held-out data, save
-``model.keras`` and ``metrics.json``. With no arguments it trains a small ViT on scikit-learn's digits
-offline and prints the held-out accuracy. See ``keras_vit.training.config`` for the options, the
-presets and how the defaults are chosen.
+The command and :func:`finetune` run :func:`keras_vit.training.supervised.train_classifier` (docs/training.md);
+with no arguments it trains a small ViT on scikit-learn's digits offline.
 """
 
 from __future__ import annotations
@@ -38,10 +33,7 @@ def finetune(
     **fields,
 ) -> FinetuneResult:
     """Train as ``config`` says, changed by ``fields`` (flat :class:`TrainConfig` names: ``lr=0.1``, ``model="S/16"``).
-
-    ``callbacks`` are added to ``model.fit``; ``strategy`` is a name (``distributed.strategy``) or a ready
-    ``tf.distribute.Strategy``.
-    """
+    ``callbacks`` go to ``model.fit``; ``strategy`` is a name or a ready ``tf.distribute.Strategy``."""
     from keras_vit.training.supervised import train_classifier
 
     if isinstance(strategy, str):
@@ -71,7 +63,6 @@ def main(argv: Sequence[str] | None = None) -> FinetuneResult:
         return finetune(config)
 
 
-# The command's module imports no Keras (its --help is quick); the result type is imported on first use.
 __getattr__, __dir__ = lazy_attributes(__name__, {"FinetuneResult": "keras_vit.training.supervised"}, ())
 
 if __name__ == "__main__":

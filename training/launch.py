@@ -1,8 +1,5 @@
-"""Start a multi-worker run: ``python -m keras_vit.training.launch --workers 2 -- <finetune options>``.
-
-TensorFlow workers are ``MultiWorkerMirroredStrategy`` tasks, JAX workers JAX processes (docs/distributed.md);
-:mod:`keras_vit.training.distributed.launch` runs them.
-"""
+"""Start a multi-worker run: ``python -m keras_vit.training.launch --workers 2 -- <finetune options>``
+(docs/distributed.md); :mod:`keras_vit.training.distributed.launch` runs the workers."""
 
 from __future__ import annotations
 
@@ -34,29 +31,25 @@ def parser() -> argparse.ArgumentParser:
         help="host:port of every task, comma-separated (task 0 is the chief, and JAX's coordinator); starts only "
         "task --index here; this or --workers is required",
     )
-    p.add_argument("--index", type=int, help="this host's task in --hosts (required with --hosts)")
-    p.add_argument("--module", default="keras_vit.training.finetune", help="the training command's module")
-    p.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a worker waits for its peers before it fails naming them",
-    )
-    p.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=None,
-        help="TensorFlow: CommunicationOptions(timeout_seconds) of each collective (debugging; default off)",
-    )
-    p.add_argument(
-        "--gpus-per-worker",
-        type=int,
-        default=None,
-        help="local workers: GPUs per worker (0: CPU only). Default: 0 with --workers, all with --hosts",
-    )
-    p.add_argument(
-        "--timeout", type=float, default=None, help="stop the whole job after this many seconds (default: no limit)"
-    )
+    for flag, kind, default, help in (
+        ("--index", int, None, "this host's task in --hosts (required with --hosts)"),
+        ("--module", str, "keras_vit.training.finetune", "the training command's module"),
+        ("--connect-timeout", float, 600.0, "seconds a worker waits for its peers before it fails naming them"),
+        (
+            "--collective-timeout",
+            float,
+            None,
+            "TensorFlow: CommunicationOptions(timeout_seconds) of each collective (debugging; default off)",
+        ),
+        (
+            "--gpus-per-worker",
+            int,
+            None,
+            "local workers: GPUs per worker (0: CPU only). Default: 0 with --workers, all with --hosts",
+        ),
+        ("--timeout", float, None, "stop the whole job after this many seconds (default: no limit)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=help)
     p.add_argument("options", nargs=argparse.REMAINDER, help="-- then the training command's options")
     return p
 
@@ -75,13 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workers < 1 or args.index is not None:
             parser().error("--workers needs a count >= 1 and no --index")
         addresses, indices = [f"127.0.0.1:{port}" for port in free_ports(args.workers)], list(range(args.workers))
-        gpus = 0 if args.gpus_per_worker is None else args.gpus_per_worker
+        gpus = args.gpus_per_worker or 0
     else:
         addresses = [a.strip() for a in args.hosts.split(",") if a.strip()]
         if args.index is None or not 0 <= args.index < len(addresses):
             parser().error(f"--hosts needs --index in 0..{len(addresses) - 1}")
         indices = [args.index]
-        gpus = None if args.gpus_per_worker is None else args.gpus_per_worker
+        gpus = args.gpus_per_worker
     strategy = [] if given else ["--strategy", "multi_worker" if backend == "tensorflow" else "data_parallel"]
     command = [sys.executable, "-m", args.module, *options, *strategy]
     print(f"launch: {len(addresses)} {backend} workers {','.join(addresses)}; starting {indices} here", flush=True)

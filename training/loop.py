@@ -1,8 +1,5 @@
 """``model.fit`` that resumes: checkpoints every N steps, step logs, TensorBoard, final outputs (docs/training.md).
-
-A restarted run restores its newest checkpoint and goes on from its step: the data stream, the schedule and the
-epoch history carry on, and ``train_log.jsonl`` is cut back to that step. An "epoch" is an evaluation interval.
-"""
+An "epoch" is an evaluation interval."""
 
 from __future__ import annotations
 
@@ -99,10 +96,8 @@ class StepCallback(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.ProgbarLogger):
-    """The run's progress in its steps, never "Epoch" (an epoch here is an evaluation interval): on a terminal
-    (``bar``), Keras' progress bar under ``steps 1-40 of 400``; else one line an interval, ``step 40/400: loss
-    2.104 - accuracy 0.31 - ... (12 s)``. ``total_steps`` and the segments count optimizer steps times
-    ``accumulation_steps``, as ``model.fit`` batches."""
+    """The run's progress in optimizer steps, never "Epoch": Keras' progress bar under ``steps 1-40 of 400`` (``bar``),
+    else one line an interval, ``step 40/400: loss 2.104 - accuracy 0.31 - ... (12 s)``."""
 
     def __init__(self, bar: bool, total_steps: int, accumulation_steps: int = 1):
         super().__init__()
@@ -191,9 +186,8 @@ class TorchStepSeed(StepCallback):
 
 
 class StopOnNonFinite(StepCallback):
-    """Stops the run at the first batch whose loss is NaN or infinite with a :class:`DivergedError`. It comes
-    before :class:`CheckpointEvery`, so no checkpoint is saved at or after that batch. (Keras reports the mean
-    loss of the epoch so far: it turns non-finite at the first non-finite batch.)"""
+    """Stops the run at the first batch whose loss (Keras' mean of the epoch so far) is NaN or infinite with a
+    :class:`DivergedError`; before :class:`CheckpointEvery`, so no checkpoint is saved at or after that batch."""
 
     def __init__(self, checkpointer: Checkpointer, accumulation_steps: int = 1):
         super().__init__()
@@ -348,29 +342,55 @@ def fit(
     """Train the compiled ``model`` to ``total_steps`` batches, resuming from ``output_dir``'s checkpoints;
     ``data_fn(step)`` gives the endless batches from ``step`` on (steps are ``model.fit`` batches)."""
     chief = is_chief(strategy)
+    checkpointer = Checkpointer(os.path.join(output_dir, "checkpoints"), keep_checkpoints, write=chief)
+    stopper = StopOnSignal(checkpointer, accumulation_steps, _agreement(strategy))
     work_dir = output_dir if chief else str(new_staging(tempfile.gettempdir(), WORKER_SCRATCH))  # a killed one's goes
     previous = None
     if not chief and threading.current_thread() is threading.main_thread():  # a launcher stops workers by SIGTERM
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return _fit(
-            model,
-            data_fn,
-            total_steps=total_steps,
-            steps_per_epoch=steps_per_epoch,
-            output_dir=output_dir,
-            work_dir=work_dir,
-            strategy=strategy,
-            eval_data=eval_data,
-            checkpoint_every=checkpoint_every,
-            keep_checkpoints=keep_checkpoints,
-            log_every=log_every,
-            accumulation_steps=accumulation_steps,
-            seed=seed,
-            callbacks=callbacks,
-            verbose=verbose,
-        )
+        os.makedirs(work_dir, exist_ok=True)
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+        start = checkpointer.restore(model)
+        agree_on_start(strategy, start, output_dir)
+        log_path = os.path.join(work_dir, "train_log.jsonl")
+        truncate_log(log_path, start)
+        saver = CheckpointEvery(checkpointer, checkpoint_every)
+        steppers = [
+            StopOnNonFinite(checkpointer, accumulation_steps),  # first: no checkpoint at a non-finite step
+            saver,
+            stopper,
+            StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
+            *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
+        ]
+        tensorboard = keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"), update_freq="epoch")
+        # Keras' own progress says "Epoch" and writes a progress bar's bytes where stdout is not a terminal
+        bar = verbose == 1 or (verbose == "auto" and sys.stdout.isatty())
+        progress = [Progress(bar, total_steps, accumulation_steps)] if verbose != 0 else []
+        history = EpochHistory(checkpointer)  # after the caller's callbacks: it keeps what they leave
+        for segment in plan_segments(start, total_steps, steps_per_epoch):
+            for stepper in [*steppers, history, *progress]:
+                stepper.segment = segment
+            saver.last = segment.start_step
+            with training_scope(strategy):
+                model.fit(
+                    data_fn(segment.start_step),
+                    epochs=segment.first_epoch + segment.epochs,
+                    shuffle=False,
+                    initial_epoch=segment.first_epoch,
+                    steps_per_epoch=segment.steps_per_epoch,
+                    validation_data=eval_data,
+                    callbacks=[*steppers, *callbacks, history, tensorboard, *progress],
+                    verbose=0,
+                )
+            if stopper.stopped_at is not None:
+                raise stopper.error()
+        stopper.restore()
+        checkpointer.save(model, total_steps)
+        return FitResult(checkpointer.history, start, total_steps, checkpointer.history_restored)
     finally:
+        stopper.restore()
         if not chief:  # a worker's scratch goes, also when it fails or is stopped
             shutil.rmtree(work_dir, ignore_errors=True)
             if previous is not None:
@@ -401,71 +421,6 @@ def agree_on_start(strategy: Strategy, start: int, output_dir: str) -> None:
             f"resumes from the chief's checkpoints in {os.path.join(output_dir, 'checkpoints')}: put --output-dir "
             "on a file system all workers share."
         )
-
-
-def _fit(
-    model: keras.Model,
-    data_fn: Callable[[int], tf.data.Dataset],
-    *,
-    total_steps: int,
-    steps_per_epoch: int,
-    output_dir: str,
-    work_dir: str,
-    strategy: Strategy,
-    eval_data: tf.data.Dataset | None,
-    checkpoint_every: int,
-    keep_checkpoints: int,
-    log_every: int,
-    accumulation_steps: int,
-    seed: int,
-    callbacks: Sequence[keras.callbacks.Callback],
-    verbose: int | str,
-) -> FitResult:
-    os.makedirs(work_dir, exist_ok=True)
-    with strategy.scope():
-        model.optimizer.build(model.trainable_variables)
-    checkpointer = Checkpointer(os.path.join(output_dir, "checkpoints"), keep_checkpoints, write=work_dir == output_dir)
-    start = checkpointer.restore(model)
-    agree_on_start(strategy, start, output_dir)
-    log_path = os.path.join(work_dir, "train_log.jsonl")
-    truncate_log(log_path, start)
-    saver = CheckpointEvery(checkpointer, checkpoint_every)
-    guard = StopOnNonFinite(checkpointer, accumulation_steps)  # first: no checkpoint at a non-finite step
-    stopper = StopOnSignal(checkpointer, accumulation_steps, _agreement(strategy))
-    steppers = [
-        guard,
-        saver,
-        stopper,
-        StepLog(log_path, os.path.join(work_dir, "tensorboard", "steps"), log_every, accumulation_steps),
-        *([TorchStepSeed(seed)] if keras.backend.backend() == "torch" else []),
-    ]
-    tensorboard = keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"), update_freq="epoch")
-    # Keras' own progress says "Epoch" and writes a progress bar's bytes where stdout is not a terminal
-    bar = verbose == 1 or (verbose == "auto" and sys.stdout.isatty())
-    progress = [Progress(bar, total_steps, accumulation_steps)] if verbose != 0 else []
-    history = EpochHistory(checkpointer)  # after the caller's callbacks: it keeps what they leave
-    try:
-        for segment in plan_segments(start, total_steps, steps_per_epoch):
-            for stepper in [*steppers, history, *progress]:
-                stepper.segment = segment
-            saver.last = segment.start_step
-            with training_scope(strategy):
-                model.fit(
-                    data_fn(segment.start_step),
-                    epochs=segment.first_epoch + segment.epochs,
-                    shuffle=False,
-                    initial_epoch=segment.first_epoch,
-                    steps_per_epoch=segment.steps_per_epoch,
-                    validation_data=eval_data,
-                    callbacks=[*steppers, *callbacks, history, tensorboard, *progress],
-                    verbose=0,
-                )
-            if stopper.stopped_at is not None:
-                raise stopper.error()
-    finally:
-        stopper.restore()
-    checkpointer.save(model, total_steps)
-    return FitResult(checkpointer.history, start, total_steps, checkpointer.history_restored)
 
 
 def _uncompiled(model: keras.Model) -> keras.Model:

@@ -1,6 +1,5 @@
-"""A run folder and the image folder beside it: the marker a run writes (:data:`MARKER`), which the run's outputs
-(:mod:`keras_vit.training.outputs`) and the image-folder listing (a run folder is not a class) read, and the refusal
-of a run folder inside the image folder (:func:`check_outside_dataset`)."""
+"""The marker a run writes in its folder (:data:`MARKER`: a run folder is not a class of images) and the refusal of a
+run folder inside the image folder (:func:`check_outside_dataset`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Masked patch prediction, the paper's self-supervised pre-training (Section 4.6, App. B.1.2; docs/training.md).
-
-A plan (:func:`sample_corruption`) corrupts 50% of the patch embeddings (80% ``[mask]``, 10% another patch, 10%
-kept, :class:`PatchCorruption`); each corrupted patch's output token predicts its 3-bit mean colour
-(:func:`colour_targets`, 512 classes). :class:`MaskedPatches` is the task a run trains.
-"""
+"""Masked patch prediction, the paper's self-supervised pre-training (Section 4.6, App. B.1.2; docs/training.md):
+corrupted patch embeddings (:func:`sample_corruption`) predict their mean colour (:func:`colour_targets`)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from keras import layers, ops
 
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, Split
-from keras_vit.training.distributed.sharding import WHOLE, Shard, distribute_input
+from keras_vit.training.distributed.sharding import WHOLE, Shard
 from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
 from keras_vit.training.pretrain_options import check_bits, check_fractions
@@ -186,12 +182,10 @@ def masked_patch_dataset(
     input_shards: int | None = None,
     **corruption,
 ) -> tf.data.Dataset:
-    """Batches ``({images, corruption, sources}, targets (B, N), sample_weight (B, N))`` of ``split``'s images.
-
-    ``training``: the endless stream from ``start_step``, each batch corrupted with seed ``(seed, step)`` (a resumed
-    run sees the same batches); otherwise the split once with fixed corruption, in whole batches when
-    ``whole_batches`` (blanks weigh 0). ``corruption``: keywords of :func:`sample_corruption`; ``shard``,
-    ``input_shards``: this worker's part (corrupted independently)."""
+    """Batches ``({images, corruption, sources}, targets (B, N), sample_weight (B, N))`` of ``split``'s images:
+    ``training``, the endless stream from ``start_step``, each batch corrupted with seed ``(seed, step)``; else the
+    split once (in whole batches when ``whole_batches``, blanks weighing 0). ``corruption``: keywords of
+    :func:`sample_corruption`."""
     size = augment.image_size
     if size % patch_size:
         raise ValueError(f"image_size {size} is not divisible by the patch size {patch_size}.")
@@ -268,43 +262,24 @@ class MaskedPatches:
     def datasets(
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
-        config, source = setup.config, setup.source
-        augment, patch = Augment.of(config), patch_grid(model)[1]
+        source, augment, patch = setup.source, Augment.of(setup.config), patch_grid(model)[1]
         settings = dict(
-            seed=config.optim.seed,
-            bits=self.bits,
-            rate=self.rate,
-            mask_fraction=self.mask_fraction,
-            random_fraction=self.random_fraction,
+            bits=self.bits, rate=self.rate, mask_fraction=self.mask_fraction, random_fraction=self.random_fraction
         )
-
-        def data_fn(step: int) -> tf.data.Dataset:
-            return distribute_input(
-                setup.strategy,
-                lambda shard: masked_patch_dataset(
-                    source.train,
-                    batch,
-                    augment,
-                    patch,
-                    start_step=step,
-                    shuffle_buffer=config.data.shuffle_buffer,
-                    shard=shard,
-                    input_shards=config.data.input_shards,
-                    **settings,
-                ),
-            )
-
-        held_out = distribute_input(
-            setup.strategy,
+        options = setup.stream_options()
+        return setup.inputs(
+            lambda step, shard: masked_patch_dataset(
+                source.train, batch, augment, patch, start_step=step, shard=shard, **options, **settings
+            ),
             lambda shard: masked_patch_dataset(
                 source.eval,
                 batch,
                 augment,
                 patch,
+                seed=options["seed"],
                 training=False,
                 whole_batches=setup.whole_batches,
                 shard=shard,
                 **settings,
             ),
         )
-        return data_fn, held_out

@@ -1,8 +1,5 @@
-"""Whether a training step's batch fits in the memory this process may use, checked before the first step.
-
-The estimate is a lower bound of what a step keeps per image (docs/performance.md), so a refused batch would not
-have fitted; an accelerator reports its own out-of-memory errors.
-"""
+"""Whether a training step's batch fits in the memory this process may use, checked before the first step: a lower
+bound of what a step keeps per image (docs/performance.md), so a refused batch would not have fitted."""
 
 from __future__ import annotations
 

@@ -18,11 +18,9 @@ __all__ = ["build_model", "compile_model", "policy_name", "precision"]
 
 
 def build_model(config: TrainConfig, num_classes: int, **options) -> keras.Model:
-    """The ViT of a resolved config (any variant of the table, hybrids included): its variant with the model
-    options that are set (:meth:`TrainConfig.model_options`, then ``options``: ``classifier``,
-    ``position_embedding``, ...), with LoRA adapters when ``lora_rank`` is set (:func:`keras_vit.enable_lora`: only
-    the adapters and the head train). Build it in the strategy's scope: a resumed run builds the same model,
-    adapters included, so that its checkpoint fits."""
+    """The ViT of a resolved config: its variant with the model options that are set, then ``options``
+    (``classifier``, ...), with LoRA adapters when ``lora_rank`` is set (:func:`keras_vit.enable_lora`). Build it in
+    the strategy's scope."""
     model = config.model
     variant = canonical_variant(model.name)  # "ViT_R50_B16" -> "R50+B/16"; a family's name keeps its fields
     vit = keras_vit.ViT(

@@ -1,8 +1,5 @@
-"""A run's output folder: its marker, its lock, what ``--overwrite`` may delete, strict JSON (docs/faults.md).
-
-A run starts only in a missing or empty folder or its own run folder; ``--overwrite`` deletes only
-:data:`RUN_FILES`, and only in a run's folder.
-"""
+"""A run's output folder: its marker, its lock, what ``--overwrite`` may delete (:data:`RUN_FILES`, only in a run's
+folder), strict JSON (docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -108,15 +105,16 @@ def check_usable(path: str, overwrite: bool = False) -> None:
 
 @contextlib.contextmanager
 def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator[None]:
-    """Hold ``path``'s run lock (:data:`LOCK`, ``fcntl.flock``) while the block runs: a second run into the folder
-    is refused while this one lives; a killed run's lock is free again (it ends with its process), and the lock file
-    goes when the run ends. The folder is checked first (:func:`check_usable`), so that no lock file is ever made in
-    a folder that is not a run's."""
+    """Hold ``path``'s run lock (:data:`LOCK`, ``fcntl.flock``, freed when the process ends) while the block runs: a
+    second run into the folder is refused. The folder is checked first (:func:`check_usable`)."""
     if not chief or fcntl is None:  # workers write nothing; no advisory locks on this system
         yield
         return
     check_usable(path, overwrite)
-    created = _missing_folders(path)
+    created, folder = [], os.path.abspath(path)  # the folders made here, deepest first
+    while not os.path.lexists(folder):
+        created.append(folder)
+        folder = os.path.dirname(folder)
     os.makedirs(path, exist_ok=True)
     lock = os.path.join(path, LOCK)
     while True:
@@ -151,16 +149,6 @@ def run_lock(path: str, chief: bool = True, overwrite: bool = False) -> Iterator
         for folder in created:  # a run refused before it wrote anything leaves no folder it made
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
-
-
-def _missing_folders(path: str) -> list[str]:
-    """The folders of ``path`` that do not exist yet, deepest first."""
-    missing = []
-    path = os.path.abspath(path)
-    while not os.path.lexists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    return missing
 
 
 def check_paths(path: str, files: Sequence[str], folders: Sequence[str] = RUN_FOLDERS) -> None:
@@ -232,8 +220,7 @@ def _remove_temporaries(path: str) -> None:
 
 def start_parent(setup: Setup, command: str, files: Sequence[str] = ()) -> None:
     """Clear (``overwrite``) and mark the output folder of a command whose runs go to its sub-folders (``pretrain``,
-    ``ablation``), checking that it can write its own ``files`` there; each run there checks and starts its own
-    folder."""
+    ``ablation``), checking that it can write its own ``files`` there."""
     if setup.chief:
         out = setup.config.run.output_dir
         if setup.config.run.overwrite:

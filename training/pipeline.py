@@ -1,9 +1,5 @@
-"""tf.data pipelines: training augmentation and evaluation preprocessing, ending in [-1, 1] images.
-
-TensorFlow ops on every Keras backend. The training stream is a function of ``(seed, start_step, input_shards)``:
-a run restarted at step ``s`` sees the batches an uninterrupted run sees from ``s`` on, for any number of
-workers that divides ``input_shards`` (docs/training.md, docs/distributed.md).
-"""
+"""tf.data pipelines (on every Keras backend): training augmentation and evaluation preprocessing, ending in
+[-1, 1] images. The training stream is a function of ``(seed, start_step, input_shards)`` (docs/training.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Masked patch pre-training, then fine-tuning: ``python -m keras_vit.training.pretrain`` (docs/training.md).
-
-Pre-trains into ``OUT/pretrain`` and saves ``OUT/encoder.keras``, then fine-tunes it into ``OUT/finetune`` (and
-from scratch into ``OUT/scratch`` with ``--compare-scratch``). ``--lora-rank`` is refused.
-"""
+"""Masked patch pre-training into ``OUT/pretrain`` (saving ``OUT/encoder.keras``), then fine-tuning into
+``OUT/finetune`` (and ``OUT/scratch``): ``python -m keras_vit.training.pretrain`` (docs/training.md)."""
 
 from __future__ import annotations
 

@@ -33,10 +33,8 @@ class PretrainResult:
 
 
 def copy_encoder_weights(source: keras.Model, target: keras.Model, skip: Sequence[str] = HEAD_LAYERS) -> list[str]:
-    """Copy every weighted layer of ``source`` but the classifier into the layer of the same name of ``target``.
-
-    Returns the copied layer names; a ``ValueError`` lists layers ``target`` lacks or whose shapes differ.
-    """
+    """Copy every weighted layer of ``source`` but the classifier into the layer of the same name of ``target``; the
+    copied names. A ``ValueError`` lists layers ``target`` lacks or whose shapes differ."""
     copied, problems = [], []
     for layer in source.layers:
         if not layer.weights or layer.name in skip:

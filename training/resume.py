@@ -88,11 +88,6 @@ def start_output(config: TrainConfig, chief: bool, command: str = "finetune", pr
         outputs.write_json(run_file, config_lib.json_ready(config))
 
 
-def _read_classes(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as file:
-        return [line.rstrip("\n") for line in file if line.strip()]
-
-
 def check_classes(out: str, source: Source) -> None:
     """An ``OutputDirError`` when the run in ``out`` (one with a checkpoint, or finished) was trained on other classes
     than ``source``'s (its ``classes.txt``): a renamed, reordered, added or removed class would remap the labels under
@@ -101,7 +96,8 @@ def check_classes(out: str, source: Source) -> None:
     started = outputs.has_checkpoint(out) or os.path.isfile(os.path.join(out, "metrics.json"))
     if not started or not os.path.isfile(path) or source.class_names is None:
         return  # no run to resume, or one older than classes.txt
-    before, now = _read_classes(path), list(source.class_names)
+    with open(path, encoding="utf-8") as file:
+        before, now = [line.rstrip("\n") for line in file if line.strip()], list(source.class_names)
     if before == now:
         return
     added, gone = [c for c in now if c not in before], [c for c in before if c not in now]

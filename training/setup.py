@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Callable
 
 import keras
+import tensorflow as tf
 
 from keras_vit.applications import DEFAULT_VARIANT
 from keras_vit.checkpoints import checkpoint_config, detect_format, read_checkpoint
@@ -14,7 +16,7 @@ from keras_vit.config import ViTConfig, field_names
 from keras_vit.training import config as config_lib
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source, load_source
-from keras_vit.training.distributed.sharding import Shard, gather_over_workers, input_shard
+from keras_vit.training.distributed.sharding import Shard, distribute_input, gather_over_workers, input_shard
 from keras_vit.training.distributed.strategy import (
     KerasDistribution,
     Strategy,
@@ -51,18 +53,30 @@ class Setup:
 
     @property
     def whole_batches(self) -> bool:
-        """Whether every batch, held-out ones too, must be whole: on a TPU (static shapes), under a
-        keras.distribution that splits the batch (JAX shards a batch only into equal parts), and on several workers
-        (each evaluates its part). The held-out set is then filled up with blank examples of weight 0
-        (pipeline.eval_dataset)."""
+        """Whether every batch, held-out ones too, must be whole (filled up with blanks of weight 0): on a TPU, under
+        a keras.distribution that splits the batch, and on several workers."""
         split = isinstance(self.strategy, KerasDistribution) and self.strategy.num_replicas_in_sync > 1
         return self.device == "tpu" or split or self.shard.count > 1
 
     def replace(self, **fields) -> Setup:
-        """This setup with fields of its config changed by flat name (:meth:`TrainConfig.replace`). The config
-        stays as resolved: change only what resolving does not derive from (run settings, the seed), or give
-        every field that it does."""
+        """This setup with fields of its config changed by flat name, not resolved again: change only what resolving
+        does not derive from (run settings, the seed), or every field that it does."""
         return dataclasses.replace(self, config=self.config.replace(**fields))
+
+    def inputs(
+        self, train: Callable[[int, Shard], tf.data.Dataset], held_out: Callable[[Shard], tf.data.Dataset]
+    ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
+        """``data_fn(step)`` of ``train(step, shard)`` and the held-out input of ``held_out(shard)``, each made of
+        this worker's part (:func:`~keras_vit.training.distributed.sharding.distribute_input`)."""
+        return (
+            lambda step: distribute_input(self.strategy, functools.partial(train, step)),
+            distribute_input(self.strategy, held_out),
+        )
+
+    def stream_options(self) -> dict:
+        """The keywords of :func:`~keras_vit.training.pipeline.train_dataset` that the config sets."""
+        data = self.config.data
+        return dict(seed=self.config.optim.seed, shuffle_buffer=data.shuffle_buffer, input_shards=data.input_shards)
 
     def blanks(self, batch_size: int) -> int:
         """How many blank examples fill the held-out set up to whole batches of ``batch_size``, over all workers
@@ -104,9 +118,7 @@ def load_data(config: TrainConfig, strategy: Strategy | None = None) -> Source:
 
 def with_saved_model(config: TrainConfig) -> TrainConfig:
     """``config`` with the variant, architecture, image size, structure and numerics of the saved keras-vit model
-    that ``weights`` names (a run's ``model.keras``, pretrain's ``encoder.keras``) where unset: the run goes on from
-    that model as it is. An architecture asked for (``--model``, ``--depth``) that differs from the file's is
-    refused when the model is built (:func:`keras_vit.ViT`), naming what differs."""
+    that ``weights`` names (a run's ``model.keras``) where unset; one asked for that differs is refused when built."""
     weights = config.model.weights
     if weights is None or not os.path.isfile(weights) or detect_format(weights) != "keras":
         return config

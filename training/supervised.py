@@ -1,7 +1,5 @@
-"""Image classification: the task of fine-tuning, of pre-training's fine-tuning half and of the ablation.
-
-:class:`Classification` is the :class:`~keras_vit.training.runner.Task`; :func:`train_classifier` one run of it.
-"""
+"""Image classification (:class:`Classification`): the task of fine-tuning, of pre-training's second half and of the
+ablation; :func:`train_classifier` is one run of it."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import tensorflow as tf
 
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.data import Source
-from keras_vit.training.distributed.sharding import distribute_input
 from keras_vit.training.distributed.strategy import Strategy
 from keras_vit.training.model import build_model, compile_model
 from keras_vit.training.pipeline import Augment, eval_dataset, train_dataset
@@ -52,32 +49,21 @@ class Classification:
     def datasets(
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
-        config, source = setup.config, setup.source
-        augment = Augment.of(config)
-
-        def data_fn(step: int) -> tf.data.Dataset:
-            return distribute_input(
-                setup.strategy,
-                lambda shard: train_dataset(
-                    source.train,
-                    source.num_classes,
-                    batch,
-                    augment,
-                    start_step=step,
-                    seed=config.optim.seed,
-                    shuffle_buffer=config.data.shuffle_buffer,
-                    shard=shard,
-                    input_shards=config.data.input_shards,
-                ),
-            )
-
-        held_out = distribute_input(
-            setup.strategy,
+        source, augment = setup.source, Augment.of(setup.config)
+        return setup.inputs(
+            lambda step, shard: train_dataset(
+                source.train,
+                source.num_classes,
+                batch,
+                augment,
+                start_step=step,
+                shard=shard,
+                **setup.stream_options(),
+            ),
             lambda shard: eval_dataset(
                 source.eval, source.num_classes, batch, augment, whole_batches=setup.whole_batches, shard=shard
             ),
         )
-        return data_fn, held_out
 
 
 def train_classifier(

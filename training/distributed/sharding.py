@@ -1,8 +1,5 @@
-"""Input sharded at the source: which part of every batch a worker reads, and how it reaches ``model.fit``.
-
-Worker ``k`` of N builds part ``k`` of every global batch (:class:`Shard`), reading only its own files
-(docs/distributed.md).
-"""
+"""Input sharded at the source: worker ``k`` of N builds part ``k`` of every global batch (:class:`Shard`), reading
+only its own files, and hands it to ``model.fit`` (docs/distributed.md)."""
 
 from __future__ import annotations
 
