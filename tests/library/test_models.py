@@ -424,6 +424,14 @@ def test_wrong_input_at_call_time():
         model(images(channels=1))
     with pytest.raises(ValueError, match=r"expected shape=\(None, 32, 32, 3\)"):
         model(images(size=64))
+    # the same through predict_on_batch (a compiled function): the model's expected input, not a graph error
+    channels = r"expected (shape=\(None, 32, 32, 3\)|axis -1 of input shape to have value 3)"  # by backend
+    for wrong in (1, 4):
+        with pytest.raises(ValueError, match=channels):
+            model.predict_on_batch(images(channels=wrong))
+    size = r"expected shape=\(None, 32, 32, 3\), found shape=\(2, 64, 64, 3\)|built for 17 .* the image_size you feed"
+    with pytest.raises(ValueError, match=size):
+        model.predict_on_batch(images(size=64))
     layer = keras_vit.AddPositionEmbs(4)
     with pytest.raises(ValueError, match="Got 10 tokens but the position embeddings were built for 17"):
         layer(np.zeros((1, 10, 8), "float32"))
