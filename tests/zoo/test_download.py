@@ -483,47 +483,15 @@ def test_offline_catalogue_name_fails_naming_the_url_and_the_cache_path(tmp_path
 # --- links in the cache and credentials on redirects (issue 36) ---------------------------------------------
 
 
-@pytest.mark.backend_independent
-@pytest.mark.parametrize("other_host", ["localhost", "127.0.0.1"])
-def test_credentials_are_not_sent_to_the_host_a_redirect_names(tmp_path, payload, serve, other_host):
-    target = serve({"/a.npz": payload})
-    port = target.url.rsplit(":", 1)[1]
-
-    class Redirect(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(302)
-            self.send_header("Location", f"http://{other_host}:{port}{self.path}")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    mirror = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=mirror.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        url = f"http://reader:s3cret@127.0.0.1:{mirror.server_address[1]}/a.npz"
-        dest = download(url, tmp_path / "cache" / "a.npz", backoff=0, timeout=5, deadline=20, validate=check_npz)
-    finally:
-        mirror.shutdown()
-        mirror.server_close()
-    assert dest.read_bytes() == payload
-    assert target.authorizations == [None]  # another port (or host) than the URL's: no Authorization header
-
-
-@pytest.mark.backend_independent
-@pytest.mark.parametrize("same_origin", [True, False], ids=["same-host-and-port", "other-host-same-port"])
-def test_credentials_follow_a_redirect_only_on_the_urls_own_host_and_port(tmp_path, payload, same_origin):
-    """One server: ``/a.npz`` redirects to ``/b.npz`` on itself, by path (the header is kept, as ``requests`` and
-    ``curl`` keep it) or by the name ``localhost`` and the same port (another host: the header is dropped)."""
-    seen = []
+def _download_with_credentials(tmp_path, redirect_to, payload=None, seen=None):
+    """``download`` of ``http://reader:s3cret@127.0.0.1:PORT/a.npz`` from a server on 127.0.0.1 that redirects
+    ``/a.npz`` to ``redirect_to(port)`` and serves ``payload`` elsewhere, noting Authorization headers in ``seen``."""
 
     class Mirror(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path == "/a.npz":
-                here = f"http://localhost:{self.server.server_address[1]}" if not same_origin else ""
                 self.send_response(302)
-                self.send_header("Location", f"{here}/b.npz")
+                self.send_header("Location", redirect_to(self.server.server_address[1]))
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
@@ -540,10 +508,30 @@ def test_credentials_follow_a_redirect_only_on_the_urls_own_host_and_port(tmp_pa
     threading.Thread(target=mirror.serve_forever, args=(0.05,), daemon=True).start()
     try:
         url = f"http://reader:s3cret@127.0.0.1:{mirror.server_address[1]}/a.npz"
-        dest = download(url, tmp_path / "cache" / "a.npz", backoff=0, timeout=5, deadline=20, validate=check_npz)
+        return download(url, tmp_path / "cache" / "a.npz", backoff=0, timeout=5, deadline=20, validate=check_npz)
     finally:
         mirror.shutdown()
         mirror.server_close()
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("other_host", ["localhost", "127.0.0.1"])
+def test_credentials_are_not_sent_to_the_host_a_redirect_names(tmp_path, payload, serve, other_host):
+    target = serve({"/a.npz": payload})
+    port = target.url.rsplit(":", 1)[1]
+    dest = _download_with_credentials(tmp_path, lambda _: f"http://{other_host}:{port}/a.npz")
+    assert dest.read_bytes() == payload
+    assert target.authorizations == [None]  # another port (or host) than the URL's: no Authorization header
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("same_origin", [True, False], ids=["same-host-and-port", "other-host-same-port"])
+def test_credentials_follow_a_redirect_only_on_the_urls_own_host_and_port(tmp_path, payload, same_origin):
+    """``/a.npz`` redirects to ``/b.npz`` on the same server, by path (the header is kept, as ``requests`` and
+    ``curl`` keep it) or by the name ``localhost`` and the same port (another host: the header is dropped)."""
+    seen: list = []
+    where = (lambda _: "/b.npz") if same_origin else (lambda port: f"http://localhost:{port}/b.npz")
+    dest = _download_with_credentials(tmp_path, where, payload, seen)
     assert dest.read_bytes() == payload
     expected = "Basic " + base64.b64encode(b"reader:s3cret").decode()
     assert seen == ([expected] if same_origin else [None])
