@@ -253,6 +253,24 @@ def test_a_trickling_mirror_ends_at_the_default_deadline_set_by_the_environment(
 
 
 @pytest.mark.backend_independent
+def test_a_trickling_mirror_ends_at_the_computed_default_deadline_and_names_it(tmp_path, payload, serve, monkeypatch):
+    """No deadline given and none in the environment: ``default_deadline`` of the entry's size ends the download,
+    and the message names it (its rate raised and its floor lowered from ten minutes to 2 s here)."""
+    from keras_vit.zoo import download as download_module
+
+    entry = zoo.get("Ti_16.augreg_in21k")
+    server = serve({"/" + entry.path: payload}, faults=["trickle"])
+    monkeypatch.setenv(zoo.MIRROR_ENV, server.url)
+    monkeypatch.delenv("KERAS_VIT_ZOO_DEADLINE", raising=False)
+    monkeypatch.setattr(download_module, "SHORTEST_DEADLINE", 2.0)
+    monkeypatch.setattr(download_module, "SLOWEST_RATE", 1 << 40)
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match=r"the deadline passed \(2 s for the whole download"):
+        zoo.fetch(entry, tmp_path)
+    assert 1.9 < time.monotonic() - start < 4.0 and len(server.requests) == 1
+
+
+@pytest.mark.backend_independent
 def test_the_default_deadline_scales_with_the_size_from_ten_minutes(monkeypatch):
     from keras_vit.zoo.download import default_deadline
 
