@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import time
 
 import numpy as np
@@ -85,10 +84,11 @@ def whole(tmp_path_factory) -> str:
 def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, whole, killed):
     """SIGKILL one worker mid-run: the launcher fails and stops the other; run again: it resumes from the
     chief's last checkpoint and its per-step losses and final weights equal those of an uninterrupted run."""
-    run = str(tmp_path / "run")
-    scratch = set(os.listdir(tempfile.gettempdir()))
+    run, scratch = str(tmp_path / "run"), tmp_path / "tmp"
+    scratch.mkdir()  # the workers' temporary folder: their own, not another test's running beside this one
+    env = {**ENV, "TMPDIR": str(scratch)}
     args = ["--workers", "2", "--connect-timeout", "120", "--", *KILL_FLAGS, "--output-dir", run]
-    with launched(args, ENV) as (process, workers):
+    with launched(args, env) as (process, workers):
         pids = running_workers(process, workers, run, 40, 240)
         assert all(pids) and len(read_log(run)) < 150, "the run ended before it could be killed"
         os.kill(pids[killed], signal.SIGKILL)
@@ -98,11 +98,11 @@ def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, w
     for pid in pids:  # the launcher stopped the survivor
         assert process_state(pid) in ("gone", "Z")
     if killed == 0:  # the surviving worker, stopped by the launcher, removed its scratch
-        assert not [p for p in set(os.listdir(tempfile.gettempdir())) - scratch if p.startswith("keras_vit_worker_")]
+        assert not [p for p in os.listdir(scratch) if p.startswith("keras_vit_worker_")]
     resumed_from = checkpoint_steps(run)[-1]
     assert 10 <= resumed_from < 150
 
-    status, output = launch(args, ENV)
+    status, output = launch(args, env)
     assert status == 0, output[-5000:]
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["resumed_from_step"] == resumed_from
     assert [e["step"] for e in read_log(run)] == list(range(1, 151))
@@ -116,7 +116,8 @@ def test_a_killed_worker_stops_the_job_and_the_rerun_resumes_exactly(tmp_path, w
     # train_log's per-step loss is a difference of Keras' float32 running epoch means, and the resumed epoch
     # starts at the checkpoint: the logged values differ by rounding (measured 2.5e-5 relative)
     np.testing.assert_allclose(resumed, whole_losses, rtol=1e-4)
-    assert os.listdir(tmp_path) == ["run"]
+    assert sorted(os.listdir(tmp_path)) == ["run", "tmp"]
+    assert not [p for p in os.listdir(scratch) if p.startswith("keras_vit_worker_")]  # the resumed run's too
 
 
 @pytest.mark.slow
