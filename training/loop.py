@@ -354,6 +354,9 @@ def fit(
             model.optimizer.build(model.trainable_variables)
         start = checkpointer.restore(model)
         agree_on_start(strategy, start, output_dir)
+        if start and chief and verbose != 0:
+            steps = f"{start // accumulation_steps} of {total_steps // accumulation_steps}"
+            print(f"resuming at step {steps} from {checkpointer.directory}", flush=True)
         log_path = os.path.join(work_dir, "train_log.jsonl")
         truncate_log(log_path, start)
         saver = CheckpointEvery(checkpointer, checkpoint_every)

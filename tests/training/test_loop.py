@@ -58,7 +58,7 @@ def test_truncate_log_drops_steps_past_the_checkpoint_and_a_cut_line(tmp_path):
 
 
 @pytest.mark.backends("tensorflow", "jax", "torch")
-def test_crash_and_resume_continues_the_run_exactly(tmp_path):
+def test_crash_and_resume_continues_the_run_exactly(tmp_path, capsys):
     whole = finetune(output_dir=str(tmp_path / "whole"), **RUN)
     crashed_dir = str(tmp_path / "crashed")
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -66,7 +66,10 @@ def test_crash_and_resume_continues_the_run_exactly(tmp_path):
     assert checkpoint_steps(crashed_dir) == [4]
     assert [e["step"] for e in read_log(crashed_dir)] == list(range(1, 8))  # it logged past its checkpoint
 
-    resumed = finetune(output_dir=crashed_dir, **RUN)
+    capsys.readouterr()
+    resumed = finetune(output_dir=crashed_dir, **{**RUN, "verbose": 2})  # one line an interval
+    checkpoints = os.path.join(crashed_dir, "checkpoints")
+    assert f"resuming at step 4 of 12 from {checkpoints}\n" in capsys.readouterr().out
     metrics = json.loads((tmp_path / "crashed" / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == 4
     assert iterations(resumed.model) == 12
