@@ -86,82 +86,88 @@ def train(
     ``model.fit``, ``command`` to the folder's marker, the kept model to ``model_path`` (default ``model.keras``).
     Errors: :class:`DivergedError`, :class:`OutputDirError`, :class:`PreemptedError`."""
     with outputs.run_lock(setup.config.run.output_dir, setup.chief, setup.config.run.overwrite):
-        config, source, strategy = setup.config, setup.source, setup.strategy
-        optim, run = config.optim, config.run
-        previous = resume.prepare_output(config, setup.chief, model_path)
-        resume.check_classes(run.output_dir, source)
-        if previous.finished is not None:
-            return _finished(setup, task, previous.finished, model_path)
-        if setup.chief and previous.extends:
-            print(f"extending the run in {run.output_dir} from {previous.extends} to {optim.steps} steps", flush=True)
-        if setup.chief and run.verbose:
-            print("\n".join(filter(None, (describe(setup), task.describe()))), flush=True)
+        return _run(setup, task, callbacks, command, model_path)
 
-        keras.utils.set_random_seed(optim.seed)
-        with precision(config, setup.device), strategy.scope():
-            model, kept = task.build(config, source)
-            task.compile(model, config)
-        # started: the folder is marked, the settings written
-        resume.start_output(config, setup.chief, command, previous)
-        resume.record_classes(setup)
 
-        accumulate = optim.accumulation_steps
-        micro_batch = optim.batch_size // accumulate
-        if setup.device == "cpu" and isinstance(getattr(kept, "config", None), ViTConfig):  # the host's memory
-            compute = keras.dtype_policies.get(policy_name(config, setup.device)).compute_dtype
-            per_value = 4 if compute == "float32" else 2
-            check_batch_fits(kept.config, micro_batch // setup.shard.count, per_value, accumulate)
-        data_fn, eval_data = task.datasets(setup, kept, micro_batch)
-        count = source.eval.num_examples
-        over_images = OverImages(count, setup.blanks(micro_batch) if task.blanks_in_loss else 0)
-        started = time.time()
-        result = fit(
-            model,
-            data_fn,
-            total_steps=optim.steps * accumulate,
-            steps_per_epoch=optim.eval_every * accumulate,
-            output_dir=run.output_dir,
-            strategy=strategy,
-            eval_data=eval_data,
-            checkpoint_every=run.checkpoint_every * accumulate,
-            keep_checkpoints=run.keep_checkpoints,
-            log_every=run.log_every * accumulate,
-            accumulation_steps=accumulate,
-            seed=optim.seed,
-            callbacks=[over_images, *callbacks],
-            verbose=run.verbose,
+def _run(
+    setup: Setup, task: Task, callbacks: Sequence[keras.callbacks.Callback], command: str, model_path: str | None
+) -> RunResult:
+    config, source, strategy = setup.config, setup.source, setup.strategy
+    optim, run = config.optim, config.run
+    previous = resume.prepare_output(config, setup.chief, model_path)
+    resume.check_classes(run.output_dir, source)
+    if previous.finished is not None:
+        return _finished(setup, task, previous.finished, model_path)
+    if setup.chief and previous.extends:
+        print(f"extending the run in {run.output_dir} from {previous.extends} to {optim.steps} steps", flush=True)
+    if setup.chief and run.verbose:
+        print("\n".join(filter(None, (describe(setup), task.describe()))), flush=True)
+
+    keras.utils.set_random_seed(optim.seed)
+    with precision(config, setup.device), strategy.scope():
+        model, kept = task.build(config, source)
+        task.compile(model, config)
+    # started: the folder is marked, the settings written
+    resume.start_output(config, setup.chief, command, previous)
+    resume.record_classes(setup)
+
+    accumulate = optim.accumulation_steps
+    micro_batch = optim.batch_size // accumulate
+    if setup.device == "cpu" and isinstance(getattr(kept, "config", None), ViTConfig):  # the host's memory
+        compute = keras.dtype_policies.get(policy_name(config, setup.device)).compute_dtype
+        per_value = 4 if compute == "float32" else 2
+        check_batch_fits(kept.config, micro_batch // setup.shard.count, per_value, accumulate)
+    data_fn, eval_data = task.datasets(setup, kept, micro_batch)
+    count = source.eval.num_examples
+    over_images = OverImages(count, setup.blanks(micro_batch) if task.blanks_in_loss else 0)
+    started = time.time()
+    result = fit(
+        model,
+        data_fn,
+        total_steps=optim.steps * accumulate,
+        steps_per_epoch=optim.eval_every * accumulate,
+        output_dir=run.output_dir,
+        strategy=strategy,
+        eval_data=eval_data,
+        checkpoint_every=run.checkpoint_every * accumulate,
+        keep_checkpoints=run.keep_checkpoints,
+        log_every=run.log_every * accumulate,
+        accumulation_steps=accumulate,
+        seed=optim.seed,
+        callbacks=[over_images, *callbacks],
+        verbose=run.verbose,
+    )
+    train_seconds = time.time() - started
+    with training_scope(strategy):
+        scores = model.evaluate(eval_data, return_dict=True, verbose=0)
+    scores["loss"] *= over_images.scale
+    history, before = result.history, previous.history or {}
+    if not result.history_restored:  # a finished run's history, followed by its extension's
+        history = {key: [*before.get(key, []), *history.get(key, [])] for key in {**before, **history}}
+    metrics = {
+        "eval": {k: float(v) for k, v in scores.items()},
+        "eval_examples": count,
+        "eval_split": source.eval_split,
+        "dataset": source.name,
+        "steps": optim.steps,
+        "resumed_from_step": result.start_step // accumulate,
+        "train_seconds_this_run": round(train_seconds, 1),
+        "backend": keras.backend.backend(),
+        "strategy": strategy_name(strategy),
+        "replicas": strategy.num_replicas_in_sync,
+        "precision": policy_name(config, setup.device),
+        "history": history,
+        "config": config_lib.json_ready(config),
+    }
+    save_outputs(kept, metrics, run.output_dir, strategy, model_path)
+    if setup.chief and run.verbose:
+        where = f"model {model_path}, metrics" if model_path else "model and metrics"
+        print(
+            f"{task.accuracy_name}: {scores['accuracy']:.4f} on {count or '?'} images "
+            f"({source.name}, {source.eval_split}); {where} in {run.output_dir}",
+            flush=True,
         )
-        train_seconds = time.time() - started
-        with training_scope(strategy):
-            scores = model.evaluate(eval_data, return_dict=True, verbose=0)
-        scores["loss"] *= over_images.scale
-        history, before = result.history, previous.history or {}
-        if not result.history_restored:  # a finished run's history, followed by its extension's
-            history = {key: [*before.get(key, []), *history.get(key, [])] for key in {**before, **history}}
-        metrics = {
-            "eval": {k: float(v) for k, v in scores.items()},
-            "eval_examples": count,
-            "eval_split": source.eval_split,
-            "dataset": source.name,
-            "steps": optim.steps,
-            "resumed_from_step": result.start_step // accumulate,
-            "train_seconds_this_run": round(train_seconds, 1),
-            "backend": keras.backend.backend(),
-            "strategy": strategy_name(strategy),
-            "replicas": strategy.num_replicas_in_sync,
-            "precision": policy_name(config, setup.device),
-            "history": history,
-            "config": config_lib.json_ready(config),
-        }
-        save_outputs(kept, metrics, run.output_dir, strategy, model_path)
-        if setup.chief and run.verbose:
-            where = f"model {model_path}, metrics" if model_path else "model and metrics"
-            print(
-                f"{task.accuracy_name}: {scores['accuracy']:.4f} on {count or '?'} images "
-                f"({source.name}, {source.eval_split}); {where} in {run.output_dir}",
-                flush=True,
-            )
-        return RunResult(kept, metrics["eval"], metrics["history"], config, run.output_dir)
+    return RunResult(kept, metrics["eval"], metrics["history"], config, run.output_dir)
 
 
 def _finished(setup: Setup, task: Task, metrics: dict, model_path: str | None) -> RunResult:
