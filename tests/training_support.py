@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -214,6 +215,34 @@ def running_workers(process: subprocess.Popen, workers: set[int], run: str, step
     pids = [worker_pid(process.pid, i) for i in (0, 1)]
     workers.update(p for p in pids if p)
     return pids
+
+
+def kill_each_worker_and_resume(
+    args: list[str], env: dict[str, str], run: str, steps: int, at: tuple[int, int], check: Callable[[int, str], None]
+) -> None:
+    """SIGKILL worker 1 once ``run`` has logged ``at[0]`` of its ``steps``, then, in the rerun, worker 0 (the chief)
+    at ``at[1]``: each time the launcher fails and stops the survivor, and the rerun says it resumes from the chief's
+    last checkpoint (one every 10 steps); a last rerun ends the run, every step logged once. ``args`` carry
+    ``--verbose 2`` (the resume line). ``check(killed, output)`` runs after each kill."""
+    resumed_from = 0
+    for killed, logged in zip((1, 0), at):
+        with launched(args, env) as (process, workers):
+            pids = running_workers(process, workers, run, logged, 300)
+            assert all(pids) and len(read_log(run)) < steps, "the run ended before it could be killed"
+            os.kill(pids[killed], signal.SIGKILL)
+            output, _ = process.communicate(timeout=120)
+        assert process.returncode != 0, output[-3000:]
+        assert all(process_state(pid) in ("gone", "Z") for pid in pids)  # the launcher stopped the survivor
+        check(killed, output)
+        assert resumed_from == 0 or f"resuming at step {resumed_from} of {steps} from " in output, output[-3000:]
+        resumed_from = checkpoint_steps(run)[-1]
+        assert logged - 10 < resumed_from < steps  # the last checkpoint before the kill, or a later one
+    status, output = launch(args, env)
+    assert status == 0, output[-5000:]
+    assert f"resuming at step {resumed_from} of {steps} from " in output, output[-3000:]
+    with open(os.path.join(run, "metrics.json")) as file:
+        assert json.load(file)["resumed_from_step"] == resumed_from
+    assert [e["step"] for e in read_log(run)] == list(range(1, steps + 1))
 
 
 class Crash(keras.callbacks.Callback):
