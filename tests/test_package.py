@@ -326,9 +326,9 @@ def optional_packages_declared(path: Path) -> set[str]:
 def test_every_test_file_needing_an_optional_package_is_marked():
     """The README's set-up installs none of them: a test needing one skips (``requires``), it never errors."""
     undeclared = {
-        path.name: sorted(optional_packages_used(path) - optional_packages_declared(path))
-        for path in sorted(TESTS.glob("test_*.py"))
-        if path.name != Path(__file__).name  # this file's examples of what the check finds
+        str(path.relative_to(TESTS)): sorted(optional_packages_used(path) - optional_packages_declared(path))
+        for path in sorted(TESTS.rglob("test_*.py"))  # the folders' too: tests/<package>/test_<module>.py
+        if path != Path(__file__).resolve()  # this file's examples of what the check finds
     }
     undeclared = {name: missing for name, missing in undeclared.items() if missing}
     assert not undeclared, f"add @pytest.mark.requires(...) for these packages: {undeclared}"

@@ -221,8 +221,8 @@ def test_application_variable_batch_size(classifier):
 
 def test_application_predict_preprocess_and_decode():
     # applications_test: test_application_base's pipeline, preprocess_input -> predict -> decode_predictions (its
-    # "African_elephant in the top 3" needs published weights, a download; tests/test_reference_timm.py compares
-    # keras-vit's logits with timm's on the same weights)
+    # "African_elephant in the top 3" needs published weights, a download; tests/checkpoints/test_load.py's reference
+    # tests compare keras-vit's logits with timm's on the same weights)
     model = with_random_head(tiny(num_classes=1000))
     photo = np.random.default_rng(5).integers(0, 256, (1, 32, 32, 3), dtype="uint8")
     scores = model.predict(preprocess_input(photo), verbose=0)

@@ -2,7 +2,7 @@
 
 Several workers equal one process, a killed worker stops the job and the rerun resumes from the chief's last
 checkpoint, and an unreachable peer is named within the timeout. How each worker reads its own part of the input:
-tests/test_training_sharding.py.
+tests/training/distributed/test_sharding.py.
 """
 
 from __future__ import annotations

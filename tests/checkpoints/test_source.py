@@ -1,8 +1,10 @@
-"""Weight files that are not what they claim (issue 25): each refused with one line naming the file and the cause,
-or read correctly; written with numpy, safetensors and Keras themselves in the published layouts.
+"""Weight files that are not what they claim (issue 25), mostly through the checkpoint pipeline's first step
+(``keras_vit.checkpoints.source``: the format told from the content, a zip's members checked before anything is
+unpacked, bfloat16 widened): each refused with one line naming the file and the cause, or read correctly; written with
+numpy, safetensors and Keras themselves in the published layouts.
 
 The timm and Hugging Face cases (files written by timm and transformers) are in ``test_timm.py`` and
-``test_from_huggingface.py``; a catalogue name served by a mirror on 127.0.0.1 in ``test_download.py``.
+``test_from_huggingface.py``; a catalogue name served by a mirror on 127.0.0.1 in ``zoo/test_download.py``.
 """
 
 import gzip

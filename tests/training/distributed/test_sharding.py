@@ -1,6 +1,6 @@
-"""Input sharded at the source (training/sharding.py, the pipelines' input shards): each worker builds only its slice
-of every batch, the slices are disjoint, cover the data once per epoch and make up one process's batches, and no
-worker opens an image file or a TFDS shard outside its part. In one process: a worker is a Shard."""
+"""Input sharded at the source (training/distributed/sharding.py, the pipelines' input shards): each worker builds
+only its slice of every batch, the slices are disjoint, cover the data once per epoch and make up one process's
+batches, and no worker opens an image file or a TFDS shard outside its part. In one process: a worker is a Shard."""
 
 import contextlib
 import os

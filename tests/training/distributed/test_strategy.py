@@ -5,7 +5,7 @@ import json
 import pytest
 from training_support import TINY, python_json
 
-pytestmark = pytest.mark.backends("tensorflow")  # tf.distribute; JAX's keras.distribution: test_training_backends.py
+pytestmark = pytest.mark.backends("tensorflow")  # tf.distribute; JAX's keras.distribution: training/test_backends.py
 
 # Runs in a fresh process: the CPU must be split into two logical devices before TensorFlow starts.
 MIRRORED_VS_DEFAULT = """
