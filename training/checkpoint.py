@@ -9,6 +9,7 @@ import re
 import zipfile
 import zlib
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import keras
 import numpy as np
@@ -91,7 +92,7 @@ def _manifest(text: str) -> dict:
     return manifest
 
 
-def _is_history(history) -> bool:
+def _is_history(history) -> TypeGuard[dict[str, list]]:
     """Whether a manifest's ``history`` is ``{"epoch": [...], metric: [...]}`` of equal lengths."""
     if not isinstance(history, dict) or not isinstance(history.get("epoch"), list):
         return False
@@ -189,7 +190,8 @@ class Checkpointer:
             os.makedirs(self.directory, exist_ok=True)
             named = {f"{part}/{i}": a for part, values in arrays.items() for i, a in enumerate(values)}
             with atomic_open(checkpoint_path(self.directory, step), durable=True) as file:
-                np.savez(file, step=np.int64(step), manifest=np.array(json.dumps(manifest)), **named)
+                # the ignore: numpy's stub fears a key named allow_pickle among **named; its keys are "part/i"
+                np.savez(file, step=np.int64(step), manifest=np.array(json.dumps(manifest)), **named)  # type: ignore[arg-type]
             for old in checkpoint_steps(self.directory)[: -self.keep]:
                 os.remove(checkpoint_path(self.directory, old))
         self.saved = step

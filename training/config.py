@@ -97,7 +97,7 @@ ModelOptions = model_flags(
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(_Checked, ModelOptions):
+class ModelConfig(_Checked, ModelOptions):  # type: ignore[misc, valid-type]  # ModelOptions: a class made at run time
     """The model: a variant with any option of keras_vit.config.ViTConfig replaced, its weights and LoRA."""
 
     name: str | None = option(
@@ -401,11 +401,12 @@ def resolve(config: TrainConfig, *, train_examples: int | None, accelerator: str
     preset = choose_preset(config)
     values = preset_values(config, preset)
     if config.optim.batch_size is None and accelerator == "cpu" and preset in CPU_SCALED_PRESETS:
-        optim = values["optim"]
-        optim["lr"] *= CPU_BATCH / optim["batch_size"]
-        optim["batch_size"] = CPU_BATCH
+        preset_optim = values["optim"]
+        preset_optim["lr"] *= CPU_BATCH / preset_optim["batch_size"]
+        preset_optim["batch_size"] = CPU_BATCH
     resolved = TrainConfig().update(values).update(config.set_fields(), preset=preset)
     optim = resolved.optim
+    assert optim.batch_size is not None and optim.warmup is not None  # every preset sets them
     steps, eval_every = optim.steps, optim.eval_every
     if optim.epochs is not None and steps is not None:
         raise ValueError("Give steps or epochs, not both.")
@@ -416,6 +417,7 @@ def resolve(config: TrainConfig, *, train_examples: int | None, accelerator: str
             )
         per_pass = math.ceil(train_examples / optim.batch_size)
         steps, eval_every = optim.epochs * per_pass, eval_every or per_pass
+    assert steps is not None  # every preset sets steps or epochs, and gives way to either
     eval_every = eval_every or max(1, math.ceil(steps / 10))
     warmup = round(optim.warmup * steps) if optim.warmup < 1 else optim.warmup
     resolved = resolved.replace(steps=steps, eval_every=eval_every, warmup=int(min(warmup, steps)))
@@ -489,6 +491,7 @@ def _shown(value: Any) -> str:
 
 def _check(config: TrainConfig, replicas: int) -> None:
     optim = config.optim
+    assert optim.batch_size is not None and config.model.name is not None  # resolved: the preset sets them
     micro = optim.batch_size // optim.accumulation_steps
     if optim.batch_size % optim.accumulation_steps or micro % replicas:
         raise ValueError(
@@ -527,6 +530,7 @@ def add_arguments(parser: argparse.ArgumentParser, base: TrainConfig | None = No
     base = base or TrainConfig()
     fields.add_arguments(parser, base)
     for section, cls in SECTIONS.items():
+        assert cls.__doc__ is not None  # a dataclass always has one
         fields.add_arguments(parser.add_argument_group(section, cls.__doc__.splitlines()[0]), getattr(base, section))
 
 

@@ -132,7 +132,7 @@ def load_digits(eval_fraction: float = 0.2, seed: int = 0) -> Source:
 
 
 def check_images(
-    splits: Sequence[tuple[Sequence[str], int]],
+    splits: Sequence[tuple[Sequence[str] | np.ndarray, int]],
     skip: bool = False,
     shard: Shard = WHOLE,
     gather: Callable[[np.ndarray], np.ndarray] | None = None,
@@ -168,7 +168,7 @@ def check_images(
     return np.split(good, ends[:-1])
 
 
-def _spans(splits: Sequence[tuple[Sequence[str], int]], bad: set[int], shard: Shard) -> list[int]:
+def _spans(splits: Sequence[tuple[Sequence[str] | np.ndarray, int]], bad: set[int], shard: Shard) -> list[int]:
     """The listing indices (splits one after the other) of the files this worker reads once ``bad`` are left out."""
     mine, offset = [], 0
     for paths, parts in splits:
@@ -231,7 +231,7 @@ def _list_classes(root: str) -> tuple[list[str], np.ndarray, np.ndarray]:
         named = ", ".join(os.path.join(root, name) for name in runs)
         warn(f"leaving out {named}: a keras-vit run folder ({MARKER}), not a class of images")
         classes = [name for name in classes if name not in runs]
-    paths, labels = [], []
+    paths, found_labels = [], []
     folders: dict[str, str] = {}  # real path -> the class folder listed
     files: dict[str, str] = {}  # the same for the image files
     for label, name in enumerate(classes):
@@ -240,8 +240,8 @@ def _list_classes(root: str) -> tuple[list[str], np.ndarray, np.ndarray]:
         _refuse_one_as_two(folders.setdefault(real, folder), folder, real, "folder")
         found = _class_images(folder, real, files)
         paths += found
-        labels += [label] * len(found)
-    labels = np.array(labels, np.int64)
+        found_labels += [label] * len(found)
+    labels = np.array(found_labels, np.int64)
     _require_images(root, classes, labels)
     return classes, np.array(paths, dtype=str), labels
 
@@ -261,6 +261,7 @@ def load_folder(
     if not os.path.isdir(root):
         raise ValueError(f"Image folder {root!r} does not exist.")
     eval_dir = next((os.path.join(root, n) for n in FOLDER_EVAL_NAMES if os.path.isdir(os.path.join(root, n))), None)
+    folders: tuple[str, ...]
     if os.path.isdir(os.path.join(root, "train")) and eval_dir is not None:
         train_dir = os.path.join(root, "train")
         (classes, paths, labels), (eval_classes, eval_paths, eval_labels) = map(_list_classes, (train_dir, eval_dir))

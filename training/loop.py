@@ -14,6 +14,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
 
 import keras
 import numpy as np
@@ -78,7 +80,7 @@ def plan_segments(start: int, total: int, steps_per_epoch: int) -> list[Segment]
 class StepCallback(keras.callbacks.Callback):
     """Knows the global step of every batch across resumed, segmented fit calls."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.segment: Segment | None = None
         self.epoch = self.epoch_start = 0
@@ -112,6 +114,7 @@ class Progress(keras.callbacks.ProgbarLogger):
     def _steps(self, epoch: int) -> tuple[int, int]:
         """The optimizer steps before the epoch and at its end."""
         seg = self.segment
+        assert seg is not None  # fit sets it before each model.fit
         first = seg.start_step + (epoch - seg.first_epoch) * seg.steps_per_epoch
         return first // self.accumulation, (first + seg.steps_per_epoch) // self.accumulation
 
@@ -222,7 +225,7 @@ class StopOnSignal(StepCallback):
         self.checkpointer, self.accumulation_steps, self.agree = checkpointer, accumulation_steps, agree
         self.received: int | None = None
         self.stopped_at: int | None = None
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     def on_train_begin(self, logs=None):
         if threading.current_thread() is threading.main_thread() and not self.previous:
@@ -249,6 +252,7 @@ class StopOnSignal(StepCallback):
         self.previous = {}
 
     def error(self) -> PreemptedError:
+        assert self.stopped_at is not None  # fit asks for it once the run stopped
         name = signal.Signals(self.received).name if self.received else "a signal to another worker"
         return PreemptedError(
             f"stopped by {name} at step {self.stopped_at // self.accumulation_steps}: the checkpoint of that step is "
@@ -373,7 +377,8 @@ def fit(
         progress = [Progress(bar, total_steps, accumulation_steps)] if verbose != 0 else []
         history = EpochHistory(checkpointer)  # after the caller's callbacks: it keeps what they leave
         for segment in plan_segments(start, total_steps, steps_per_epoch):
-            for stepper in [*steppers, history, *progress]:
+            segmented: list[StepCallback | Progress] = [*steppers, history, *progress]
+            for stepper in segmented:
                 stepper.segment = segment
             saver.last = segment.start_step
             with training_scope(strategy):

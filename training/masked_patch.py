@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TypedDict
 
 import keras
 import tensorflow as tf
@@ -214,7 +215,7 @@ def masked_patch_dataset(
     keys = tf.data.Dataset.range(first, tf.int64.max).map(lambda step: step * shard.count + shard.index)
     batches = tf.data.Dataset.zip(images, keys)
     return batches.map(
-        lambda x_weights, step: _to_mpp_batch(
+        lambda x_weights, step: _to_mpp_batch(  # type: ignore[misc]  # *x_weights: the pair (images, weights)
             *x_weights,
             step,
             seed=seed + (0 if training else 1),
@@ -225,6 +226,13 @@ def masked_patch_dataset(
         ),
         num_parallel_calls=tf.data.AUTOTUNE,
     ).prefetch(tf.data.AUTOTUNE)
+
+
+class _Settings(TypedDict):
+    bits: int
+    rate: float
+    mask_fraction: float
+    random_fraction: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +271,7 @@ class MaskedPatches:
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
         source, augment, patch = setup.source, Augment.of(setup.config), patch_grid(model)[1]
-        settings = dict(
+        settings: _Settings = dict(
             bits=self.bits, rate=self.rate, mask_fraction=self.mask_fraction, random_fraction=self.random_fraction
         )
         options = setup.stream_options()

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "ABLATION_FOLDERS",
@@ -157,9 +157,9 @@ def check_paths(path: str, files: Sequence[str], folders: Sequence[str] = RUN_FO
     folder it cannot write. The names are relative to ``path`` (or absolute: a model saved elsewhere)."""
     files = [os.path.join(path, name) for name in files]
     for entry in [os.path.join(path, name) for name in folders] + files:
-        folder = entry not in files
-        if os.path.lexists(entry) and os.path.isdir(entry) != folder:
-            kind, other = ("a file", "its folder") if folder else ("a folder", "its file")
+        is_folder = entry not in files
+        if os.path.lexists(entry) and os.path.isdir(entry) != is_folder:
+            kind, other = ("a file", "its folder") if is_folder else ("a folder", "its file")
             raise OutputDirError(
                 f"{entry} is {kind}, where the run writes {other} {os.path.basename(entry)}: move it away, or choose "
                 "another --output-dir."

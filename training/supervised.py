@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import keras
 import tensorflow as tf
@@ -19,7 +20,7 @@ from keras_vit.training.setup import Setup, prepare
 
 __all__ = ["Classification", "FinetuneResult", "train_classifier"]
 
-FinetuneResult = RunResult  # the name the API has always given a classification run's result
+FinetuneResult: TypeAlias = RunResult  # the name the API has always given a classification run's result
 
 
 @dataclasses.dataclass(frozen=True)

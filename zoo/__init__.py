@@ -10,8 +10,9 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import download
 from .cache import CORRUPT, check_file
@@ -103,7 +104,9 @@ def _load() -> tuple[str, tuple[Checkpoint, ...], dict[str, tuple[str, ...]]]:
     with open(CATALOGUE) as f:
         data = json.load(f)
     aliases = {name: tuple(tags) for name, tags in data["aliases"].items() if name != "description"}
-    rows = ({key: tuple(v) if isinstance(v, list) else v for key, v in row.items()} for row in data["checkpoints"])
+    rows: Iterator[dict[str, Any]] = (
+        {key: tuple(v) if isinstance(v, list) else v for key, v in row.items()} for row in data["checkpoints"]
+    )
     return data["base_url"], tuple(Checkpoint(**row) for row in rows), aliases
 
 

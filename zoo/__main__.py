@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from keras_vit import zoo
@@ -49,8 +50,8 @@ def _list(args) -> None:
         )
     if any(e.top1 is not None and _timm_number(e) for e in entries):
         print("* top-1 of timm's own evaluation, not the authors' (see top1_source: --json)")
-    where = {"the Hugging Face Hub (timm's copies)" if e.source_url else redact(zoo.base_url()) for e in entries}
-    where = " and ".join(sorted(where)) or redact(zoo.base_url())
+    hosts = {"the Hugging Face Hub (timm's copies)" if e.source_url else redact(zoo.base_url()) for e in entries}
+    where = " and ".join(sorted(hosts)) or redact(zoo.base_url())
     print(f"\n{len(entries)} checkpoints from {where} (cache: {zoo.cache_root(args.cache_dir)})")
 
 
@@ -167,7 +168,7 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
         with atomic_path(target) as temporary:
             save(temporary)
 
-    writers = {
+    writers: dict[str, Callable[[Path], object]] = {
         "keras": functools.partial(atomically, model.save),
         "weights_h5": functools.partial(atomically, model.save_weights),
         "timm-safetensors": lambda p: save_timm_safetensors(model, p),

@@ -174,7 +174,10 @@ class _Deadline:
 def _attempt(url: str, part: Path, state: Path, size, limit, timeout: float, end: _Deadline, progress) -> bool:
     """One request into ``part``; True when its length is proven (``Content-Length`` or ``size``)."""
     have, validator = _resumable(part, state, url)
-    headers = {"Range": f"bytes={have}-", "If-Range": validator} if have else {}
+    headers: dict[str, str] = {}
+    if have:
+        assert validator is not None  # _resumable gives one with every byte count it resumes from
+        headers = {"Range": f"bytes={have}-", "If-Range": validator}
     plain, credentials = _credentials(url)
     if credentials:
         headers["Authorization"] = f"Basic {base64.b64encode(credentials.encode()).decode()}"
@@ -188,6 +191,7 @@ def _attempt(url: str, part: Path, state: Path, size, limit, timeout: float, end
         raise
     with response:
         if have and response.status == 206:
+            assert validator is not None  # as above
             try:
                 _check_partial(response, have, validator)
             except _Retry:

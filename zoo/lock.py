@@ -15,7 +15,7 @@ from .errors import DownloadError
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; concurrent downloads of one file may then collide
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["file_lock"]
 

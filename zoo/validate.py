@@ -11,7 +11,7 @@ import struct
 import tokenize
 import warnings
 import zipfile
-from typing import TYPE_CHECKING, BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO
 
 from keras_vit.files import ZIP_FAULTS, open_zip
 
@@ -19,6 +19,7 @@ from .errors import CorruptCheckpointError
 
 if TYPE_CHECKING:
     import numpy as np
+    from typing_extensions import TypeIs
 
 __all__ = [
     "MAX_MEMBER_BYTES",
@@ -46,7 +47,7 @@ _END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 byt
 _BROKEN = (*ZIP_FAULTS, KeyError)  # what a damaged archive, or an .npy header in it, raises
 
 
-def _check_ends_with_archive(f: BinaryIO, size: int) -> None:
+def _check_ends_with_archive(f: IO[bytes], size: int) -> None:
     """The zip must end the file: a body longer than the archive (appended bytes) is not the file we asked for."""
     tail_size = min(size, 22 + 0xFFFF)
     f.seek(size - tail_size)
@@ -64,7 +65,7 @@ def _check_ends_with_archive(f: BinaryIO, size: int) -> None:
     raise CorruptCheckpointError("it does not end with a zip directory (truncated, or followed by other bytes)")
 
 
-def _read_header(member: BinaryIO, name: str) -> tuple[tuple[int, ...], np.dtype]:
+def _read_header(member: IO[bytes], name: str) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype from an ``.npy`` header: Python-literal text that numpy tokenizes and parses, so a
     damaged one can fail in many ways, each of them a corrupt file."""
     import numpy as np
@@ -116,10 +117,13 @@ def check_members(archive: zipfile.ZipFile) -> None:
 
 def _archive_size(archive: zipfile.ZipFile) -> int | None:
     """The archive file's size in bytes; None when it cannot be told (a stream without ``seek``)."""
+    fp = archive.fp
+    if fp is None:  # a closed archive
+        return None
     try:
-        at = archive.fp.tell()
-        size = archive.fp.seek(0, io.SEEK_END)
-        archive.fp.seek(at)
+        at = fp.tell()
+        size = fp.seek(0, io.SEEK_END)
+        fp.seek(at)
     except (AttributeError, OSError, ValueError):
         return None
     return size
@@ -165,16 +169,19 @@ def _check_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         )
 
 
+def _is_file(source: str | os.PathLike | BinaryIO) -> TypeIs[BinaryIO]:
+    return hasattr(source, "read")
+
+
 def check_npz(source: str | os.PathLike | BinaryIO, required: tuple[str, ...] = REQUIRED_KEYS) -> None:
     """Raise ``CorruptCheckpointError`` (naming ``source`` and the fault) unless it is a whole ``.npz`` checkpoint.
 
     ``source``: a path or a seekable binary file. Reads the data once (the CRC check) and allocates no array;
     a path that cannot be opened is an ``OSError`` as usual, not a verdict on its bytes.
     """
-    is_file = hasattr(source, "read")
-    label = str(getattr(source, "name", "the data")) if is_file else os.fspath(source)
+    label = str(getattr(source, "name", "the data")) if _is_file(source) else os.fspath(source)
     invalid = f"{label} is not a valid .npz checkpoint"
-    with contextlib.nullcontext(source) if is_file else open(source, "rb") as f:
+    with contextlib.nullcontext(source) if _is_file(source) else open(source, "rb") as f:
         try:
             _check_ends_with_archive(f, f.seek(0, io.SEEK_END))
             f.seek(0)

@@ -157,7 +157,8 @@ def run(
     """Run ``command`` as the tasks ``indices`` of the cluster ``addresses`` on ``backend``; return the exit status
     (0: all succeeded; a failed worker's status; 124 past ``timeout`` seconds). Workers are always stopped on
     return."""
-    lock, workers = threading.Lock(), []
+    lock = threading.Lock()
+    workers: list[Worker] = []
     started = time.monotonic()
     received: list[int] = []
 

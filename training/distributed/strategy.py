@@ -73,7 +73,8 @@ def split_cpu(num_devices: int) -> None:
     if keras.backend.backend() == "jax":
         import jax
 
-        if jax.config.jax_num_cpu_devices == num_devices:
+        # the ignore: jax.config's options are attributes made at run time
+        if jax.config.jax_num_cpu_devices == num_devices:  # type: ignore[attr-defined]
             return
         try:
             jax.config.update("jax_num_cpu_devices", num_devices)
@@ -220,7 +221,8 @@ def initialize_jax_processes(connect_timeout: float | None = None) -> int:
         return 1
     if connect_timeout is None:
         connect_timeout = float(os.environ.get("KERAS_VIT_CONNECT_TIMEOUT") or DEFAULT_CONNECT_TIMEOUT)
-    if jax.config.jax_cpu_collectives_implementation in (None, "none"):  # older JAX: no CPU collectives by default
+    # older JAX: no CPU collectives by default (the ignore: jax.config's options are attributes made at run time)
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):  # type: ignore[attr-defined]
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     count, coordinator = processes.count, processes.coordinator
     peers = [] if processes.index == 0 else [("the coordinator (process 0)", coordinator)]
@@ -350,6 +352,7 @@ def _watchdog(timeout: float, peers: list[tuple[str, str]], what: str, otherwise
         [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout), json.dumps(peers), what, otherwise],
         stdin=subprocess.PIPE,
     )
+    assert watchdog.stdin is not None  # stdin=PIPE
     try:
         yield
     finally:
