@@ -158,6 +158,29 @@ def test_every_public_name_resolves():
         keras_vit.no_such_name  # noqa: B018
 
 
+# A test file the docs name: ``tests/``-relative (``zoo/test_download.py``) or by its name alone, with an optional
+# ``::test_name`` or ``::test_prefix_*``; other projects' test files the docs cite are not ours.
+TEST_REFERENCE = re.compile(r"(?<![\w/.])((?:tests/)?(?:\w+/)*test_\w+\.py)(?:::(test_\w+)(\*?))?")
+OTHER_PROJECTS_TESTS = {"test_case.py"}  # keras-hub's (docs/models.md)
+
+
+def test_every_test_the_docs_name_exists():
+    """Each ``test_*.py`` (and ``::test_name``) that README.md and docs/*.md point a reader to is a file of tests/
+    holding that test: a moved or renamed test leaves no dangling pointer."""
+    tests = REPO / "tests"
+    dangling = []
+    for document in [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]:
+        for path, name, prefix in TEST_REFERENCE.findall(document.read_text()):
+            relative = path.removeprefix("tests/")
+            if relative in OTHER_PROJECTS_TESTS:
+                continue
+            files = [tests / relative] if "/" in relative else list(tests.rglob(relative))
+            defined = f"^def {name}" + ("" if prefix else r"\b")
+            if not any(f.is_file() and (not name or re.search(defined, f.read_text(), re.M)) for f in files):
+                dangling.append(f"{document.name}: {path}{'::' + name + prefix if name else ''}")
+    assert not dangling, dangling
+
+
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
     """A ``.keras`` file holding a layer of each module that registers some (a hybrid's features, with its
