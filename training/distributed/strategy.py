@@ -205,6 +205,11 @@ def jax_processes(env: dict[str, str] | None = None) -> JaxProcesses | None:
     return JaxProcesses(addresses[0], count, index) if count > 1 else None
 
 
+def _connect_timeout(given: float | None) -> float:
+    """``given``, else ``KERAS_VIT_CONNECT_TIMEOUT``, else :data:`DEFAULT_CONNECT_TIMEOUT` (seconds)."""
+    return float(os.environ.get("KERAS_VIT_CONNECT_TIMEOUT") or DEFAULT_CONNECT_TIMEOUT) if given is None else given
+
+
 def initialize_jax_processes(connect_timeout: float | None = None) -> int:
     """Join this process to the run's other JAX processes (``jax.distributed.initialize``), once; return how many
     there are (1: a single process, nothing to join). A process that has not joined within ``connect_timeout``
@@ -219,8 +224,7 @@ def initialize_jax_processes(connect_timeout: float | None = None) -> int:
     processes = jax_processes()
     if processes is None:
         return 1
-    if connect_timeout is None:
-        connect_timeout = float(os.environ.get("KERAS_VIT_CONNECT_TIMEOUT") or DEFAULT_CONNECT_TIMEOUT)
+    connect_timeout = _connect_timeout(connect_timeout)
     # older JAX: no CPU collectives by default (the ignore: jax.config's options are attributes made at run time)
     if jax.config.jax_cpu_collectives_implementation in (None, "none"):  # type: ignore[attr-defined]
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -379,8 +383,7 @@ def multi_worker_strategy(
     """``MultiWorkerMirroredStrategy`` over ``TF_CONFIG``'s tasks, giving up after ``connect_timeout`` seconds
     (default ``KERAS_VIT_CONNECT_TIMEOUT`` or 600; see the module docstring) when a peer does not join."""
     env = os.environ
-    if connect_timeout is None:
-        connect_timeout = float(env.get("KERAS_VIT_CONNECT_TIMEOUT") or DEFAULT_CONNECT_TIMEOUT)
+    connect_timeout = _connect_timeout(connect_timeout)
     if collective_timeout is None and env.get("KERAS_VIT_COLLECTIVE_TIMEOUT"):
         collective_timeout = float(env["KERAS_VIT_COLLECTIVE_TIMEOUT"])
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout or None)

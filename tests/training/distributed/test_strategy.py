@@ -56,3 +56,14 @@ def test_mirrored_over_two_cpus_matches_default_strategy(case):
     assert out["max_change"] > 1e-3  # training moved the weights...
     assert out["max_difference"] < 1e-5  # ...identically under both strategies (float tolerance)
     assert out["accuracy"]["mirrored"] == pytest.approx(out["accuracy"]["default"], abs=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_the_connect_timeout_is_the_argument_else_the_environment_else_ten_minutes(monkeypatch):
+    from keras_vit.training.distributed.strategy import DEFAULT_CONNECT_TIMEOUT, _connect_timeout
+
+    monkeypatch.delenv("KERAS_VIT_CONNECT_TIMEOUT", raising=False)
+    assert _connect_timeout(None) == DEFAULT_CONNECT_TIMEOUT == 600.0
+    monkeypatch.setenv("KERAS_VIT_CONNECT_TIMEOUT", "7.5")
+    assert _connect_timeout(None) == 7.5
+    assert _connect_timeout(3.0) == 3.0
