@@ -3,6 +3,7 @@ same on every backend (docs/training.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -187,7 +188,8 @@ class Checkpointer:
         if self.write:
             manifest = {"format": FORMAT, "backend": keras.backend.backend(), "step": step, "history": self.history}
             manifest.update({part: _entries(variables) for part, variables in parts.items()})
-            os.makedirs(self.directory, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # mkdir: a run folder deleted under the run is not made again
+                os.mkdir(self.directory)
             named = {f"{part}/{i}": a for part, values in arrays.items() for i, a in enumerate(values)}
             with atomic_open(checkpoint_path(self.directory, step), durable=True) as file:
                 # the ignore: numpy's stub fears a key named allow_pickle among **named; its keys are "part/i"

@@ -4,6 +4,7 @@ An "epoch" is an evaluation interval."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from keras_vit.training.checkpoint import DIVERGED_HINT, Checkpointer
 from keras_vit.training.distributed.sharding import gather_over_workers, input_shard
 from keras_vit.training.distributed.strategy import Strategy, is_chief, training_scope
 from keras_vit.training.errors import DivergedError, PreemptedError, TrainingError
-from keras_vit.training.outputs import write_json
+from keras_vit.training.outputs import LOCK, write_json
 
 __all__ = [
     "CheckpointEvery",
@@ -150,6 +151,19 @@ class CheckpointEvery(StepCallback):
         if step // self.every > self.last // self.every:
             self.checkpointer.save(self.model, step)  # self.model: on JAX, the state attached to the variables
         self.last = step
+
+
+class FolderWatch(keras.callbacks.Callback):
+    """Stops the run once its folder's lock file is gone (the folder deleted under it): a ``FileNotFoundError`` naming
+    the lock at the next batch, before a checkpoint could make the folder again."""
+
+    def __init__(self, lock: str):
+        super().__init__()
+        self.lock = lock
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not os.path.exists(self.lock):
+            raise FileNotFoundError(errno.ENOENT, "the run's folder lock is gone", self.lock)
 
 
 class EpochHistory(StepCallback):
@@ -364,6 +378,8 @@ def fit(
         log_path = os.path.join(work_dir, "train_log.jsonl")
         truncate_log(log_path, start)
         saver = CheckpointEvery(checkpointer, checkpoint_every)
+        lock = os.path.join(output_dir, LOCK)  # held by the runner (outputs.run_lock) where the run writes a folder
+        watch = [FolderWatch(lock)] if chief and os.path.exists(lock) else []  # first: before any write of the step
         steppers = [
             StopOnNonFinite(checkpointer, accumulation_steps),  # first: no checkpoint at a non-finite step
             saver,
@@ -389,7 +405,7 @@ def fit(
                     initial_epoch=segment.first_epoch,
                     steps_per_epoch=segment.steps_per_epoch,
                     validation_data=eval_data,
-                    callbacks=[*steppers, *callbacks, history, tensorboard, *progress],
+                    callbacks=[*watch, *steppers, *callbacks, history, tensorboard, *progress],
                     verbose=0,
                 )
             if stopper.stopped_at is not None:

@@ -143,6 +143,24 @@ def test_a_run_folder_deleted_while_the_run_trains_ends_the_process_in_one_line(
     ]
 
 
+@pytest.mark.backends("tensorflow")  # folders: backend-independent
+def test_a_run_folder_deleted_just_before_a_checkpoint_is_not_made_again_and_the_run_stops(tmp_path):
+    """Deleted after step 39 with a checkpoint due at step 40, whose save would make the folder again (and the log line
+    after it would write there): the run stops at the next batch with the one error, and the folder stays gone. The
+    test above deletes it at a moment the operating system picks, which once (CI, 2026-12-07) fell there."""
+    out = tmp_path / "run"
+
+    class Delete(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 38:  # the epoch's 39th batch: step 39, after the run's own step-end work
+                shutil.rmtree(out)
+
+    with pytest.raises(OutputDirError, match=f"--output-dir {re.escape(str(out))} was deleted while the run was"):
+        run = {**RUN, "steps": 60, "checkpoint_every": 20, "log_every": 10, "eval_every": 60}
+        finetune(output_dir=str(out), callbacks=[Delete()], **run)
+    assert not out.exists()
+
+
 @pytest.mark.backend_independent
 def test_a_run_refused_by_its_checks_leaves_no_folder_it_made_and_keeps_the_users(tmp_path):
     """An image size the patch does not divide is refused when the model is built, inside the run's folder lock."""
