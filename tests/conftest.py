@@ -15,6 +15,12 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# pytest -n N: the N workers share the machine's cores, so each framework in a worker (and the processes it starts) uses
+# its share; more threads than cores would spin on each other.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for _name in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_name, _threads)
 
 import keras_vit  # noqa: F401  (before Keras loads TensorFlow, as in a user's program: it picks TF's CPU kernels)
 
