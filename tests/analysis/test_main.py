@@ -407,6 +407,33 @@ def test_console_command_runs_in_a_fresh_process(tmp_path):
     assert_png(tmp_path / "embedding_filters.png", DEFAULT_SIZES["embedding_filters.png"])
 
 
+@pytest.mark.filterwarnings("ignore:.*no classification head:UserWarning")
+def test_analysis_on_non_finite_weights_exits_non_zero_and_writes_nothing(tmp_path, capsys):
+    from npz_layout import vit_checkpoint, write_checkpoint
+
+    arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
+    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][0, 0] = np.nan
+    path, out = write_checkpoint(tmp_path / "nan.npz", arrays), tmp_path / "out"
+    argv = ["Ti/16", "--weights", str(path), *TINY_ARCHITECTURE, "--analyses", "position", "--output-dir", str(out)]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "nan.npz holds NaN or infinite values in 1 arrays" in err
+    assert not out.exists()
+
+
+def test_results_json_is_strict_json(tmp_path):
+    from keras_vit.analysis.__main__ import _write_outputs
+
+    _write_outputs(str(tmp_path), [], {"accuracy": float("nan"), "curve": [1.0, float("inf")]})
+
+    def refuse(constant):
+        raise AssertionError(f"non-strict JSON: {constant}")
+
+    text = (tmp_path / "results.json").read_text()
+    assert json.loads(text, parse_constant=refuse) == {"accuracy": None, "curve": [1.0, None]}
+
+
 # --- bad inputs: 16-bit images, unreadable files, options that cannot work together -----------------
 
 

@@ -315,3 +315,17 @@ def test_a_truncated_weights_file_is_one_error_naming_the_file(originals, tmp_pa
         with pytest.raises(EXPECTED) as raised:
             keras_vit.load_weights(model, path)
         assert str(path) in str(raised.value) and "\n" not in str(raised.value), raised.value
+
+
+TINY_R_TI = dict(patch=8, width=32, depth=1, heads=2, mlp=64, grid=(2, 2))
+
+
+def test_the_catalogue_check_of_a_variant_the_table_does_not_build_holds_its_head(tmp_path):
+    """AugReg's R+Ti/16 is not in keras-vit's variant table: its files are held to the entry's classes and head."""
+    from keras_vit.zoo import CorruptCheckpointError
+
+    entry = zoo.get("R_Ti_16.augreg_in21k_ft_in1k_384")
+    path = write_checkpoint(tmp_path / "r_ti.npz", vit_checkpoint(**TINY_R_TI, num_classes=10))
+    with pytest.raises(CorruptCheckpointError, match=rf"another architecture: classes 10 \({entry.name}: 1000\)$"):
+        catalogue_check(entry)(path)
+    catalogue_check(entry)(write_checkpoint(tmp_path / "head.npz", vit_checkpoint(**TINY_R_TI, num_classes=1000)))

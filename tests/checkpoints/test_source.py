@@ -9,7 +9,6 @@ The timm and Hugging Face cases (files written by timm and transformers) are in 
 
 import gzip
 import io
-import json
 import resource
 import zipfile
 
@@ -17,13 +16,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 from npz_layout import vit_checkpoint, write_checkpoint
-from staging_support import killed_staging
 
 import keras_vit
-from keras_vit.analysis.__main__ import _write_outputs
-from keras_vit.analysis.__main__ import main as analysis_main
 from keras_vit.checkpoints.load import read_checkpoint
-from keras_vit.zoo.__main__ import STAGING
 from keras_vit.zoo.__main__ import main as zoo_main
 
 pytestmark = pytest.mark.backend_independent  # files, names and checks: the same on every backend
@@ -46,26 +41,6 @@ def images(size=16):
 def savez(path, arrays):
     np.savez(path, **arrays)
     return path
-
-
-# --- zoo convert onto an existing output ------------------------------------------------------------
-
-
-def test_convert_refuses_an_existing_output_unless_overwrite_and_writes_it_whole(tiny, tmp_path, capsys):
-    path, _, model = tiny
-    out = tmp_path / "vit.weights.h5"
-    out.write_bytes(b"the user's own file")
-    with pytest.raises(SystemExit) as exit_:
-        zoo_main(["convert", str(path), str(out)])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 1 and f"error: The output {out} exists (a file): pass --overwrite" in err
-    assert out.read_bytes() == b"the user's own file"
-    killed_staging(tmp_path, STAGING)  # what a convert killed by SIGKILL left: the next one removes it
-    zoo_main(["convert", str(path), str(out), "--overwrite"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.weights.h5"]  # replaced whole, nothing beside it
-    again = keras_vit.model_from_checkpoint(path)
-    again.load_weights(out)
-    np.testing.assert_array_equal(again.predict_on_batch(images()), model.predict_on_batch(images()))
 
 
 # --- dtypes ---------------------------------------------------------------------------------------
@@ -189,46 +164,6 @@ def test_an_npy_header_declaring_terabytes_is_refused_before_allocating(tiny, tm
     (tmp_path / "huge.npy").write_bytes(header.getvalue())  # a bare .npy is not a checkpoint format
     with pytest.raises(ValueError, match=r"huge.npy \(128 bytes, .*is not a checkpoint keras-vit reads"):
         keras_vit.load_weights(model, tmp_path / "huge.npy")
-
-
-# --- analysis -------------------------------------------------------------------------------------------
-
-
-@pytest.mark.filterwarnings("ignore:.*no classification head:UserWarning")
-def test_analysis_on_non_finite_weights_exits_non_zero_and_writes_nothing(tmp_path, capsys):
-    arrays = vit_checkpoint(patch=8, width=32, depth=2, heads=2, mlp=64, grid=(4, 4), num_classes=5)
-    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][0, 0] = np.nan
-    path = write_checkpoint(tmp_path / "nan.npz", arrays)
-    tiny = ["--patch-size", "8", "--hidden-size", "32", "--depth", "2", "--num-heads", "2", "--mlp-dim", "64"]
-    argv = ["Ti/16", "--weights", str(path), *tiny, "--analyses", "position", "--output-dir", str(tmp_path / "out")]
-    with pytest.raises(SystemExit) as exit_:
-        analysis_main(argv)
-    err = capsys.readouterr().err
-    assert exit_.value.code == 1 and "nan.npz holds NaN or infinite values in 1 arrays" in err
-    assert not (tmp_path / "out").exists()
-
-
-def test_results_json_is_strict_json(tmp_path):
-    _write_outputs(str(tmp_path), [], {"accuracy": float("nan"), "curve": [1.0, float("inf")]})
-
-    def refuse(constant):
-        raise AssertionError(f"non-strict JSON: {constant}")
-
-    text = (tmp_path / "results.json").read_text()
-    assert json.loads(text, parse_constant=refuse) == {"accuracy": None, "curve": [1.0, None]}
-
-
-def test_the_catalogue_check_of_a_variant_the_table_does_not_build_holds_its_head(tmp_path):
-    """AugReg's R+Ti/16 is not in keras-vit's variant table: its files are held to the entry's classes and head."""
-    from keras_vit import zoo
-    from keras_vit.checkpoints.read import catalogue_check
-    from keras_vit.zoo import CorruptCheckpointError
-
-    entry = zoo.get("R_Ti_16.augreg_in21k_ft_in1k_384")
-    path = write_checkpoint(tmp_path / "r_ti.npz", vit_checkpoint(**{**TINY, "num_classes": 10}))
-    with pytest.raises(CorruptCheckpointError, match=rf"another architecture: classes 10 \({entry.name}: 1000\)$"):
-        catalogue_check(entry)(path)
-    catalogue_check(entry)(write_checkpoint(tmp_path / "head.npz", vit_checkpoint(**{**TINY, "num_classes": 1000})))
 
 
 # --- archives refused from what they declare, and bfloat16 safetensors (issue 36) --------------------------------

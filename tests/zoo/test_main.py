@@ -216,6 +216,29 @@ def test_convert_to_saved_model_folder(tiny_checkpoint, tmp_path):
         )
 
 
+def test_convert_refuses_an_existing_output_unless_overwrite_and_writes_it_whole(tiny_checkpoint, tmp_path, capsys):
+    import numpy as np
+    from staging_support import killed_staging
+
+    from keras_vit import model_from_checkpoint
+    from keras_vit.zoo.__main__ import STAGING
+
+    path, model, images = tiny_checkpoint
+    out = tmp_path / "vit.weights.h5"
+    out.write_bytes(b"the user's own file")
+    with pytest.raises(SystemExit) as exit_:
+        zoo_main(["convert", str(path), str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and f"error: The output {out} exists (a file): pass --overwrite" in err
+    assert out.read_bytes() == b"the user's own file"
+    killed_staging(tmp_path, STAGING)  # what a convert killed by SIGKILL left: the next one removes it
+    zoo_main(["convert", str(path), str(out), "--overwrite"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.weights.h5"]  # replaced whole, nothing beside it
+    again = model_from_checkpoint(path)
+    again.load_weights(out)
+    np.testing.assert_array_equal(again.predict_on_batch(images), model.predict_on_batch(images))
+
+
 @pytest.mark.backends("tensorflow")  # the formats this backend exports: docs/backends.md
 @pytest.mark.requires("tf2onnx", "onnxruntime")
 def test_convert_to_onnx(tiny_checkpoint, tmp_path):
