@@ -27,7 +27,6 @@ __all__ = [
     "RelativeTransformerBlock",
     "SinCosPositionEmbs",
     "check_method",
-    "check_position_embedding",
     "dynamic_position_embedding_layer",
     "position_embedding_layer",
     "relative_position_index",
@@ -145,11 +144,6 @@ def _check_tokens(layer, n: int | None, expected: int, built: str) -> None:
             f"({layer.num_prefix_tokens} prefix + a {gh}x{gw} patch grid). Build the model with the "
             "image_size you feed it, or resize it with keras_vit.resize_position_embeddings."
         )
-
-
-def check_position_embedding(name: str) -> str:
-    """``name`` if it is one of :data:`POSITION_EMBEDDINGS`; a ``ValueError`` naming the choices otherwise."""
-    return check_choice(name, POSITION_EMBEDDINGS, "position_embedding")
 
 
 def _resize_axis(table: np.ndarray, length: int, method: str) -> np.ndarray:

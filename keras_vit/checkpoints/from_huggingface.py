@@ -16,13 +16,11 @@ from keras_vit.checkpoints.from_timm import (
     guess_num_heads,
     linear_kernel,
     map_head_arrays,
-    reject_unsupported,
 )
 from keras_vit.checks import check_fraction, check_positive_number
 
 __all__ = [
     "HIDDEN_ACTS",
-    "HUGGINGFACE_UNSUPPORTED",
     "MODEL_TYPES",
     "TOWER_TYPES",
     "huggingface_to_npz",
@@ -31,7 +29,6 @@ __all__ = [
     "tower_to_npz",
 ]
 
-HUGGINGFACE_UNSUPPORTED: dict[str, str] = {}
 MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
 _PREFIXES = ("vit.", "deit.", "dinov2.")
 # A block's parts: the names of each model type's layers (the first present is taken).
@@ -195,7 +192,6 @@ def huggingface_to_npz(
     """A ``transformers`` ViT state dict in the ``.npz`` layout, the build options that reproduce it
     (``gelu``) and whether the head count is known (from ``config``; else guessed from the width).
     ``recorded``: the config fields the weights show, accepted here and checked against them by the caller."""
-    reject_unsupported(state, HUGGINGFACE_UNSUPPORTED, source)
     rest = {_unprefixed(key): np.asarray(v) for key, v in state.items()}
     options = _check_config(config or {}, rest, source, recorded)
     rest.pop("embeddings.mask_token", None)
