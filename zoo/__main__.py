@@ -17,6 +17,7 @@ from keras_vit import zoo
 from keras_vit.cli import HelpFormatter, add_debug_flag, command_errors, load_tensorflow
 from keras_vit.config import RESIZE_METHODS, field_names, model_flags
 from keras_vit.fields import add_arguments, given
+from keras_vit.names import locate_checkpoint
 from keras_vit.zoo.download import DEADLINE_ENV, redact
 from keras_vit.zoo.progress import ProgressBar
 
@@ -100,10 +101,9 @@ def _verify(args) -> int:
 
 
 def _check_source(source: str) -> None:
-    """A ``ValueError`` (:func:`keras_vit.zoo.get`'s) unless ``source`` is a path that exists or a catalogue name:
-    checked before TensorFlow loads."""
-    if not Path(source).exists():
-        zoo.get(source)
+    """Unless ``source`` is a path that exists or a catalogue name, a ``FileNotFoundError`` for what reads as a path
+    (``missing.npz``), else :func:`keras_vit.zoo.get`'s ``ValueError``: checked before TensorFlow loads."""
+    locate_checkpoint(source)
 
 
 def _local(source: str, cache_dir) -> Path:

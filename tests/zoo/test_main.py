@@ -276,6 +276,24 @@ def test_convert_writes_every_file_with_the_mode_the_umask_gives(tiny_checkpoint
         os.umask(old)
 
 
+@pytest.mark.parametrize("command", ["info", "convert"])
+def test_a_missing_file_is_named_as_a_missing_file_and_an_unknown_name_as_not_in_the_catalogue(
+    tmp_path, capsys, monkeypatch, command
+):
+    monkeypatch.chdir(tmp_path)
+    out = ["out.keras"] if command == "convert" else []
+    for source, said in [
+        ("missing.npz", "error: No checkpoint file at missing.npz (nor a folder); expected a Google .npz"),
+        ("models/B_16.npz", "error: No checkpoint file at models/B_16.npz (nor a folder)"),
+        ("B_16_nope", "error: No checkpoint 'B_16_nope' in the zoo catalogue."),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            zoo_main([command, source, *out])
+        err = capsys.readouterr().err
+        assert exited.value.code == 1 and err.startswith(said) and err.count("\n") == 1, err
+    assert os.listdir(tmp_path) == []
+
+
 def test_info_on_random_bytes_is_one_line_naming_the_file_without_numpys_hint(tmp_path, capsys):
     path = tmp_path / "random.npz"
     path.write_bytes(bytes(range(256)) * 12)
