@@ -137,7 +137,7 @@ def test_weights_datasets_and_pretraining_options_are_refused_before_tensorflow_
         "analysis weights": unknown,
         "analysis dataset": "No dataset file '{0}'.",
         "zoo info": unknown,
-        "zoo convert": "No checkpoint '{0}' in the zoo catalogue.",
+        "zoo convert": no_file,  # a path, not a catalogue name
         "finetune weights": no_file,
         "finetune dataset": "Image folder '{1}' does not exist.",
         "pretrain weights": unknown,
