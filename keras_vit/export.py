@@ -234,7 +234,7 @@ def _export(
     removed with a ``ValueError`` saying why; ``file_name``: ``path`` is a new folder holding that file."""
     _check_quantized(model, fmt)
     model = float32_model(model)
-    with atomic_path(path) as temporary:
+    with atomic_path(path, owned=True) as temporary:
         if file_name:
             os.mkdir(temporary)
         target = os.path.join(temporary, file_name) if file_name else temporary

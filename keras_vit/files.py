@@ -1,5 +1,6 @@
-"""Files that appear whole or not at all: written under a temporary name beside the target (``.NAME.<random>.tmp.EXT``),
-then ``os.replace``-d onto it; a folder the same way. See docs/faults.md."""
+"""Files that appear whole or not at all: written under a temporary name beside the target (``.NAME.<random>.tmp.EXT``,
+or inside a staging folder that records its writer), then ``os.replace``-d onto it; a folder the same way. See
+docs/faults.md."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
+    "OWNED_STAGING",
     "atomic_open",
     "atomic_path",
     "finite_json",
@@ -53,6 +55,9 @@ ZIP_FAULTS = (
     RuntimeError,
     IndexError,
 )
+# The staging folders of the library's writers called from Python (exports, timm files, presets, figures):
+# atomic_path(owned=True).
+OWNED_STAGING = ".keras_vit-write-"
 _STEM = r"\.*[^.]*"  # a name up to its extensions, which are all kept: "vit.weights.h5" -> "vit", ".weights.h5"
 _TEMPORARY = re.compile(rf"\.(?P<stem>{_STEM})\.[0-9a-f]{{12}}\.tmp(?P<suffix>(\..*)?)")
 
@@ -98,11 +103,28 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[str]:
+def atomic_path(path: str | os.PathLike, *, durable: bool = False, owned: bool = False) -> Iterator[str]:
     """A temporary path for a file or new folder, renamed onto ``path`` when the ``with`` block ends without an error
-    (an error removes it). ``durable``: flush to disk before the rename. A file gets the umask's mode; the parent must
-    exist, and a folder is renamed only onto a path that does not exist yet."""
-    temporary = temporary_path(path)
+    (an error removes it). ``durable``: flush to disk before the rename. ``owned``: the temporary lives in a staging
+    folder beside ``path`` that records this process (:data:`OWNED_STAGING`, :mod:`keras_vit.staging`), so that what
+    a writer killed half-way leaves is removed by the next owned write there. A file gets the umask's mode; the
+    parent must exist, and a folder is renamed only onto a path that does not exist yet."""
+    if not owned:
+        with _renamed_onto(path, temporary_path(path), durable) as temporary:
+            yield temporary
+        return
+    from keras_vit.staging import staging_folder
+
+    with (
+        staging_folder(os.path.dirname(os.path.abspath(path)), OWNED_STAGING) as folder,
+        _renamed_onto(path, os.path.join(folder, os.path.basename(temporary_path(path))), durable) as temporary,
+    ):
+        yield temporary
+
+
+@contextlib.contextmanager
+def _renamed_onto(path: str | os.PathLike, temporary: str, durable: bool) -> Iterator[str]:
+    """:func:`atomic_path` with its temporary name chosen."""
     if not os.path.isdir(os.path.dirname(temporary)):  # named as the user gave it, not by the temporary name
         raise FileNotFoundError(errno.ENOENT, "No such folder to write into", os.path.dirname(temporary))
     try:
@@ -123,13 +145,15 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[s
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", *, durable: bool = False) -> Iterator[IO]:
+def atomic_open(
+    path: str | os.PathLike, mode: str = "wb", *, durable: bool = False, owned: bool = False
+) -> Iterator[IO]:
     """A new file opened in ``mode`` (``"wb"`` or ``"w"``, UTF-8) that appears at ``path`` only when the
-    ``with`` block ends without an error (:func:`atomic_path`)."""
+    ``with`` block ends without an error (:func:`atomic_path`, with ``durable`` and ``owned``)."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_open writes a new file: mode 'wb' or 'w', not {mode!r}")
     new, encoding = mode.replace("w", "x"), None if "b" in mode else "utf-8"
-    with atomic_path(path, durable=durable) as temporary, open(temporary, new, encoding=encoding) as file:
+    with atomic_path(path, durable=durable, owned=owned) as temporary, open(temporary, new, encoding=encoding) as file:
         yield file
 
 

@@ -68,7 +68,7 @@ def _save(fig: Figure, path: str, dpi: int) -> Figure:
     """Write ``fig`` to ``path`` atomically (:func:`~keras_vit.files.atomic_open`), close it and return it."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with atomic_open(path) as file:
+        with atomic_open(path, owned=True) as file:
             fig.savefig(file, dpi=dpi, format="png")
     finally:
         plt.close(fig)

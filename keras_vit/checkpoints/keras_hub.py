@@ -54,7 +54,7 @@ def save_preset(model, folder: str | Path) -> Path:
     )
     arrays = model_arrays(model)
     head = {key: value for key, value in arrays.items() if key.startswith(("head/", "pre_logits/"))}
-    with atomic_path(folder) as temporary:
+    with atomic_path(folder, owned=True) as temporary:
         backbone.save_to_preset(temporary)
         with h5py.File(Path(temporary) / WEIGHTS_FILE, "r+") as f:
             settings = {"use_class_token": config.classifier == "token"}

@@ -227,6 +227,6 @@ def save_timm_safetensors(model: keras.Model, path: str | os.PathLike) -> dict[s
     metadata = {"format": "pt"}
     with contextlib.suppress(ValueError):  # a hybrid timm has no constructor for: the weights still convert
         metadata["timm_model_kwargs"] = json.dumps(timm_model_kwargs(model))
-    with atomic_path(path) as temporary:
+    with atomic_path(path, owned=True) as temporary:
         save_file(state, temporary, metadata=metadata)
     return state

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_vit.files import atomic_open, atomic_path, temporary_path, temporary_target
+from keras_vit.files import OWNED_STAGING, atomic_open, atomic_path, temporary_path, temporary_target
+from keras_vit.staging import OWNER
 from keras_vit.training.loop import save_outputs
 from keras_vit.training.outputs import write_json
 from keras_vit.zoo.cache import record, recorded
@@ -45,30 +46,45 @@ def test_an_error_while_writing_leaves_the_old_file_and_no_temporary(target):
     assert os.listdir(target.parent) == ["weights.bin"]
 
 
-def test_a_killed_writer_leaves_the_old_file_and_a_temporary_that_names_it(target):
-    writer = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time\n"
-            "from keras_vit.files import atomic_open\n"
-            "with atomic_open(sys.argv[1]) as file:\n"
-            "    file.write(b'x' * 1_000_000); file.flush()\n"
-            "    print('writing', flush=True); time.sleep(60)\n",
-            str(target),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+def _kill_a_writer(target, owned: bool) -> None:
+    """A child process writing 1 MB to ``target`` through ``atomic_open(owned=owned)``, killed (SIGKILL) half-way."""
+    code = (
+        "import sys, time\n"
+        "from keras_vit.files import atomic_open\n"
+        f"with atomic_open(sys.argv[1], owned={owned}) as file:\n"
+        "    file.write(b'x' * 1_000_000); file.flush()\n"
+        "    print('writing', flush=True); time.sleep(60)\n"
     )
+    writer = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline() == "writing\n"
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.wait()
     assert target.read_bytes() == b"the old file"
+
+
+def test_a_killed_writer_leaves_the_old_file_and_a_temporary_that_names_it(target):
+    _kill_a_writer(target, owned=False)
     (left,) = set(os.listdir(target.parent)) - {"weights.bin"}
     assert os.path.getsize(target.parent / left) == 1_000_000
     assert temporary_target(left) == "weights.bin"
+
+
+def test_a_killed_library_writers_staging_folder_is_removed_by_the_next_library_write_there(target):
+    """``owned``, as the writers called from Python write (exports, timm files, presets, figures): the temporary
+    sits in a staging folder that records its writer, which the next of them writing into that folder removes."""
+    import keras_vit
+
+    _kill_a_writer(target, owned=True)
+    (left,) = set(os.listdir(target.parent)) - {"weights.bin"}
+    assert re.fullmatch(re.escape(OWNED_STAGING) + r"[0-9a-f]{12}\.tmp", left)
+    (half,) = set(os.listdir(target.parent / left)) - {OWNER}
+    assert os.path.getsize(target.parent / left / half) == 1_000_000 and temporary_target(half) == "weights.bin"
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=1, num_classes=5)
+    keras_vit.save_timm_safetensors(model, target.parent / "vit.safetensors")
+    assert sorted(os.listdir(target.parent)) == ["vit.safetensors", "weights.bin"]
+    assert target.read_bytes() == b"the old file"
 
 
 def test_temporary_names_keep_the_extension_and_are_told_from_users_files(tmp_path):
@@ -152,10 +168,11 @@ def test_a_failed_timm_save_keeps_the_old_file(tmp_path, monkeypatch):
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["vit.safetensors"]
 
 
-def test_a_missing_folder_is_named_and_nothing_is_created(tmp_path):
+@pytest.mark.parametrize("owned", [False, True])
+def test_a_missing_folder_is_named_and_nothing_is_created(tmp_path, owned):
     missing = tmp_path / "no" / "such"
     message = re.escape(f"No such folder to write into: '{missing}'")
-    with pytest.raises(FileNotFoundError, match=message), atomic_open(missing / "metrics.json", "w") as file:
+    with pytest.raises(FileNotFoundError, match=message), atomic_open(missing / "m.json", "w", owned=owned) as file:
         file.write("{}")
     assert os.listdir(tmp_path) == []
 
