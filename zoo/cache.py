@@ -49,8 +49,8 @@ def record_path(path: str | os.PathLike) -> Path:
 
 
 def record(path: str | os.PathLike, digest: str) -> None:
-    """Write ``path``'s sidecar atomically."""
-    with atomic_open(record_path(path), "w") as file:
+    """Write ``path``'s sidecar atomically (a killed writer's leftovers: removed by the next record there)."""
+    with atomic_open(record_path(path), "w", owned=True) as file:
         file.write(f"{digest}  {Path(path).name}\n")
 
 

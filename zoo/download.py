@@ -124,7 +124,7 @@ def _resumable(part: Path, state: Path, url: str) -> tuple[int, str | None]:
 
 
 def _save_state(state: Path, url: str, validator: str | None) -> None:
-    with atomic_open(state, "w") as file:
+    with atomic_open(state, "w", owned=True) as file:
         json.dump({"url_sha256": _url_key(url), "validator": validator}, file)
 
 

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from staging_support import killed_staging
 
 from keras_vit.files import OWNED_STAGING, atomic_open, atomic_path, temporary_path, temporary_target
 from keras_vit.staging import OWNER
@@ -139,12 +140,13 @@ def test_a_failed_save_keeps_the_runs_previous_outputs(tmp_path, monkeypatch):
     assert json.loads(before["metrics.json"]) == {"accuracy": 0.5}
 
 
-def test_the_zoo_records_a_sha256_whole(tmp_path):
+def test_the_zoo_records_a_sha256_whole_and_removes_what_a_killed_record_left(tmp_path):
     path = tmp_path / "a.npz"
     path.write_bytes(b"weights")
+    left = killed_staging(tmp_path, OWNED_STAGING)  # a process killed while it wrote a record (or download state)
     record(path, "ab" * 32)
     assert recorded(path) == "ab" * 32
-    assert sorted(os.listdir(tmp_path)) == ["a.npz", "a.npz.sha256"]
+    assert sorted(os.listdir(tmp_path)) == ["a.npz", "a.npz.sha256"] and not left.exists()
 
 
 def test_a_failed_timm_save_keeps_the_old_file(tmp_path, monkeypatch):
