@@ -55,8 +55,8 @@ ZIP_FAULTS = (
     RuntimeError,
     IndexError,
 )
-# The staging folders of the library's writers called from Python (exports, timm files, presets, figures):
-# atomic_path(owned=True).
+# The staging folders of atomic_path(owned=True): the library's writers called from Python (exports, timm files,
+# presets, figures) and the zoo cache's records, which no run's lock cleans up after.
 OWNED_STAGING = ".keras_vit-write-"
 _STEM = r"\.*[^.]*"  # a name up to its extensions, which are all kept: "vit.weights.h5" -> "vit", ".weights.h5"
 _TEMPORARY = re.compile(rf"\.(?P<stem>{_STEM})\.[0-9a-f]{{12}}\.tmp(?P<suffix>(\..*)?)")
