@@ -3,8 +3,6 @@ checkpoint defaults, saving and the convert command; and parity with an independ
 VisionTransformer and its own ``.npz`` loader (the ``reference`` tests at the end)."""
 
 import json
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 from npz_layout import vit_checkpoint, write_checkpoint
+from reference_runs import run_reference
 
 import keras_vit
 from keras_vit.checkpoints.infer import checkpoint_info
@@ -546,10 +545,7 @@ def timm_runs(tmp_path_factory):
             )
         )
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    run = subprocess.run(
-        [sys.executable, str(REFERENCE), str(tmp / "jobs.json")], capture_output=True, text=True, timeout=600
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_reference(REFERENCE.read_text(), tmp / "jobs.json")
     outputs = {name: dict(np.load(tmp / f"{name}_out.npz")) for name in cases}
     resampled = [np.load(tmp / f"resample{i}.npz")["posemb"] for i in range(len(RESAMPLES))]
     return dict(tmp=tmp, images=images, cases=cases, outputs=outputs, posemb=posemb, resampled=resampled)

@@ -3,14 +3,13 @@ stem's keys; and the hybrids built on them (ResNet feature map + ViT): sizes, pa
 with timm, saving."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 from npz_layout import flax_hybrid_checkpoint
+from reference_runs import run_reference
 
 import keras_vit
 from keras_vit.checkpoints.load import load_weights
@@ -640,7 +639,7 @@ def timm_parity(tmp_path_factory):
         )
         cases[name] = (checkpoint, output)
     (folder / "jobs.json").write_text(json.dumps(jobs))
-    subprocess.run([sys.executable, str(REFERENCE), str(folder / "jobs.json")], check=True, timeout=600)
+    run_reference(REFERENCE.read_text(), folder / "jobs.json")
     return images, {name: (checkpoint, dict(np.load(output))) for name, (checkpoint, output) in cases.items()}
 
 
