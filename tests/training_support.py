@@ -48,7 +48,7 @@ def backend_env(backend: str = "tensorflow", host_devices: int | None = None) ->
     """The environment of a subprocess on ``backend`` (``host_devices``: XLA's CPU split into that many devices)."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     if host_devices:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host_devices}"
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={host_devices}".strip()
     return env
 
 

@@ -372,6 +372,7 @@ def test_drop_path_drops_whole_samples_and_rescales():
     np.testing.assert_array_equal(to_numpy(layer(x, training=False)), x)
 
 
+@pytest.mark.backend_independent  # argument checks, before any tensor
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -390,6 +391,7 @@ def test_bad_arguments_raise_clear_errors(kwargs, message):
         keras_vit.ViT(None, **{**TINY, **kwargs})
 
 
+@pytest.mark.backend_independent  # argument checks, before any tensor
 @pytest.mark.parametrize("variant", ["X/16", "B/0", "B/16/2", "B/sixteen", ""])
 def test_unknown_variant(variant):
     with pytest.raises(ValueError, match="Unknown ViT variant"):
@@ -411,6 +413,7 @@ def test_every_named_variant_has_its_exported_constructor():
         assert constructor.__name__ == constructor_name(variant) and variant in constructor.__doc__
 
 
+@pytest.mark.backend_independent  # argument checks, before any tensor
 def test_overrides_are_checked():
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['width'\]"):
         keras_vit.ViT("B/16", width=3)

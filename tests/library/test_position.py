@@ -356,6 +356,7 @@ def test_constant_grid_stays_constant_under_every_method():
         np.testing.assert_allclose(resize_grid(grid, (9, 3), method), 0.7, atol=1e-5)
 
 
+@pytest.mark.backend_independent  # argument checks, before any tensor
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="resize method 'nearest'"):
         resize_grid(np.zeros((2, 2, 1)), (3, 3), "nearest")

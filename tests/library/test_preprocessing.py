@@ -186,6 +186,7 @@ def test_the_default_layout_is_keras_image_data_format_but_a_saved_layer_keeps_i
     assert ImagePreprocessor.from_config(config).data_format == "channels_last"
 
 
+@pytest.mark.backend_independent  # argument checks, before any tensor
 def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="Unknown data_format 'NCHW'"):
         ImagePreprocessor(224, data_format="NCHW")
