@@ -58,8 +58,9 @@ its model through ``torch.compile`` (inductor; the compilation is the untimed fi
 ``OMP_WAIT_POLICY=PASSIVE`` (unless set): on a shared, oversubscribed machine torch's spinning
 OpenMP threads otherwise lose 3-5x; ``--threads N`` pins every framework to N threads. Keras models run
 ``predict_on_batch`` / ``train_on_batch`` after ``compile(SGD(0.01, momentum=0.9),
-SparseCategoricalCrossentropy(from_logits=True))``; timm runs ``model(x)`` under
-``torch.inference_mode()`` and a plain ``loss.backward(); opt.step()``.
+SparseCategoricalCrossentropy(from_logits=True))``; keras_vit's inference runs what ``python -m keras_vit.predict``
+runs, ``keras_vit.for_inference(model)`` (under ``+bf16`` the weights cast to bfloat16 once); timm
+runs ``model(x)`` under ``torch.inference_mode()`` and a plain ``loss.backward(); opt.step()``.
 
 Peers are not dependencies of keras-vit. timm and torch come with the ``reference`` extra. Install
 keras-hub *without* its dependencies, as its requirements pull the full ``tensorflow`` wheel over
@@ -71,6 +72,7 @@ keras-hub *without* its dependencies, as its requirements pull the full ``tensor
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -199,7 +201,7 @@ class KerasRunner:
     def __init__(self, name: str, options: set[str], variant: str, image_size: int):
         import keras
 
-        self.keras = keras
+        self.keras, self.name = keras, name
         if "bf16" in options:
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
         self.model = self._build(name, variant, image_size, remat="remat" in options)
@@ -243,7 +245,20 @@ class KerasRunner:
         return self.keras.ops.convert_to_tensor(x), self.keras.ops.convert_to_tensor(y)
 
     def infer(self, x, _):
-        self.model.predict_on_batch(x)
+        self.inference_model.predict_on_batch(x)
+
+    @functools.cached_property
+    def inference_model(self):
+        """keras_vit: what ``python -m keras_vit.predict`` runs (weights cast once under a mixed policy,
+        ``keras_vit.for_inference``); keras-hub: the model itself."""
+        if self.name != "keras_vit":
+            return self.model
+        import keras_vit
+
+        model = keras_vit.for_inference(self.model)
+        if model is not self.model:
+            model.jit_compile = self.model.jit_compile  # +xla
+        return model
 
     def train(self, x, y):
         self.model.train_on_batch(x, y)

@@ -68,7 +68,7 @@ _EXPORTS = {
         "TransformerBlock",
     ),
     "keras_vit.lora": ("enable_lora", "lora_parameter_count", "merge_lora"),
-    "keras_vit.models": ("VisionTransformer", "attention_model", "with_new_head"),
+    "keras_vit.models": ("VisionTransformer", "attention_model", "for_inference", "with_new_head"),
     "keras_vit.position": (
         "POSITION_EMBEDDINGS",
         "AddPositionEmbs",

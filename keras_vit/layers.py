@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import keras
 import numpy as np
@@ -42,14 +44,42 @@ __all__ = [
     "fused_attention",
     "fused_attention_available",
     "layer_norm",
+    "mixed_norms",
+    "norm_policy",
     "pads_odd_attention",
     "to_channels_last",
 ]
 
 
 def layer_norm(name: str, dtype=None, epsilon: float = LAYER_NORM_EPSILON) -> layers.LayerNormalization:
-    """LayerNorm with the published models' epsilon (CLIP's: 1e-5)."""
-    return layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
+    """LayerNorm with the published models' epsilon (CLIP's: 1e-5), under :func:`norm_policy`."""
+    return layers.LayerNormalization(epsilon=epsilon, name=name, dtype=norm_policy(dtype))
+
+
+# Set while keras_vit.models.for_inference builds its copy (mixed_norms).
+_MIXED_NORMS = contextvars.ContextVar("keras_vit_mixed_norms", default=False)
+
+
+@contextlib.contextmanager
+def mixed_norms() -> Iterator[None]:
+    """Norms built inside keep float32 parameters in a bfloat16 or float16 layer (:func:`norm_policy`)."""
+    token = _MIXED_NORMS.set(True)
+    try:
+        yield
+    finally:
+        _MIXED_NORMS.reset(token)
+
+
+def norm_policy(dtype=None):
+    """A normalisation layer's policy inside a layer under ``dtype``: ``dtype``, but inside :func:`mixed_norms` the
+    mixed policy of a bfloat16 or float16 one (parameters in float32, as Keras' norms keep them under mixed
+    precision), so that :func:`keras_vit.models.for_inference` computes what the mixed model does."""
+    if not _MIXED_NORMS.get():
+        return dtype
+    policy = keras.dtype_policies.get(keras.config.dtype_policy() if dtype is None else dtype)
+    if type(policy) is keras.DTypePolicy and policy.variable_dtype == policy.compute_dtype in ("bfloat16", "float16"):
+        return keras.dtype_policies.get(f"mixed_{policy.compute_dtype}")
+    return dtype
 
 
 Transform = Callable[[np.ndarray], np.ndarray]  # a checkpoint array -> the value of its variable

@@ -10,7 +10,7 @@ from typing import Any
 import keras
 from keras import layers
 
-from keras_vit.cloning import copy_layer_weights
+from keras_vit.cloning import copy_layer_weights, copy_weights
 from keras_vit.config import ViTConfig, options_of_layer
 from keras_vit.heads import MAPHead
 from keras_vit.layers import (
@@ -21,6 +21,7 @@ from keras_vit.layers import (
     TransformerBlock,
     format_shape,
     layer_norm,
+    mixed_norms,
 )
 from keras_vit.memory import check_model_fits
 from keras_vit.position import dynamic_position_embedding_layer, position_embedding_layer, transformer_block
@@ -36,6 +37,7 @@ __all__ = [
     "build_vit",
     "embed",
     "encode",
+    "for_inference",
     "head",
     "model_options",
     "set_trainable_layers",
@@ -114,6 +116,25 @@ def set_trainable_layers(model: keras.Layer, flags: Mapping[str, bool]) -> None:
     for path, layer in layers_by_path.items():
         if path in flags:
             layer.trainable = flags[path]
+
+
+def for_inference(model: keras.Model) -> keras.Model:
+    """``model`` to run inference only: a :class:`VisionTransformer` under a mixed policy (``mixed_bfloat16``) as a new
+    one of the same config that stores its weights in the compute dtype, cast once here instead of in every call (the
+    same outputs, half the weight memory; docs/performance.md), its norms and head in float32 as the mixed model
+    computes them. Any other model, or a quantized one, is returned as it is. Do not train or save the copy. Not a
+    Keras model: a ``TypeError``."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"for_inference takes a Keras model, got {type(model).__name__}.")
+    policy = model.dtype_policy
+    mixed = type(policy) is keras.DTypePolicy and policy.variable_dtype != policy.compute_dtype
+    quantized = any(layer.dtype_policy.quantization_mode for layer in model._flatten_layers())
+    if not isinstance(model, VisionTransformer) or not mixed or quantized:
+        return model
+    with mixed_norms():
+        head_dtype = model.head_dtype or policy.variable_dtype
+        new = VisionTransformer(model.config, name=model.name, dtype=policy.compute_dtype, head_dtype=head_dtype)
+    return copy_weights(model, new)
 
 
 def with_new_head(model: keras.Model, classes: int, *, classifier_activation: str | None = None) -> keras.Model:

@@ -58,8 +58,9 @@ def classify(
 
 
 def _build_model(weights: str, mixed_precision: str, num_heads: int | None = None):
-    """The checkpoint's model, built under the dtype policy of ``mixed_precision`` (``auto``: the hardware's);
-    ``num_heads`` for a file that does not record them (a timm state dict)."""
+    """The checkpoint's model, built under the dtype policy of ``mixed_precision`` (``auto``: the hardware's), its
+    weights cast once (:func:`~keras_vit.models.for_inference`); ``num_heads`` for a file that does not record them
+    (a timm state dict)."""
     import keras_vit
 
     try:
@@ -67,7 +68,7 @@ def _build_model(weights: str, mixed_precision: str, num_heads: int | None = Non
     except ValueError as exc:  # float16 on JAX's CPU
         raise CommandError(str(exc)) from exc
     with for_weights(weights), global_policy(policy):
-        return keras_vit.model_from_checkpoint(weights, num_heads=num_heads)
+        return keras_vit.for_inference(keras_vit.model_from_checkpoint(weights, num_heads=num_heads))
 
 
 def _table(path: str, predictions: list[tuple[str, str, float]], scores: str) -> str:

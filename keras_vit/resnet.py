@@ -20,6 +20,7 @@ from keras_vit.layers import (
     check_data_format,
     conv_nhwc,
     format_shape,
+    norm_policy,
     to_channels_last,
 )
 from keras_vit.variants import resnet_stride
@@ -109,7 +110,7 @@ def group_norm(name: str, epsilon: float, zero_scale: bool = False, dtype=None) 
         epsilon=epsilon,
         gamma_initializer="zeros" if zero_scale else "ones",
         name=name,
-        dtype=dtype,
+        dtype=norm_policy(dtype),
     )
 
 

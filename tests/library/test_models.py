@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.precision import global_policy
 from keras_vit.variants import NAMED_VARIANTS, constructor_name
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
@@ -518,3 +519,64 @@ def test_dynamic_img_pad_is_zero_padding_to_the_next_patch_multiple():
     assert keras_vit.feature_model(any_size, 0)(x).shape == (2, 4, 4, 32)
     with pytest.raises(ValueError, match=r"27x30 is not divisible by the patch size 8.*dynamic_img_pad=True"):
         keras_vit.ViT(None, **{**SMALL, "image_size": (27, 30)})
+
+
+# Each kind of layer for_inference casts: plain blocks, a hybrid's ResNet (GroupNorm, StdConv), the options that add
+# layers or variables, two heads, attention pooling, registers.
+INFERENCE_MODELS = {
+    "plain": ("Ti/16", {}),
+    "hybrid": ("R26+S/32", {"image_size": 64}),
+    "options": ("Ti/16", {"qk_norm": True, "layer_scale_init": 0.1, "position_embedding": "relative"}),
+    "gap, fc_norm, pre_logits": ("Ti/16", {"classifier": "gap", "fc_norm": True, "representation_size": 16}),
+    "distilled": ("DeiT_Ti16_Distilled", {}),
+    "map, registers, swiglu": ("Ti/16", {"num_register_tokens": 4, "classifier": "map", "mlp_type": "swiglu"}),
+}
+
+
+@pytest.mark.parametrize("kind", INFERENCE_MODELS)
+def test_for_inference_stores_the_weights_cast_and_computes_what_the_mixed_model_does(kind):
+    """``for_inference`` of a ``mixed_bfloat16`` model: every weight the blocks cast is stored in bfloat16, the norms'
+    and the heads' stay float32 (what the mixed model computes with), and the logits of photo crops are the mixed
+    model's to the bit; the original is untouched, and a model with nothing mixed left is returned as it is."""
+    from sklearn.datasets import load_sample_image
+
+    variant, options = INFERENCE_MODELS[kind]
+    size = options.get("image_size", 32)
+    with global_policy("mixed_bfloat16"):
+        model = keras_vit.ViT(
+            variant, **{"image_size": 32, "depth": 2, "num_classes": 3, "class_names": ("a", "b", "c"), **options}
+        )
+    rng = np.random.default_rng(0)
+    for variable in model.weights:  # away from any initial value a bfloat16 copy could keep exactly
+        variable.assign(rng.normal(1.0 if "gamma" in variable.path else 0.0, 0.2, variable.shape))
+    image = load_sample_image("china.jpg").astype("float32")
+    x = (np.stack([image[:size, :size], image[200 : 200 + size, 300 : 300 + size]]) - 127.5) / 127.5
+    expected = np.asarray(model.predict_on_batch(x), dtype="float32")
+    fast = keras_vit.for_inference(model)
+    np.testing.assert_array_equal(np.asarray(fast.predict_on_batch(x), dtype="float32"), expected)
+    assert np.abs(expected).max() > 0.1
+    kept = (keras.layers.LayerNormalization, keras.layers.GroupNormalization)
+    for layer in fast._flatten_layers(include_self=False):
+        if not list(layer._flatten_layers(include_self=False)):  # a layer of its own weights
+            dtype = "float32" if isinstance(layer, kept) or layer.name.startswith("head") else "bfloat16"
+            assert {v.dtype for v in layer.weights} <= {dtype}, layer.path
+    assert {v.dtype for v in fast.weights} == {"float32", "bfloat16"}
+    assert {v.dtype for v in model.weights} == {"float32"}
+    assert type(fast) is keras_vit.VisionTransformer and fast.config == model.config  # the class names too
+    assert keras_vit.for_inference(fast) is fast
+
+
+def test_for_inference_keeps_float32_and_quantized_models():
+    """A float32 model and an int8-quantized mixed one (its blocks' sublayers take their policies from the model's
+    map, which a copy under another policy would lose), and a plain functional model are returned as they are; a path is
+    a ``TypeError``."""
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=1, num_classes=5)
+    assert keras_vit.for_inference(model) is model
+    with global_policy("mixed_bfloat16"):
+        quantized = keras_vit.ViT("Ti/16", image_size=32, depth=1, num_classes=5)
+    plain = keras.Model(quantized.inputs, quantized.outputs)  # not a VisionTransformer: no config to rebuild from
+    assert keras_vit.for_inference(plain) is plain
+    quantized.quantize("int8")
+    assert keras_vit.for_inference(quantized) is quantized
+    with pytest.raises(TypeError, match=r"^for_inference takes a Keras model, got str"):
+        keras_vit.for_inference("model.keras")
