@@ -70,7 +70,7 @@ def mixed_norms() -> Iterator[None]:
         _MIXED_NORMS.reset(token)
 
 
-def norm_policy(dtype=None):
+def norm_policy(dtype: str | keras.DTypePolicy | None = None) -> str | keras.DTypePolicy | None:
     """A normalisation layer's policy inside a layer under ``dtype``: ``dtype``, but inside :func:`mixed_norms` the
     mixed policy of a bfloat16 or float16 one (parameters in float32, as Keras' norms keep them under mixed
     precision), so that :func:`keras_vit.models.for_inference` computes what the mixed model does."""
