@@ -128,11 +128,12 @@ def for_inference(model: keras.Model) -> keras.Model:
         raise TypeError(f"for_inference takes a Keras model, got {type(model).__name__}.")
     policy = model.dtype_policy
     mixed = type(policy) is keras.DTypePolicy and policy.variable_dtype != policy.compute_dtype
-    quantized = any(layer.dtype_policy.quantization_mode for layer in model._flatten_layers())
-    if not isinstance(model, VisionTransformer) or not mixed or quantized:
+    if not (isinstance(model, VisionTransformer) and mixed):
         return model
+    if any(layer.dtype_policy.quantization_mode for layer in model._flatten_layers()):
+        return model  # its blocks' sublayers take their policies from the model's map, which a rebuild would lose
+    head_dtype = model.head_dtype or policy.variable_dtype
     with mixed_norms():
-        head_dtype = model.head_dtype or policy.variable_dtype
         new = VisionTransformer(model.config, name=model.name, dtype=policy.compute_dtype, head_dtype=head_dtype)
     return copy_weights(model, new)
 
