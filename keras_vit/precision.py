@@ -197,12 +197,18 @@ def global_policy(name: str) -> Iterator[str]:
 def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] = ("head",)) -> keras.Model:
     """A copy of ``model`` with its weights whose layers compute under ``policy`` (e.g. a float32 model, saved or
     loaded, run in ``"mixed_bfloat16"``). The layers named in ``keep_float32`` (the classification head, as every
-    keras_vit model is built) stay float32. LoRA adapters are merged into their kernels, as ``model.save`` does."""
+    keras_vit model is built) stay float32. LoRA adapters are merged into their kernels, as ``model.save`` does. A
+    :class:`~keras_vit.models.VisionTransformer` stays one, its config and class names kept."""
     import keras
 
-    from keras_vit.cloning import clone_with_weights
+    from keras_vit.cloning import clone_with_weights, copy_weights
+    from keras_vit.models import VisionTransformer
 
     policy = keras.dtype_policies.get(policy).name  # an unknown name: Keras' ValueError naming the valid ones
+    quantized = any(layer.dtype_policy.quantization_mode for layer in model._flatten_layers())
+    if isinstance(model, VisionTransformer) and set(keep_float32) <= {"head"} and not quantized:
+        head = "float32" if keep_float32 else policy
+        return copy_weights(model, VisionTransformer(model.config, name=model.name, dtype=policy, head_dtype=head))
 
     def rebuilt(layer):
         config = layer.get_config()

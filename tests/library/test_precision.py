@@ -232,7 +232,8 @@ def test_with_policy_runs_a_saved_float32_model_in_bfloat16(tmp_path):
     """A float32 model saved as ``.keras`` and loaded, copied by ``with_policy``: same weights, blocks in bfloat16,
     head in float32, logits within the bfloat16 tolerance of the float32 model's (and float32 -> float32 exact)."""
     x = np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
-    model = keras_vit.ViT("Ti/16", image_size=32, depth=2, num_classes=10)
+    names = tuple(f"class {i}" for i in range(10))
+    model = keras_vit.ViT("Ti/16", image_size=32, depth=2, num_classes=10, class_names=names)
     head = model.get_layer("head")
     head.kernel.assign(np.random.default_rng(1).normal(0, 0.1, head.kernel.shape))
     model.save(tmp_path / "model.keras")
@@ -243,6 +244,11 @@ def test_with_policy_runs_a_saved_float32_model_in_bfloat16(tmp_path):
     assert fast.get_layer("encoderblock_0").attn.qkv.compute_dtype == "bfloat16"
     assert fast.get_layer("head").compute_dtype == "float32"
     assert loaded.get_layer("encoderblock_0").compute_dtype == "float32"  # the original is untouched
+    assert type(fast) is type(loaded) is keras_vit.VisionTransformer  # a keras_vit model still: config, class names
+    assert fast.config == loaded.config and fast.config.class_names == names
+    assert fast.name == loaded.name
+    all_bfloat16 = precision.with_policy(loaded, "mixed_bfloat16", keep_float32=())
+    assert all_bfloat16.get_layer("head").compute_dtype == "bfloat16"
     for ours, theirs in zip(fast.weights, loaded.weights):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     got = np.asarray(fast.predict_on_batch(x), dtype="float32")
