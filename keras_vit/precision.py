@@ -202,13 +202,14 @@ def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] =
     import keras
 
     from keras_vit.cloning import clone_with_weights, copy_weights
-    from keras_vit.models import VisionTransformer
 
     policy = keras.dtype_policies.get(policy).name  # an unknown name: Keras' ValueError naming the valid ones
+    # keras_vit.models' class by its registered name: that module imports this one
+    vit = keras.saving.get_registered_object("keras_vit>VisionTransformer")
     quantized = any(layer.dtype_policy.quantization_mode for layer in model._flatten_layers())
-    if isinstance(model, VisionTransformer) and set(keep_float32) <= {"head"} and not quantized:
+    if vit is not None and isinstance(model, vit) and set(keep_float32) <= {"head"} and not quantized:
         head = "float32" if keep_float32 else policy
-        return copy_weights(model, VisionTransformer(model.config, name=model.name, dtype=policy, head_dtype=head))
+        return copy_weights(model, vit(model.config, name=model.name, dtype=policy, head_dtype=head))
 
     def rebuilt(layer):
         config = layer.get_config()
