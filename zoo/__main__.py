@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 from collections.abc import Callable
@@ -42,14 +41,14 @@ def _list(args) -> None:
     print(f"{head}  {'licence':10} cached")
     for e in entries:
         top1 = "-" if e.top1 is None else f"{e.top1:.2f}"
-        mark = "*" if e.top1 is not None and _timm_number(e) else " "
+        mark = "*" if _timm_number(e) else " "
         params = "-" if e.parameters is None else f"{e.parameters / 1e6:.1f}M"
         cached = "yes" if zoo.cache_path(e, args.cache_dir).is_file() else ""
         print(
             f"{e.name:36} {e.variant:19} {e.pretrain:13} {e.finetune or '-':13} {e.image_size:4} {top1:>7}{mark} "
             f"{params:>7}  {e.licence or '-':10} {cached}"
         )
-    if any(e.top1 is not None and _timm_number(e) for e in entries):
+    if any(map(_timm_number, entries)):
         print("* top-1 of timm's own evaluation, not the authors' (see top1_source: --json)")
     hosts = {"the Hugging Face Hub (timm's copies)" if e.source_url else redact(zoo.base_url()) for e in entries}
     where = " and ".join(sorted(hosts)) or redact(zoo.base_url())
@@ -57,7 +56,7 @@ def _list(args) -> None:
 
 
 def _timm_number(entry) -> bool:
-    return (entry.top1_source or "").startswith("timm's own evaluation")
+    return entry.top1 is not None and (entry.top1_source or "").startswith("timm's own evaluation")
 
 
 def _fetch(name: str, cache_dir, **kwargs) -> Path:
@@ -100,12 +99,6 @@ def _verify(args) -> int:
     return 1 if corrupt else 0
 
 
-def _check_source(source: str) -> None:
-    """Unless ``source`` is a path that exists or a catalogue name, a ``FileNotFoundError`` for what reads as a path
-    (``missing.npz``), else :func:`keras_vit.zoo.get`'s ``ValueError``: checked before TensorFlow loads."""
-    locate_checkpoint(source)
-
-
 def _local(source: str, cache_dir) -> Path:
     """A local path for ``source``: a file, or a catalogue name that is cached (downloading it if asked)."""
     if Path(source).exists():  # a file, or a Hugging Face / keras-hub folder
@@ -114,7 +107,7 @@ def _local(source: str, cache_dir) -> Path:
 
 
 def _info(args) -> None:
-    _check_source(args.source)
+    locate_checkpoint(args.source)  # a missing path or an unknown name, told before TensorFlow loads
     load_tensorflow()
     from keras_vit.checkpoints import checkpoint_info, read_npz
     from keras_vit.zoo.validate import check_npz
@@ -169,8 +162,8 @@ def _write(model, path: Path, output_format: str, quantize: str | None) -> None:
             save(temporary)
 
     writers: dict[str, Callable[[Path], object]] = {
-        "keras": functools.partial(atomically, model.save),
-        "weights_h5": functools.partial(atomically, model.save_weights),
+        "keras": lambda p: atomically(model.save, p),
+        "weights_h5": lambda p: atomically(model.save_weights, p),
         "timm-safetensors": lambda p: save_timm_safetensors(model, p),
         "saved_model": lambda p: export.export_saved_model(model, p),
         "litert": lambda p: export.export_litert(model, p, quantize=quantize),
@@ -192,7 +185,7 @@ def _convert(args) -> None:
         raise ValueError(f"The output {out} exists ({'a folder' if out.is_dir() else 'a file'}): {how}.")
     if args.quantize and output_format != "litert":
         raise ValueError(f"--quantize applies to --format litert (.tflite), not {output_format}.")
-    _check_source(args.source)
+    locate_checkpoint(args.source)  # a missing path or an unknown name, told before TensorFlow loads
     load_tensorflow()
     import keras
 

@@ -5,7 +5,6 @@ downloader at a time holds ``<dest>.lock``. Every fault and what happens: docs/f
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno
 import hashlib
 import http.client
@@ -106,34 +105,25 @@ def _validator(headers) -> str | None:
 
 def _discard(*paths: Path) -> None:
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        path.unlink(missing_ok=True)
 
 
-def _resumable(part: Path, state: Path, url: str) -> tuple[int, str | None]:
-    """How many bytes of ``part`` may be resumed, and the validator for ``If-Range``; ``(0, None)``: start over."""
+def _resumable(part: Path, state: Path, url: str) -> tuple[int, str]:
+    """How many bytes of ``part`` may be resumed, and the validator for ``If-Range``; ``(0, "")``: start over."""
     try:
         saved = json.loads(state.read_text())
         info = part.lstat()
     except (OSError, ValueError):
-        return 0, None
+        return 0, ""
     have = info.st_size if stat.S_ISREG(info.st_mode) else 0  # a link or other file: replaced, never followed
     if isinstance(saved, dict) and saved.get("url_sha256") == _url_key(url) and saved.get("validator") and have:
         return have, saved["validator"]
-    return 0, None
+    return 0, ""
 
 
 def _save_state(state: Path, url: str, validator: str | None) -> None:
     with atomic_open(state, "w", owned=True) as file:
         json.dump({"url_sha256": _url_key(url), "validator": validator}, file)
-
-
-def _check_partial(response, have: int, validator: str) -> None:
-    """A 206 answer must continue our ``.part`` of the same file."""
-    match = re.fullmatch(r"bytes (\d+)-\d+/(?:\d+|\*)", response.headers.get("Content-Range", "").strip())
-    etag = response.headers.get("ETag")
-    if not match or int(match.group(1)) != have or (etag and validator.startswith('"') and etag != validator):
-        raise _Retry("the server's partial answer does not continue the partial file; starting over")
 
 
 def default_deadline(expected: int | None) -> float:
@@ -176,7 +166,6 @@ def _attempt(url: str, part: Path, state: Path, size, limit, timeout: float, end
     have, validator = _resumable(part, state, url)
     headers: dict[str, str] = {}
     if have:
-        assert validator is not None  # _resumable gives one with every byte count it resumes from
         headers = {"Range": f"bytes={have}-", "If-Range": validator}
     plain, credentials = _credentials(url)
     if credentials:
@@ -190,13 +179,12 @@ def _attempt(url: str, part: Path, state: Path, size, limit, timeout: float, end
             _discard(part, state)
         raise
     with response:
-        if have and response.status == 206:
-            assert validator is not None  # as above
-            try:
-                _check_partial(response, have, validator)
-            except _Retry:
+        if have and response.status == 206:  # it must continue our ``.part`` of the same file
+            match = re.fullmatch(r"bytes (\d+)-\d+/(?:\d+|\*)", response.headers.get("Content-Range", "").strip())
+            etag = response.headers.get("ETag")
+            if not match or int(match.group(1)) != have or (etag and validator.startswith('"') and etag != validator):
                 _discard(part, state)
-                raise
+                raise _Retry("the server's partial answer does not continue the partial file; starting over")
         else:
             have = 0  # a fresh start: the file changed, or the server ignores Range
         kind, encoding = response.headers.get_content_type(), response.headers.get("Content-Encoding", "identity")
@@ -279,29 +267,25 @@ def _transfer(url: str, dest: Path, sha256, size, limit, validate, retries, time
             failures.append(f"HTTP {exc.code} {exc.reason}")
             if 400 <= exc.code < 500 and exc.code not in (408, 416, 429):
                 break  # not found, forbidden: retrying will not help
-            continue
-        except _Retry as exc:
-            failures.append(str(exc))
-            continue
         except DownloadError as exc:
             failures.append(str(exc))
-            break
+            if not isinstance(exc, _Retry):
+                break
         except TimeoutError:
             failures.append(f"no data for {timeout:g} s")
-            continue
         except NETWORK_ERRORS as exc:
             failures.append(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}")
             if _unresolvable(exc):
                 failures.append("the host name does not resolve: offline? a mirror is set with KERAS_VIT_ZOO_URL")
                 break
-            continue
-        try:
-            _accept(url, part, state, dest, sha256, validate)
-            return
-        except DownloadError as exc:
-            if proven:
-                raise
-            failures.append(f"the connection closed at an unknown length and the file is not whole ({exc})")
+        else:
+            try:
+                _accept(url, part, state, dest, sha256, validate)
+                return
+            except DownloadError as exc:
+                if proven:
+                    raise
+                failures.append(f"the connection closed at an unknown length and the file is not whole ({exc})")
     failed = (
         f"Could not download {redact(url)} ({'; '.join(failures)}). If this machine is offline or the URL moved, "
         f"fetch the file elsewhere (e.g. `curl -L -o {dest.name} {redact(url)}`) and put it at {dest}, or give "
@@ -350,8 +334,7 @@ def download(
     except OSError as exc:  # network errors are handled above: this is the local disk
         where = "another cache folder (KERAS_HOME, cache_dir=..., --cache-dir)"
         if exc.errno in _NO_ROOM:  # our partial file would only hold the disk full: it goes
-            for ours in (dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.json")):
-                ours.unlink(missing_ok=True)
+            _discard(dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.json"))
             raise DownloadError(
                 f"No room in the cache folder {dest.parent} for {dest.name} ({exc.strerror or exc}); the partial "
                 f"download was removed. Free space (or raise the file-size limit), or use {where}."

@@ -73,10 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mixed_precision_flag(parser)
     add_arguments(parser.add_argument_group("model", MODEL_FLAGS.__doc__), MODEL_FLAGS())
     parser.add_argument(
-        "--analyses",
-        nargs="+",
-        choices=ANALYSES,
-        help="which figures (default: all that apply to the model)",
+        "--analyses", nargs="+", choices=ANALYSES, help="which figures (default: all that apply to the model)"
     )
     parser.add_argument(
         "--images",
@@ -238,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 read_image(path)
         if args.analyses is None or "fewshot" in args.analyses:
             check_fewshot_dataset(args.dataset)
-        figures = cast("map[str]", map(FIGURES.get, args.analyses or ()))  # --analyses: FIGURES' keys only
-        _check_output_dir(args.output_dir, [*figures, "results.json"], args.overwrite)
+        _check_output_dir(args.output_dir, [FIGURES[name] for name in args.analyses or ()], args.overwrite)
         load_tensorflow()
         results = run(args)
     for name in results["figures"]:
@@ -271,7 +267,7 @@ def run(args: argparse.Namespace) -> dict:
         originals = [*map(read_image, args.images)] if args.images else [*map(data.sample_image, data.SAMPLE_IMAGES)]
         image_names = [os.path.basename(path) for path in args.images or data.SAMPLE_IMAGES]
     split = few_shot_split(args) if "fewshot" in chosen else None
-    _check_output_dir(args.output_dir, [*(FIGURES[name] for name in chosen), "results.json"], args.overwrite)
+    _check_output_dir(args.output_dir, [FIGURES[name] for name in chosen], args.overwrite)
 
     results: dict = {
         "variant": args.variant or model.name,
@@ -322,11 +318,11 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
-def _check_output_dir(out_dir: str, names: list[str], overwrite: bool) -> None:
-    """A ``CommandError`` if ``out_dir`` is a file, or holds any of ``names`` and not ``overwrite``."""
+def _check_output_dir(out_dir: str, figures: list[str], overwrite: bool) -> None:
+    """A ``CommandError`` if ``out_dir`` is a file, or holds any of ``figures``, results.json, and not ``overwrite``."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CommandError(f"--output-dir {out_dir} is a file, not a folder.")
-    existing = [os.path.join(out_dir, name) for name in names if os.path.lexists(os.path.join(out_dir, name))]
+    existing = [p for name in (*figures, "results.json") if os.path.lexists(p := os.path.join(out_dir, name))]
     if existing and not overwrite:
         raise CommandError(f"{', '.join(existing)} already exist: pass --overwrite to replace them.")
 

@@ -82,10 +82,8 @@ def rollout_map(rollout: np.ndarray, grid_size: int | tuple[int, int], num_prefi
 
 def upsample(grid_map: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Bilinear resize of a 2-D map to ``size`` = (height, width), float32."""
-    resized = Image.fromarray(np.asarray(grid_map, dtype=np.float32)).resize(
-        (size[1], size[0]), Image.Resampling.BILINEAR
-    )
-    return np.asarray(resized, dtype=np.float32)
+    image = Image.fromarray(np.asarray(grid_map, dtype=np.float32))
+    return np.asarray(image.resize((size[1], size[0]), Image.Resampling.BILINEAR), dtype=np.float32)
 
 
 def overlay(image: np.ndarray, grid_map: np.ndarray) -> np.ndarray:
@@ -161,11 +159,10 @@ def analyse_attention(
     if len(images) == 0:
         raise ValueError("Need at least one image.")
     geometry = token_geometry(model)
-    distance_sum: float | np.ndarray  # an array once the first batch is added
-    maps, distance_sum = [], 0.0
+    maps, distances = [], []
     for blocks in iter_attentions(model, images, batch_size):
         rollout = attention_rollout(blocks, head_fusion=head_fusion)
         maps.append(rollout_map(rollout, geometry.grid_size, geometry.num_prefix_tokens))
         distance = mean_attention_distance(blocks, geometry.grid_size, geometry.patch_size, geometry.num_prefix_tokens)
-        distance_sum = distance_sum + distance * len(rollout)
-    return AttentionAnalysis(np.concatenate(maps), cast(np.ndarray, distance_sum) / len(images))  # images: not empty
+        distances.append(distance * len(rollout))
+    return AttentionAnalysis(np.concatenate(maps), np.sum(distances, axis=0) / len(images))

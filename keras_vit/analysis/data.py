@@ -52,11 +52,8 @@ def resize_images(images, image_size: int | tuple[int, int]) -> np.ndarray:
         h, w = image.shape[:2]
         crop_h, crop_w = min(h, round(w * height / width)), min(w, round(h * width / height))
         top, left = (h - crop_h) // 2, (w - crop_w) // 2
-        crop = image[top : top + crop_h, left : left + crop_w]
-        resized = Image.fromarray(np.ascontiguousarray(crop, dtype=np.uint8)).resize(
-            (width, height), Image.Resampling.BILINEAR
-        )
-        out.append(np.asarray(resized))
+        crop = Image.fromarray(np.ascontiguousarray(image[top : top + crop_h, left : left + crop_w], dtype=np.uint8))
+        out.append(np.asarray(crop.resize((width, height), Image.Resampling.BILINEAR)))
     return np.stack(out)
 
 

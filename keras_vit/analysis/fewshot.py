@@ -81,15 +81,12 @@ def few_shot_evaluation(
     test_x, test_y = _check_xy(test_features, test_labels)
     if seeds < 1 or not shots or min(shots) < 1:
         raise ValueError(f"Need seeds >= 1 and positive shots, got seeds={seeds}, shots={shots}.")
-    results = {}
-    for n in shots:
-        accuracies = []
-        for seed in range(seeds):
-            picked = sample_per_class(train_y, n, np.random.default_rng(seed))
-            probe = fit_linear_probe(train_x[picked], train_y[picked], l2_reg)
-            accuracies.append(np.mean(probe.predict(test_x) == test_y))
-        results[int(n)] = np.asarray(accuracies)
-    return results
+
+    def accuracy(n: int, seed: int) -> np.floating:
+        picked = sample_per_class(train_y, n, np.random.default_rng(seed))
+        return np.mean(fit_linear_probe(train_x[picked], train_y[picked], l2_reg).predict(test_x) == test_y)
+
+    return {int(n): np.asarray([accuracy(n, seed) for seed in range(seeds)]) for n in shots}
 
 
 def extract_features(

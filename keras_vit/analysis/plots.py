@@ -59,11 +59,6 @@ def _title(fig: Figure, shows: str, model: str | None, inputs: str | None = None
     fig.suptitle(f"{shows}\n{about}" if about else shows, wrap=True)  # wrapped to the figure's width
 
 
-def _inputs(names: Sequence[str]) -> str:
-    """The images named in a title: up to three names, else their number."""
-    return ", ".join(names) if len(names) <= 3 else f"{len(names)} images"
-
-
 def _save(fig: Figure, path: str, dpi: int) -> Figure:
     """Write ``fig`` to ``path`` atomically (:func:`~keras_vit.files.atomic_open`), close it and return it."""
     try:
@@ -150,7 +145,8 @@ def plot_attention_distance(
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_ylim(0, image_size if image_size else max(1.0, float(np.nanmax(distances)) * 1.1))
     fig.colorbar(dots, ax=ax, label="Head", ticks=matplotlib.ticker.MaxNLocator(integer=True))
-    _title(fig, "Mean attention distance", model, _inputs(names) if names else None)
+    inputs = (", ".join(names) if len(names) <= 3 else f"{len(names)} images") if names else None  # up to 3 names
+    _title(fig, "Mean attention distance", model, inputs)
     return _save(fig, path, dpi)
 
 
