@@ -31,9 +31,13 @@ __all__ = [
 
 MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
 _PREFIXES = ("vit.", "deit.", "dinov2.")
-# A block's parts: the names of each model type's layers (the first present is taken).
+# A block's parts, as block_arrays takes them: the names of each model type's layers (the first present is taken).
 _BLOCK_PARTS = {
     "norm1": ("layernorm_before", "norm1"),
+    "query": ("attention.attention.query",),
+    "key": ("attention.attention.key",),
+    "value": ("attention.attention.value",),
+    "out": ("attention.output.dense",),
     "norm2": ("layernorm_after", "norm2"),
     "fc1": ("intermediate.dense", "mlp.fc1", "mlp.weights_in"),
     "fc2": ("output.dense", "mlp.fc2", "mlp.weights_out"),
@@ -70,6 +74,16 @@ def _dense(take, name: str, *default) -> tuple:
 
 def _norm(take, name: str) -> tuple:
     return take(f"{name}.weight"), take(f"{name}.bias")
+
+
+def _block(take, index: int, num_heads: int, names: Mapping[str, str], prefix: str) -> dict[str, np.ndarray]:
+    """:func:`~keras_vit.checkpoints.from_timm.block_arrays` of block ``index``, taken out of a state dict in the order
+    of ``names``: each part (``norm1``, ...) from the layer ``prefix + name`` (a Linear's bias may be absent)."""
+    parts = {
+        part: _norm(take, prefix + name) if part.startswith("norm") else _dense(take, prefix + name, None)
+        for part, name in names.items()
+    }
+    return block_arrays(index, num_heads=num_heads, **parts)
 
 
 def _unprefixed(key: str) -> str:
@@ -211,27 +225,13 @@ def huggingface_to_npz(
     for i in block_indices(rest, _QUERY):
         prefix = f"encoder.layer.{i}."
         parts = {
-            part: prefix + next((n for n in names if f"{prefix}{n}.weight" in rest), names[0])
+            part: next((n for n in names if f"{prefix}{n}.weight" in rest), names[0])
             for part, names in _BLOCK_PARTS.items()
         }
         for scale, name in (("layer_scale1", "ls1"), ("layer_scale2", "ls2")):
             if f"{prefix}{scale}.lambda1" in rest:
                 arrays[f"Transformer/encoderblock_{i}/{name}/gamma"] = take(f"{prefix}{scale}.lambda1")
-        attention = f"{prefix}attention.attention."
-        arrays.update(
-            block_arrays(
-                i,
-                num_heads=heads,
-                norm1=_norm(take, parts["norm1"]),
-                query=_dense(take, f"{attention}query", None),
-                key=_dense(take, f"{attention}key", None),
-                value=_dense(take, f"{attention}value", None),
-                out=_dense(take, f"{prefix}attention.output.dense", None),
-                norm2=_norm(take, parts["norm2"]),
-                fc1=_dense(take, parts["fc1"], None),
-                fc2=_dense(take, parts["fc2"], None),
-            )
-        )
+        arrays.update(_block(take, i, heads, parts, prefix))
     arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = _norm(take, "layernorm")
     for hf_name, name in _HEADS:
         if f"{hf_name}.weight" in rest:
@@ -246,6 +246,16 @@ def huggingface_to_npz(
 TOWER_TYPES = ("clip_vision_model", "siglip_vision_model")
 _PREFIX = "vision_model."
 _PATCH = "embeddings.patch_embedding.weight"
+_TOWER_BLOCK = {  # a block's layers, by part, in block_arrays' order
+    "norm1": "layer_norm1",
+    "query": "self_attn.q_proj",
+    "key": "self_attn.k_proj",
+    "value": "self_attn.v_proj",
+    "out": "self_attn.out_proj",
+    "norm2": "layer_norm2",
+    "fc1": "mlp.fc1",
+    "fc2": "mlp.fc2",
+}
 _MAP = "MAPHead_0"
 
 
@@ -275,7 +285,7 @@ def tower_to_npz(
     """A CLIP or SigLIP vision model's state dict in the ``.npz`` layout, the build options that reproduce it
     (``gelu``, ``layer_norm_epsilon``) and whether the head count is known (from ``config``)."""
     options = _options(config or {}, source)
-    rest = {(key[len(_PREFIX) :] if key.startswith(_PREFIX) else key): np.asarray(v) for key, v in state.items()}
+    rest = {key.removeprefix(_PREFIX): np.asarray(v) for key, v in state.items()}
     take = rest.pop
     width = rest[_PATCH].shape[0]
     heads = (config or {}).get("num_attention_heads") or guess_num_heads(width)
@@ -291,21 +301,7 @@ def tower_to_npz(
     rest.pop("embeddings.position_ids", None)  # a buffer of older files: 0 ... N-1
     depth = len({key.split(".")[2] for key in rest if key.startswith("encoder.layers.")})
     for i in range(depth):
-        layer = f"encoder.layers.{i}."
-        arrays.update(
-            block_arrays(
-                i,
-                num_heads=heads,
-                norm1=_norm(take, f"{layer}layer_norm1"),
-                query=_dense(take, f"{layer}self_attn.q_proj", None),
-                key=_dense(take, f"{layer}self_attn.k_proj", None),
-                value=_dense(take, f"{layer}self_attn.v_proj", None),
-                out=_dense(take, f"{layer}self_attn.out_proj", None),
-                norm2=_norm(take, f"{layer}layer_norm2"),
-                fc1=_dense(take, f"{layer}mlp.fc1", None),
-                fc2=_dense(take, f"{layer}mlp.fc2", None),
-            )
-        )
+        arrays.update(_block(take, i, heads, _TOWER_BLOCK, f"encoder.layers.{i}."))
     arrays["Transformer/encoder_norm/scale"], arrays["Transformer/encoder_norm/bias"] = _norm(take, "post_layernorm")
     if "head.probe" in rest:  # nn.MultiheadAttention's fused in_proj
         probe = take("head.probe")

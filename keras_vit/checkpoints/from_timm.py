@@ -128,11 +128,11 @@ def block_arrays(
 def reject_unsupported(keys: Iterable[str], unsupported: Mapping[str, str], source: str) -> None:
     """A ``ValueError`` naming each unsupported feature whose pattern (a regex searched in a key) matches."""
     keys = list(keys)
-    found = {}
-    for pattern, feature in unsupported.items():
-        hits = [key for key in keys if re.search(pattern, key)]
-        if hits:
-            found[feature] = hits
+    found = {
+        feature: hits
+        for pattern, feature in unsupported.items()
+        if (hits := [key for key in keys if re.search(pattern, key)])
+    }
     if found:
         listed = "; ".join(
             f"{feature} ({', '.join(hits[:3])}{', ...' if len(hits) > 3 else ''})" for feature, hits in found.items()
@@ -150,8 +150,7 @@ def looks_like_timm(keys) -> bool:
 
 def _resnet_key_to_npz(key: str) -> str | None:
     """``stem.conv.weight`` -> ``conv_root/kernel``, ``stages.0.blocks.1.norm2.bias`` -> ``block1/unit2/gn2/bias``."""
-    match = re.fullmatch(r"stem\.(conv|norm)\.(weight|bias)", key)
-    if match:
+    if match := re.fullmatch(r"stem\.(conv|norm)\.(weight|bias)", key):
         return "conv_root/kernel" if match[1] == "conv" else f"gn_root/{_NORM_PARAMS[match[2]]}"
     match = re.fullmatch(r"stages\.(\d+)\.blocks\.(\d+)\.((?:downsample\.)?(?:conv|norm)\d?)\.(weight|bias)", key)
     if match and match[3] in _RESNET_LAYERS:
@@ -202,8 +201,7 @@ def timm_to_npz(
             arrays[f"{name}/kernel"] = linear_kernel(take(f"{timm_name}.weight"))
             arrays[f"{name}/bias"] = take(f"{timm_name}.bias")
     for key in [key for key in rest if key.startswith(_BACKBONE)]:
-        npz_key = _resnet_key_to_npz(key[len(_BACKBONE) :])
-        if npz_key is not None:
+        if npz_key := _resnet_key_to_npz(key.removeprefix(_BACKBONE)):
             value = take(key)
             arrays[npz_key] = conv_kernel(value) if npz_key.endswith("/kernel") else value
     if "conv_root/kernel" in arrays:
@@ -253,8 +251,7 @@ def _block_from_timm(rest: dict, prefix: str, index: int, heads: int) -> dict[st
     qkv_kernel, qkv_bias = dense("attn.qkv") or (None, None)
     if qkv_kernel is None:
         return {}  # the loader reports the block's keys as missing
-    kernels = np.split(qkv_kernel, 3, axis=1)
-    biases = [None] * 3 if qkv_bias is None else np.split(qkv_bias, 3)
+    query, key, value = zip(np.split(qkv_kernel, 3, axis=1), [None] * 3 if qkv_bias is None else np.split(qkv_bias, 3))
     scales = {
         f"{_BLOCK.format(index)}/{name}/gamma": rest.pop(f"{prefix}{name}.gamma")
         for name in _LAYER_SCALES
@@ -262,15 +259,15 @@ def _block_from_timm(rest: dict, prefix: str, index: int, heads: int) -> dict[st
     }
     for name in _QK_NORMS:  # qk-norm, where the block has it
         if f"{prefix}attn.{name}.weight" in rest:
-            key = f"{_ATTENTION.format(index)}/{name}"
-            scales[f"{key}/scale"], scales[f"{key}/bias"] = norm(f"attn.{name}")
+            layer = f"{_ATTENTION.format(index)}/{name}"
+            scales[f"{layer}/scale"], scales[f"{layer}/bias"] = norm(f"attn.{name}")
     return scales | block_arrays(
         index,
         num_heads=heads,
         norm1=norm("norm1"),
-        query=(kernels[0], biases[0]),
-        key=(kernels[1], biases[1]),
-        value=(kernels[2], biases[2]),
+        query=query,
+        key=key,
+        value=value,
         out=dense("attn.proj"),
         norm2=norm("norm2"),
         fc1=dense("mlp.fc1"),

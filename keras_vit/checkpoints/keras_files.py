@@ -117,9 +117,8 @@ def quantized_saved_model(weights) -> Path | None:
 def _records_quantization(config) -> bool:
     """Whether a serialised model's config holds a quantized dtype policy (one naming a ``mode``)."""
     if isinstance(config, dict):
-        if config.get("module") == "keras.dtype_policies" and "mode" in (config.get("config") or {}):
-            return True
-        return any(_records_quantization(value) for value in config.values())
+        policy = config.get("module") == "keras.dtype_policies" and "mode" in (config.get("config") or {})
+        return policy or any(_records_quantization(value) for value in config.values())
     return isinstance(config, list) and any(_records_quantization(value) for value in config)
 
 

@@ -199,8 +199,7 @@ def _shown(keys: list[str]) -> str:
 def _check_values(arrays: CheckpointArrays, keys: list[str]) -> None:
     """A ``ValueError`` naming the file and the arrays that are not weights: of another dtype than floating point
     (integers, booleans, strings, raw records), or holding NaN or infinite values (every output would be NaN)."""
-    dtypes = {key: np.asarray(arrays[key]).dtype for key in keys}
-    foreign = [f"{key} ({dtype})" for key, dtype in dtypes.items() if dtype.kind != "f"]
+    foreign = [f"{key} ({dtype})" for key in keys if (dtype := np.asarray(arrays[key]).dtype).kind != "f"]
     if foreign:
         raise ValueError(
             f"{arrays.source} holds arrays that are not floating-point weights ({len(foreign)}): {_shown(foreign)}."
@@ -258,13 +257,11 @@ def load_weights(
     position embeddings of another grid are resized. ``new_head``: the caller asked for a model without the
     checkpoint's head, so a head that does not fit is skipped without the warning (a dropped ``pre_logits`` is still
     said). Raises ``ValueError`` listing every missing key, unexpected key and shape mismatch, before assigning any."""
-    keras_file = keras_weights_file(weights)
-    if keras_file is not None:
+    if (keras_file := keras_weights_file(weights)) is not None:
         load_keras_weights(model, keras_file)
         return LoadResult(loaded=tuple(variable.path for variable in model.weights), skipped=())
     arrays = read_checkpoint(weights)
-    blocks = layers_of(model, TransformerBlock)
-    if blocks:
+    if blocks := layers_of(model, TransformerBlock):
         arrays = with_num_heads(arrays, blocks[0].num_heads)
     _check_model_options(model, arrays)
     key_map = npz_key_map(model, resize_method=resize_method)
@@ -282,8 +279,7 @@ def load_weights(
     unexpected = [key for key in arrays if key not in key_map and key not in skipped]
     _check_values(arrays, [key for key in key_map if key in arrays])
     values, mismatched = _transformed(key_map, arrays)
-    extra, extra_mismatched = _extra_values(model, key_map, arrays)
-    values, mismatched = values + extra, mismatched + extra_mismatched
+    _extra_values(model, key_map, arrays, values, mismatched)
     if missing or unexpected or mismatched:
         sections = [
             _listing(title, items)
@@ -321,12 +317,11 @@ def _differs(info: CheckpointInfo, model: keras.Model) -> str:
     return f", another architecture: {differ}" if differ else ""
 
 
-def _extra_values(model: keras.Model, key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
-    """``[(variable, value)]`` and mismatches for the model's variables outside the ``.npz`` layout that a saved
-    keras-vit model holds (``arrays.extra``, by variable path; a 2-D position embedding's rows and columns)."""
+def _extra_values(model: keras.Model, key_map: KeyMap, arrays: Mapping, values: list, mismatched: list[str]) -> None:
+    """Append to ``values`` (``(variable, value)``) and ``mismatched`` the model's variables outside the ``.npz`` layout
+    that a saved keras-vit model holds (``arrays.extra``, by path; a 2-D position embedding's rows and columns)."""
     extra = getattr(arrays, "extra", {})
     mapped = {id(variable) for variable, _ in key_map.values()}
-    values, mismatched = [], []
     for variable in model.weights:
         if id(variable) in mapped or variable.path not in extra:
             continue
@@ -338,7 +333,6 @@ def _extra_values(model: keras.Model, key_map: KeyMap, arrays: Mapping) -> tuple
                 f"{variable.path} {value.shape}: the model's is {tuple(variable.shape)} (of the position embeddings, "
                 "only the published learned_1d ones are resized)"
             )
-    return values, mismatched
 
 
 def _transformed(key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
@@ -348,8 +342,7 @@ def _transformed(key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
         groups.setdefault(id(variable), (variable, []))[1].append(key)
     values, mismatched = [], []
     for variable, keys in groups.values():
-        present = [key for key in keys if key in arrays]
-        if len(present) < len(keys):
+        if any(key not in arrays for key in keys):
             continue  # reported as missing
         parts = []
         for key in keys:
@@ -443,8 +436,7 @@ def model_from_checkpoint(
     :func:`load_weights` do, and for ``overrides`` of a quantized file."""
     if overrides.get("num_heads") is None:  # the commands pass --num-heads unset as None
         overrides.pop("num_heads", None)
-    quantized = quantized_saved_model(weights)
-    if quantized is not None:
+    if (quantized := quantized_saved_model(weights)) is not None:
         if overrides:
             raise ValueError(
                 f"{quantized} holds a quantized model, which loads as saved: leave out {sorted(overrides)} (or change "

@@ -124,9 +124,8 @@ def _folder_format(path: Path) -> str:
     config = path / "config.json"
     if config.is_file():
         content = read_json(config)
-        if str(content.get("registered_name", "")).startswith("keras_hub>") or "keras_hub" in str(
-            content.get("module", "")
-        ):
+        registered, module = str(content.get("registered_name", "")), str(content.get("module", ""))
+        if registered.startswith("keras_hub>") or "keras_hub" in module:
             return "keras_hub"
         if any((path / name).is_file() for name in HUGGINGFACE_WEIGHT_FILES):
             return "huggingface"

@@ -56,11 +56,9 @@ def _resnet_key_to_timm(key: str) -> str | None:
     """The inverse of :func:`_resnet_key_to_npz`."""
     if key == "conv_root/kernel":
         return "stem.conv.weight"
-    match = re.fullmatch(r"gn_root/(scale|bias)", key)
-    if match:
+    if match := re.fullmatch(r"gn_root/(scale|bias)", key):
         return f"stem.norm.{'weight' if match[1] == 'scale' else 'bias'}"
-    match = re.fullmatch(r"block(\d+)/unit(\d+)/(\w+)/(kernel|scale|bias)", key)
-    if match:
+    if match := re.fullmatch(r"block(\d+)/unit(\d+)/(\w+)/(kernel|scale|bias)", key):
         layer = {v: k for k, v in _RESNET_LAYERS.items()}[match[3]]
         param = "bias" if match[4] == "bias" else "weight"
         return f"stages.{int(match[1]) - 1}.blocks.{int(match[2]) - 1}.{layer}.{param}"
@@ -169,8 +167,11 @@ def timm_model_kwargs(model: keras.Model) -> dict:
     height, width, _ = model_image_shape(model)
     patch, _, _, hidden = arrays["embedding/kernel"].shape
     stems = layers_of(model, ResNetStem)
+    epsilon = blocks[0].layer_norm_epsilon
+    if epsilon not in _TIMM_EPSILONS:
+        raise ValueError(f"timm's ViTs have LayerNorm epsilon 1e-6 or (CLIP) 1e-5, this model {epsilon:g}.")
     kwargs = dict(
-        model_name="vit_base_patch16_224",
+        model_name=_TIMM_EPSILONS[epsilon],
         img_size=None if height is None else (int(height), int(width)),
         patch_size=int(patch),
         embed_dim=int(hidden),
@@ -184,10 +185,6 @@ def timm_model_kwargs(model: keras.Model) -> dict:
     )
     if blocks[0].ls1 is not None:
         kwargs["init_values"] = blocks[0].ls1.init_value
-    epsilon = blocks[0].layer_norm_epsilon
-    if epsilon not in _TIMM_EPSILONS:
-        raise ValueError(f"timm's ViTs have LayerNorm epsilon 1e-6 or (CLIP) 1e-5, this model {epsilon:g}.")
-    kwargs["model_name"] = _TIMM_EPSILONS[epsilon]
     kwargs["pre_norm"] = "Transformer/norm_pre/scale" in arrays
     if blocks[0].qk_norm:
         kwargs["qk_norm"] = True
