@@ -478,8 +478,7 @@ RANGES: dict[str, Range] = {
     ),
     **dict.fromkeys(("dropout", "drop_path", "momentum", "label_smoothing"), _RATE),
     "eval_fraction": _FRACTION,
-    "crop_area": Range(0, 1, low_open=True, high_open=False),
-    "eval_crop": Range(0, 1, low_open=True, high_open=False),
+    **dict.fromkeys(("crop_area", "eval_crop"), Range(0, 1, low_open=True, high_open=False)),
 }
 
 

@@ -284,14 +284,8 @@ def load_folder(
             f"Image folder {root!r} needs at least two class sub-folders with images ({IMAGE_EXTENSIONS}) "
             f"and images to hold out; found classes {classes} with {len(paths) + len(eval_paths)} images."
         )
-    return Source(
-        os.path.basename(os.path.normpath(root)),
-        len(classes),
-        Split(len(paths), paths, labels),
-        Split(len(eval_paths), eval_paths, eval_labels),
-        eval_name,
-        tuple(classes),
-    )
+    training, held_out = Split(len(paths), paths, labels), Split(len(eval_paths), eval_paths, eval_labels)
+    return Source(os.path.basename(os.path.normpath(root)), len(classes), training, held_out, eval_name, tuple(classes))
 
 
 def unresolvable_host(urls) -> str | None:

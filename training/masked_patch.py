@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TypedDict
 
 import keras
 import tensorflow as tf
@@ -152,21 +151,6 @@ def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None 
     return keras.Model(inputs, logits, name=name or f"{encoder.name}_mpp")
 
 
-def _to_mpp_batch(
-    images, image_weights, step, *, seed: int, patch_size: int, num_patches: int, bits: int, corruption: dict
-):
-    """``images`` in [-1, 1] and their weights (0: a blank filling the last batch) -> ``(inputs, colour targets,
-    corrupted-patch weights)``."""
-    side = patch_size * round(num_patches**0.5)
-    images = tf.ensure_shape(images, (None, side, side, 3))
-    kinds, sources = sample_corruption(
-        tf.shape(images)[0], num_patches, tf.stack([tf.cast(seed, tf.int64), step]), **corruption
-    )
-    targets = colour_targets(images, patch_size, bits, value_range=(-1.0, 1.0))
-    weights = tf.cast(kinds != KEEP, tf.float32) * image_weights[:, None]
-    return {"images": images, "corruption": kinds, "sources": sources}, targets, weights
-
-
 def masked_patch_dataset(
     split: Split,
     batch_size: int,
@@ -204,35 +188,28 @@ def masked_patch_dataset(
             shard=shard,
             input_shards=input_shards,
         )
-        first = start_step
     else:
         images = eval_dataset(split, 1, batch_size, augment, whole_batches=whole_batches, shard=shard)
-        first = 0
     if training or not whole_batches:
         images = images.map(lambda x, _: (x, tf.ones(tf.shape(x)[:1])))
     else:
         images = images.map(lambda x, _, weights: (x, weights))
+    first, batch_seed = (start_step, seed) if training else (0, seed + 1)
+
+    def to_batch(images_weights, step):
+        """``images`` in [-1, 1] and their weights (0: a blank filling the last batch) -> ``(inputs, colour targets,
+        corrupted-patch weights)``."""
+        images, image_weights = images_weights
+        images = tf.ensure_shape(images, (None, size, size, 3))
+        key = tf.stack([tf.cast(batch_seed, tf.int64), step])
+        kinds, sources = sample_corruption(tf.shape(images)[0], num_patches, key, **corruption)
+        targets = colour_targets(images, patch_size, bits, value_range=(-1.0, 1.0))
+        weights = tf.cast(kinds != KEEP, tf.float32) * image_weights[:, None]
+        return {"images": images, "corruption": kinds, "sources": sources}, targets, weights
+
     keys = tf.data.Dataset.range(first, tf.int64.max).map(lambda step: step * shard.count + shard.index)
-    batches = tf.data.Dataset.zip(images, keys)
-    return batches.map(
-        lambda x_weights, step: _to_mpp_batch(  # type: ignore[misc]  # *x_weights: the pair (images, weights)
-            *x_weights,
-            step,
-            seed=seed + (0 if training else 1),
-            patch_size=patch_size,
-            num_patches=num_patches,
-            bits=bits,
-            corruption=corruption,
-        ),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    ).prefetch(tf.data.AUTOTUNE)
-
-
-class _Settings(TypedDict):
-    bits: int
-    rate: float
-    mask_fraction: float
-    random_fraction: float
+    batches = tf.data.Dataset.zip(images, keys).map(to_batch, num_parallel_calls=tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,9 +248,7 @@ class MaskedPatches:
         self, setup: Setup, model: keras.Model, batch: int
     ) -> tuple[Callable[[int], tf.data.Dataset], tf.data.Dataset]:
         source, augment, patch = setup.source, Augment.of(setup.config), patch_grid(model)[1]
-        settings: _Settings = dict(
-            bits=self.bits, rate=self.rate, mask_fraction=self.mask_fraction, random_fraction=self.random_fraction
-        )
+        settings = dataclasses.asdict(self)  # bits and the keywords of sample_corruption
         options = setup.stream_options()
         return setup.inputs(
             lambda step, shard: masked_patch_dataset(

@@ -63,13 +63,7 @@ RUN_FILES = (
 )
 # What a run writes in its folder, by kind: checked before its first step (check_paths).
 RUN_FOLDERS = ("checkpoints", "tensorboard", "tensorboard/steps", "tensorboard/train", "tensorboard/validation")
-RUN_WRITES = (
-    MARKER,
-    "run.json",
-    "classes.txt",
-    "train_log.jsonl",
-    "metrics.json",
-)  # and the model: model.keras or elsewhere
+RUN_WRITES = (MARKER, "run.json", "classes.txt", "train_log.jsonl", "metrics.json")  # and the model, wherever it goes
 
 
 def has_checkpoint(path: str) -> bool:

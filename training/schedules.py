@@ -57,11 +57,5 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         return ops.where(t < self.warmup_steps, self.base_lr * t / max(1, self.warmup_steps), decayed)
 
     def get_config(self):
-        return {
-            "base_lr": self.base_lr,
-            "total_steps": self.total_steps,
-            "warmup_steps": self.warmup_steps,
-            "decay": self.decay,
-            "end_lr": self.end_lr,
-            "accumulation_steps": self.accumulation_steps,
-        }
+        names = ("base_lr", "total_steps", "warmup_steps", "decay", "end_lr", "accumulation_steps")
+        return {name: getattr(self, name) for name in names}

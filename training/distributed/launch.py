@@ -33,11 +33,9 @@ GRACE_SECONDS = 10.0
 PREEMPT_SECONDS = 120.0  # how long forwarded signals give the workers to checkpoint and end
 BACKENDS = ("tensorflow", "jax")  # the backends a worker can run
 # keras.distribution.initialize's variables: what a JAX worker reads (strategy.jax_processes).
-JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID = (
-    "KERAS_DISTRIBUTION_JOB_ADDRESSES",
-    "KERAS_DISTRIBUTION_NUM_PROCESSES",
-    "KERAS_DISTRIBUTION_PROCESS_ID",
-)
+JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
+NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -173,11 +171,9 @@ def run(
         previous = {number: signal.signal(number, forward) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         for slot, index in enumerate(indices):
-            gpus = (
-                None
-                if gpus_per_worker is None
-                else ",".join(str(slot * gpus_per_worker + g) for g in range(gpus_per_worker))
-            )
+            gpus = None
+            if gpus_per_worker is not None:
+                gpus = ",".join(str(slot * gpus_per_worker + g) for g in range(gpus_per_worker))
             env = worker_env(
                 addresses,
                 index,

@@ -256,9 +256,7 @@ def _tf_config_tasks(env: dict[str, str]) -> int:
 
 
 def _tpu_address(env: dict[str, str]) -> str | None:
-    if env.get("TPU_NAME"):
-        return env["TPU_NAME"]
-    return "local" if os.path.exists("/dev/accel0") else None
+    return env.get("TPU_NAME") or ("local" if os.path.exists("/dev/accel0") else None)
 
 
 def choose_strategy(env: dict[str, str] | None = None, num_gpus: int | None = None) -> str:
@@ -428,9 +426,7 @@ def is_chief(strategy: Strategy) -> bool:
 
 def strategy_name(strategy: Strategy) -> str:
     """``"MirroredStrategy"``, ``"DefaultDistributionStrategy"``, ``"DataParallel"``, ``"OneDevice"``, ..."""
-    if isinstance(strategy, KerasDistribution):
-        return strategy.name
-    return type(strategy).__name__.lstrip("_")
+    return strategy.name if isinstance(strategy, KerasDistribution) else type(strategy).__name__.lstrip("_")
 
 
 def training_scope(strategy: Strategy) -> contextlib.AbstractContextManager:
