@@ -279,7 +279,8 @@ def load_weights(
     unexpected = [key for key in arrays if key not in key_map and key not in skipped]
     _check_values(arrays, [key for key in key_map if key in arrays])
     values, mismatched = _transformed(key_map, arrays)
-    _extra_values(model, key_map, arrays, values, mismatched)
+    extra, extra_mismatched = _extra_values(model, key_map, arrays)
+    values, mismatched = values + extra, mismatched + extra_mismatched
     if missing or unexpected or mismatched:
         sections = [
             _listing(title, items)
@@ -317,11 +318,12 @@ def _differs(info: CheckpointInfo, model: keras.Model) -> str:
     return f", another architecture: {differ}" if differ else ""
 
 
-def _extra_values(model: keras.Model, key_map: KeyMap, arrays: Mapping, values: list, mismatched: list[str]) -> None:
-    """Append to ``values`` (``(variable, value)``) and ``mismatched`` the model's variables outside the ``.npz`` layout
-    that a saved keras-vit model holds (``arrays.extra``, by path; a 2-D position embedding's rows and columns)."""
+def _extra_values(model: keras.Model, key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
+    """``[(variable, value)]`` and mismatches for the model's variables outside the ``.npz`` layout that a saved
+    keras-vit model holds (``arrays.extra``, by variable path; a 2-D position embedding's rows and columns)."""
     extra = getattr(arrays, "extra", {})
     mapped = {id(variable) for variable, _ in key_map.values()}
+    values, mismatched = [], []
     for variable in model.weights:
         if id(variable) in mapped or variable.path not in extra:
             continue
@@ -333,6 +335,7 @@ def _extra_values(model: keras.Model, key_map: KeyMap, arrays: Mapping, values: 
                 f"{variable.path} {value.shape}: the model's is {tuple(variable.shape)} (of the position embeddings, "
                 "only the published learned_1d ones are resized)"
             )
+    return values, mismatched
 
 
 def _transformed(key_map: KeyMap, arrays: Mapping) -> tuple[list, list[str]]:
