@@ -352,10 +352,10 @@ def worker_main(spec: str, variant: str, image_size: int) -> None:
         return peak_worker_main(reply)
     if name == "timm":
         import torch  # noqa: F401  (before anything that might pull TensorFlow in)
-    elif name == "keras_vit":
-        import keras_vit  # noqa: F401  (first, as in a user's program: it picks TF's CPU kernels)
     else:
-        import keras  # noqa: F401
+        if name == "keras_vit":
+            import keras_vit  # noqa: F401  (first, as in a user's program: it picks TF's CPU kernels)
+        import keras  # noqa: F401  (the backend too: keras_vit's import loads none, and the baseline holds it)
     baseline = rss_mb()
     runner = (TimmRunner if name == "timm" else KerasRunner)(name, options, variant, image_size)
     reply.write(json.dumps({"params": runner.params, "info": _thread_info(name)}) + "\n")
