@@ -27,7 +27,7 @@ from keras_vit.memory import check_model_fits
 from keras_vit.position import dynamic_position_embedding_layer, position_embedding_layer, transformer_block
 from keras_vit.precision import global_policy
 from keras_vit.preprocessing import ImagePreprocessor
-from keras_vit.quantization import check_head_dtype, dtype_config, layer_policy
+from keras_vit.quantization import check_head_dtype, dtype_config, is_quantized, layer_policy
 from keras_vit.resnet import ResNetStem
 from keras_vit.tokens import PrefixTokens, TokenAt
 
@@ -130,7 +130,7 @@ def for_inference(model: keras.Model) -> keras.Model:
     mixed = type(policy) is keras.DTypePolicy and policy.variable_dtype != policy.compute_dtype
     if not (isinstance(model, VisionTransformer) and mixed):
         return model
-    if any(layer.dtype_policy.quantization_mode for layer in model._flatten_layers()):
+    if is_quantized(model):
         return model  # its blocks' sublayers take their policies from the model's map, which a rebuild would lose
     head_dtype = model.head_dtype or policy.variable_dtype
     with mixed_norms():

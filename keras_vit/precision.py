@@ -202,12 +202,12 @@ def with_policy(model: keras.Model, policy: str, keep_float32: tuple[str, ...] =
     import keras
 
     from keras_vit.cloning import clone_with_weights, copy_weights
+    from keras_vit.quantization import is_quantized
 
     policy = keras.dtype_policies.get(policy).name  # an unknown name: Keras' ValueError naming the valid ones
     # keras_vit.models' class by its registered name: that module imports this one
     vit = keras.saving.get_registered_object("keras_vit>VisionTransformer")
-    quantized = any(layer.dtype_policy.quantization_mode for layer in model._flatten_layers())
-    if vit is not None and isinstance(model, vit) and set(keep_float32) <= {"head"} and not quantized:
+    if vit is not None and isinstance(model, vit) and set(keep_float32) <= {"head"} and not is_quantized(model):
         head = "float32" if keep_float32 else policy
         return copy_weights(model, vit(model.config, name=model.name, dtype=policy, head_dtype=head))
 
