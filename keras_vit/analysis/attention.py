@@ -137,7 +137,7 @@ def iter_attentions(model: keras.Model, images: np.ndarray, batch_size: int = 8)
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
     probe = keras_vit.attention_model(model)
     for start in range(0, len(images), batch_size):
-        outputs = probe(np.asarray(images[start : start + batch_size], dtype=np.float32), training=False)
+        outputs = probe.predict_on_batch(np.asarray(images[start : start + batch_size], dtype=np.float32))
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         yield [keras.ops.convert_to_numpy(o).astype(np.float32) for o in outputs]
 

@@ -107,7 +107,7 @@ def extract_features(
             "features; build it with include_top=False and pooling='token' or 'avg', or pass pooling=."
         )
     batches = [
-        model(np.asarray(images[start : start + batch_size], np.float32), training=False)
+        model.predict_on_batch(np.asarray(images[start : start + batch_size], np.float32))
         for start in range(0, len(images), batch_size)
     ]
     return np.concatenate([keras.ops.convert_to_numpy(batch) for batch in batches]).astype(np.float32)
