@@ -525,7 +525,7 @@ def test_dynamic_img_pad_is_zero_padding_to_the_next_patch_multiple():
 # layers or variables, two heads, attention pooling, registers.
 INFERENCE_MODELS = {
     "plain": ("Ti/16", {}),
-    "hybrid": ("R26+S/32", {"image_size": 64}),
+    "hybrid": ("Ti/16", {"resnet_stages": (1,), "resnet_width": 32, "patch_size": 2}),  # R26's layers, one unit
     "options": ("Ti/16", {"qk_norm": True, "layer_scale_init": 0.1, "position_embedding": "relative"}),
     "gap, fc_norm, pre_logits": ("Ti/16", {"classifier": "gap", "fc_norm": True, "representation_size": 16}),
     "distilled": ("DeiT_Ti16_Distilled", {}),
