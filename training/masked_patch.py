@@ -151,6 +151,7 @@ def masked_patch_model(encoder: keras.Model, *, bits: int = 3, name: str | None 
     return keras.Model(inputs, logits, name=name or f"{encoder.name}_mpp")
 
 
+@tf.autograph.experimental.do_not_convert  # as pipeline.train_dataset
 def masked_patch_dataset(
     split: Split,
     batch_size: int,
