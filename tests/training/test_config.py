@@ -100,7 +100,6 @@ def test_the_rate_read_outside_the_step_is_the_formula_and_compiles_nothing_new(
     """A logged step reads the rate eagerly: the formula's value on every backend, and on JAX no compilation after
     the first read (Keras' CosineDecay compiled its ops.cond at each read there, 50 ms and 1.7 MB kept each)."""
     schedule, calls = WarmupDecay(0.03, 100, 10, decay, 1e-4), range(0, 120, 7)
-    on_jax = keras.backend.backend() == "jax"
     schedule(0)  # the first read compiles the ops it uses
     compiles = []
 
@@ -108,14 +107,14 @@ def test_the_rate_read_outside_the_step_is_the_formula_and_compiles_nothing_new(
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(event)
 
-    if on_jax:
+    if keras.backend.backend() == "jax":
         import jax.monitoring
 
         jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         values = [float(keras.ops.convert_to_numpy(schedule(call))) for call in calls]
     finally:
-        if on_jax:
+        if keras.backend.backend() == "jax":
             jax.monitoring.unregister_event_duration_listener(listen)
     expected = [formula(call + 1, 0.03, 100, 10, decay, 1e-4) for call in calls]
     np.testing.assert_allclose(values, expected, rtol=2e-6, atol=1e-9)
