@@ -44,16 +44,17 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         """The learning rate of optimizer call ``step`` (0-based), at update ``t = step // accumulation_steps + 1``."""
-        # Elementwise ops, no ops.cond (Keras' CosineDecay's): JAX compiles a cond anew at each eager call, such as a
-        # logged step's read of the rate (50 ms and 1.7 MB of memory each, kept for the run).
+        # Keras' CosineDecay / PolynomialDecay arithmetic, to the bit, in elementwise ops: JAX compiles their ops.cond
+        # anew at each eager call, such as a logged step's read of the rate (50 ms and 1.7 MB of memory kept each).
         t = ops.cast(ops.floor_divide(ops.cast(step, "int32"), self.accumulation_steps) + 1, "float32")
-        progress = ops.clip((t - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps), 0.0, 1.0)
-        if self.decay == "constant":
-            decayed = self.base_lr
-        else:
-            kept = 0.5 * (1.0 + ops.cos(math.pi * progress)) if self.decay == "cosine" else 1.0 - progress
-            decayed = self.end_lr + (self.base_lr - self.end_lr) * kept
-        return ops.where(t < self.warmup_steps, self.base_lr * t / max(1, self.warmup_steps), decayed)
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = ops.minimum(t - self.warmup_steps, span) / span
+        if self.decay == "linear":
+            decayed = (self.base_lr - self.end_lr) * (1.0 - progress) + self.end_lr
+        else:  # cosine to end_lr = alpha * base_lr; constant: alpha = 1
+            alpha = 1.0 if self.decay == "constant" else (self.end_lr / self.base_lr if self.base_lr else 0.0)
+            decayed = self.base_lr * ((1 - alpha) * (0.5 * (1.0 + ops.cos(math.pi * progress))) + alpha)
+        return ops.where(t < self.warmup_steps, self.base_lr * (t / max(1, self.warmup_steps)), decayed)
 
     def get_config(self):
         names = ("base_lr", "total_steps", "warmup_steps", "decay", "end_lr", "accumulation_steps")
