@@ -55,7 +55,6 @@ def plans() -> dict[str, set[str]]:
 
 
 @pytest.mark.slow  # resolves against the package registry
-@pytest.mark.xdist_group("install_plans")  # one worker resolves the plans once (CI: --dist loadgroup)
 @pytest.mark.parametrize("name", list(PLANS))
 def test_the_plan_holds_one_tensorflow(plans, name):
     plan = plans[name]
