@@ -139,7 +139,7 @@ def iter_attentions(model: keras.Model, images: np.ndarray, batch_size: int = 8)
     for start in range(0, len(images), batch_size):
         outputs = probe.predict_on_batch(np.asarray(images[start : start + batch_size], dtype=np.float32))
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-        yield [keras.ops.convert_to_numpy(o).astype(np.float32) for o in outputs]
+        yield [np.asarray(o, dtype=np.float32) for o in outputs]
 
 
 @dataclasses.dataclass

@@ -110,4 +110,4 @@ def extract_features(
         model.predict_on_batch(np.asarray(images[start : start + batch_size], np.float32))
         for start in range(0, len(images), batch_size)
     ]
-    return np.concatenate([keras.ops.convert_to_numpy(batch) for batch in batches]).astype(np.float32)
+    return np.concatenate(batches).astype(np.float32)
